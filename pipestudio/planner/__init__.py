@@ -1,0 +1,49 @@
+"""Planning: the profile, cluster, plan and result formats, and the schedule simulator.
+
+Pure Python: this package imports no torch and no web or database package, so the backend,
+the dashboard and scripts can use it anywhere (a test enforces it).
+"""
+
+from pipestudio.planner.cluster import Cluster, Device, Level, cluster_template
+from pipestudio.planner.documents import DocumentError, load_document, parse_document
+from pipestudio.planner.errors import (
+    ClusterError,
+    ImportFormatError,
+    PlanError,
+    PlannerError,
+    ProfileError,
+)
+from pipestudio.planner.pipedream_import import import_pipedream, parse_pipedream
+from pipestudio.planner.plan import Plan, Stage, plan_template, resolve_plan
+from pipestudio.planner.profile import Edge, Layer, Profile
+from pipestudio.planner.result import SimResult
+from pipestudio.planner.simulate import simulate
+from pipestudio.planner.trace import chrome_trace, write_chrome_trace
+
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "Device",
+    "DocumentError",
+    "Edge",
+    "ImportFormatError",
+    "Layer",
+    "Level",
+    "Plan",
+    "PlanError",
+    "PlannerError",
+    "Profile",
+    "ProfileError",
+    "SimResult",
+    "Stage",
+    "chrome_trace",
+    "cluster_template",
+    "import_pipedream",
+    "load_document",
+    "parse_document",
+    "parse_pipedream",
+    "plan_template",
+    "resolve_plan",
+    "simulate",
+    "write_chrome_trace",
+]

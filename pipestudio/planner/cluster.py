@@ -1,0 +1,134 @@
+"""The Cluster format: devices, their memory, and the levels of links that connect them.
+
+Levels follow PipeDream (SOSP'19 §3.1): level 0 groups ``size`` devices that talk over links
+of ``bandwidth_gbps``; level k groups ``size`` groups of level k-1. Devices are numbered so
+that each group is a contiguous range, so two devices talk over the innermost level whose
+group holds both. Each device also has a link to host memory, used by swap.
+"""
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipestudio.planner.documents import Document
+from pipestudio.planner.errors import ClusterError
+
+
+class Level(BaseModel):
+    """One level of the hierarchy (innermost first)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("", description="Name of the group at this level, e.g. server, rack.")
+    size: int = Field(ge=1, description="Number of members (devices or lower groups) per group.")
+    bandwidth_gbps: float = Field(gt=0, allow_inf_nan=False,
+                                  description="Bandwidth of a link between two members.")
+
+
+class Device(BaseModel):
+    """One accelerator and its link to host memory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    memory_bytes: int | None = Field(None, ge=1, description="Device memory; null = unlimited.")
+    host_to_device_gbps: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Swap-in bandwidth; null = free."
+    )
+    device_to_host_gbps: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Swap-out bandwidth; null = free."
+    )
+
+
+class Cluster(Document):
+    """Devices and the hierarchy of links between them."""
+
+    format: Literal["pipestudio.cluster"] = "pipestudio.cluster"
+    version: Literal[1] = 1
+    name: str = "cluster"
+    levels: list[Level] = Field(min_length=1, description="Innermost level first.")
+    devices: list[Device] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> "Cluster":
+        expected = math.prod(level.size for level in self.levels)
+        if expected != len(self.devices):
+            sizes = " x ".join(str(level.size) for level in self.levels)
+            raise ValueError(
+                f"the levels ({sizes}) hold {expected} devices but {len(self.devices)} are listed"
+            )
+        names = [device.name for device in self.devices]
+        if len(set(names)) != len(names):
+            duplicate = next(name for name in names if names.count(name) > 1)
+            raise ValueError(f"duplicate device name {duplicate!r}")
+        return self
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def level_between(self, device_a: int, device_b: int) -> int:
+        """Index of the innermost level whose group holds both devices (-1: same device)."""
+        if device_a == device_b:
+            return -1
+        group_size = 1
+        for level_idx, level in enumerate(self.levels):
+            group_size *= level.size
+            if device_a // group_size == device_b // group_size:
+                return level_idx
+        raise AssertionError("every device pair shares the outermost level")
+
+    def bandwidth_gbps(self, device_a: int, device_b: int) -> float | None:
+        """Bandwidth between two devices; ``None`` for a device and itself (no transfer)."""
+        level_idx = self.level_between(device_a, device_b)
+        return None if level_idx < 0 else self.levels[level_idx].bandwidth_gbps
+
+    def check_device(self, device_idx: int) -> None:
+        if not 0 <= device_idx < len(self.devices):
+            raise ClusterError(
+                f"device {device_idx} does not exist: the cluster has {len(self.devices)} "
+                f"devices (0..{len(self.devices) - 1})"
+            )
+
+
+def cluster_template(
+    devices_per_level: list[int],
+    bandwidths_gbps: list[float],
+    *,
+    device_memory_bytes: int | None = None,
+    host_bandwidth_gbps: float | None = None,
+    name: str = "cluster",
+) -> Cluster:
+    """A homogeneous cluster: ``devices_per_level`` and ``bandwidths_gbps`` innermost first."""
+    if len(devices_per_level) != len(bandwidths_gbps):
+        raise ClusterError(
+            f"{len(devices_per_level)} level sizes ({devices_per_level}) but "
+            f"{len(bandwidths_gbps)} bandwidths ({bandwidths_gbps}): give one bandwidth per level"
+        )
+    for size in devices_per_level:
+        if size < 1:
+            raise ClusterError(f"a level size must be >= 1, got {size}")
+    for bandwidth in bandwidths_gbps:
+        if not bandwidth > 0 or math.isinf(bandwidth):
+            raise ClusterError(f"a bandwidth must be a positive number of Gbit/s, got {bandwidth}")
+    if host_bandwidth_gbps is not None and not host_bandwidth_gbps > 0:
+        raise ClusterError(f"host bandwidth must be positive, got {host_bandwidth_gbps}")
+    if device_memory_bytes is not None and device_memory_bytes < 1:
+        raise ClusterError(f"device memory must be positive, got {device_memory_bytes} bytes")
+    levels = [
+        Level(name=f"level{idx}", size=size, bandwidth_gbps=bandwidth)
+        for idx, (size, bandwidth) in enumerate(
+            zip(devices_per_level, bandwidths_gbps, strict=True))
+    ]
+    count = math.prod(devices_per_level)
+    devices = [
+        Device(
+            name=f"device{idx}",
+            memory_bytes=device_memory_bytes,
+            host_to_device_gbps=host_bandwidth_gbps,
+            device_to_host_gbps=host_bandwidth_gbps,
+        )
+        for idx in range(count)
+    ]
+    return Cluster(name=name, levels=levels, devices=devices)
