@@ -1,0 +1,46 @@
+# Every target bootstraps .venv when it is missing or pyproject.toml changed.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.bootstrapped
+PYTEST_ARGS ?=
+
+.PHONY: bootstrap test test-fast lint format demo bench schemas clean
+
+bootstrap: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[runtime,dev]"
+	touch $(STAMP)
+
+test: $(STAMP) lint
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not gpu and not browser" -x -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pipestudio tests bench
+	$(VENV)/bin/mypy pipestudio/planner
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix pipestudio tests bench
+	$(VENV)/bin/ruff format pipestudio tests bench
+
+demo: $(STAMP)
+	$(PY) -m pipestudio.demo
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+# Regenerate docs/schemas after changing a format; a test checks they match the code.
+schemas: $(STAMP)
+	for name in profile cluster plan simresult; do \
+		$(VENV)/bin/pipestudio schema $$name > docs/schemas/$$name.schema.json; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

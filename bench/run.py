@@ -1,0 +1,22 @@
+"""Run every benchmark in this folder (``make bench``); each prints its own figures."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    failed = []
+    for script in sorted(HERE.glob("bench_*.py")):
+        print(f"\n=== {script.name} ===", flush=True)
+        if subprocess.run([sys.executable, str(script)]).returncode:
+            failed.append(script.name)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The direction of dependencies between the components (BRIEF.md, STYLE.md)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pipestudio"
+
+WEB_AND_DB = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "dash", "plotly",
+              "flask", "httpx", "requests", "websockets", "psycopg", "psycopg2", "aiosqlite"}
+FORBIDDEN = {
+    "planner": WEB_AND_DB | {"torch", "pipestudio.runtime", "pipestudio.backend",
+                             "pipestudio.dashboard", "pipestudio.cli"},
+    "runtime": {"pipestudio.backend", "pipestudio.dashboard", "dash", "sqlalchemy", "alembic",
+                "fastapi"},
+    "backend": {"torch", "pipestudio.runtime", "pipestudio.dashboard", "dash"},
+    "dashboard": {"torch", "pipestudio.runtime", "pipestudio.backend", "sqlalchemy", "alembic",
+                  "fastapi"},
+}
+
+
+def imported_modules(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def violations(source: str, forbidden: set[str]) -> set[str]:
+    return {name for name in imported_modules(source)
+            for bad in forbidden if name == bad or name.startswith(bad + ".")}
+
+
+def test_scanner_sees_forbidden_imports() -> None:
+    source = "import torch.nn as nn\nfrom pipestudio.backend.app import x\nimport json\n"
+    assert violations(source, FORBIDDEN["planner"]) == {"torch.nn", "pipestudio.backend.app"}
+
+
+@pytest.mark.parametrize("component", sorted(FORBIDDEN))
+def test_component_imports_only_what_it_may(component: str) -> None:
+    files = sorted((PACKAGE / component).rglob("*.py"))
+    assert files, f"pipestudio/{component} has no modules"
+    found = {str(path.relative_to(PACKAGE)): bad for path in files
+             if (bad := violations(path.read_text(), FORBIDDEN[component]))}
+    assert not found, f"forbidden imports: {found}"
+
+
+def test_planner_loads_without_torch_or_web_packages() -> None:
+    """Transitive check: importing the planner pulls in none of them."""
+    forbidden = sorted(WEB_AND_DB | {"torch"})
+    code = ("import sys, pipestudio.planner, pipestudio.cli; "
+            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr

@@ -1,0 +1,137 @@
+"""The command line contract that scripts and the other components rely on."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipestudio.cli import main
+from tests.conftest import PIPEDREAM_DIR
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.fixture
+def files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    paths = {name: str(tmp_path / f"{name}.json") for name in ("profile", "plan", "cluster")}
+    assert run(capsys, "import-pipedream", str(PIPEDREAM_DIR / "resnet50" / "graph.txt"),
+               "--batch-size", "128", "-o", paths["profile"])[0] == 0
+    assert run(capsys, "plan-template", paths["profile"], "--stages", "4", "--microbatches",
+               "8", "--schedule", "1f1b", "-o", paths["plan"])[0] == 0
+    assert run(capsys, "cluster-template", "--devices", "2,2", "--bandwidth-gbps", "400,100",
+               "--device-memory", "16GiB", "--host-bandwidth-gbps", "200",
+               "-o", paths["cluster"])[0] == 0
+    return paths
+
+
+def test_simulate_json_contract(files: dict[str, str], tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.json"
+    status, out, _ = run(capsys, "simulate", files["profile"], files["plan"], "--cluster",
+                         files["cluster"], "--json", "--trace", str(trace))
+    assert status == 0
+    result = json.loads(out)
+    for key in ("step_time_ms", "samples_per_s", "bubble_fraction", "fits", "stages"):
+        assert key in result
+    assert len(result["stages"]) == 4
+    for stage in result["stages"]:
+        assert {"layers", "busy_ms", "peak_bytes", "fits"} <= set(stage)
+    assert sum(len(stage["layers"]) for stage in result["stages"]) == 177
+    bubble = 1 - sum(s["busy_ms"] for s in result["stages"]) / (4 * result["step_time_ms"])
+    assert result["bubble_fraction"] == pytest.approx(bubble, rel=1e-9)
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["cat"] for e in spans} >= {"forward", "backward", "send_activation"}
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+
+
+def test_simulate_text_summary(files: dict[str, str], capsys: pytest.CaptureFixture[str]
+                               ) -> None:
+    status, out, _ = run(capsys, "simulate", files["profile"], files["plan"], "--cluster",
+                         files["cluster"])
+    assert status == 0
+    assert "step time" in out and "bubble" in out
+    assert len([line for line in out.splitlines() if line.strip()[:1].isdigit()]) == 4
+
+
+def test_plan_template_contract(files: dict[str, str]) -> None:
+    plan = json.loads(Path(files["plan"]).read_text())
+    assert plan["format"] == "pipestudio.plan"
+    assert plan["schedule"] == "1f1b" and plan["num_microbatches"] == 8
+    assert [len(s["layers"]) for s in plan["stages"]] == [45, 44, 44, 44]
+    assert set(plan["policies"].values()) == {"keep"}
+
+
+def test_cluster_template_contract(files: dict[str, str]) -> None:
+    cluster = json.loads(Path(files["cluster"]).read_text())
+    assert [level["size"] for level in cluster["levels"]] == [2, 2]
+    assert [level["bandwidth_gbps"] for level in cluster["levels"]] == [400.0, 100.0]
+    assert {device["memory_bytes"] for device in cluster["devices"]} == {16 * 2**30}
+
+
+def test_import_without_output_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "import-pipedream", str(PIPEDREAM_DIR / "alexnet" / "graph.txt"))
+    assert status == 0
+    profile = json.loads(out)
+    assert profile["microbatch_size"] == 1 and profile["model"] == "alexnet"
+
+
+@pytest.mark.parametrize("name", ["profile", "cluster", "plan", "simresult"])
+def test_schema_command(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "schema", name)
+    assert status == 0
+    assert json.loads(out)["properties"]["format"]["const"] == f"pipestudio.{name}"
+
+
+def test_validate_command(files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "validate", files["plan"], "--profile", files["profile"])
+    assert status == 0 and "valid pipestudio.plan" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["cluster-template", "--devices", "4", "--bandwidth-gbps", "100", "--device-memory",
+      "lots"], "size 'lots' is not understood"),
+    (["cluster-template", "--devices", "4,x", "--bandwidth-gbps", "100"],
+     "--devices '4,x' must be a comma-separated list of integers"),
+    (["import-pipedream", "/nonexistent/graph.txt"], "cannot read /nonexistent/graph.txt"),
+    (["import-pipedream", str(PIPEDREAM_DIR / "vgg16" / "graph.txt"), "--batch-size", "0"],
+     "--batch-size must be >= 1, got 0"),
+])
+def test_errors_exit_2_with_a_message(argv: list[str], message: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(capsys, *argv)
+    assert status == 2
+    assert err.startswith("error: ") and message in err
+    assert "Traceback" not in err
+
+
+def test_bad_documents_exit_2(files: dict[str, str], tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    plan = json.loads(Path(files["plan"]).read_text())
+    plan["stages"][1]["layers"].append(plan["stages"][0]["layers"][0])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(plan))
+    status, _, err = run(capsys, "simulate", files["profile"], str(bad))
+    assert status == 2 and "overlapping stages" in err
+    plan["num_microbatches"] = -1
+    bad.write_text(json.dumps(plan))
+    status, _, err = run(capsys, "simulate", files["profile"], str(bad))
+    assert status == 2 and "num_microbatches = -1" in err
+    bad.write_text("{not json")
+    status, _, err = run(capsys, "simulate", files["profile"], str(bad))
+    assert status == 2 and str(bad) in err
+
+
+def test_console_script_help() -> None:
+    exe = Path(sys.executable).parent / "pipestudio"
+    assert exe.exists(), "the pipestudio console script is installed beside python"
+    completed = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True)
+    for command in ("import-pipedream", "plan-template", "cluster-template", "simulate",
+                    "schema"):
+        assert command in completed.stdout
