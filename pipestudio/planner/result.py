@@ -92,7 +92,7 @@ class SimResult(Document):
     step_times_ms: list[float] = Field(description="Time of each measured step.")
     samples_per_s: float
     bubble_fraction: float = Field(
-        description="1 - sum of workers' busy time / (workers x step time)."
+        description="1 - sum of stages' busy_ms / (stages x step time)."
     )
     fits: bool
     window_start_ms: float = Field(description="Start of the measured steps in the timeline.")

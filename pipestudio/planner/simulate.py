@@ -386,8 +386,8 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
             max_inflight_microbatches=max(peaks[w].max_inflight for w in workers),
             num_weight_versions=max(peaks[w].weight_versions for w in workers),
         ))
-    total_busy = sum(busy) / num_steps
-    bubble = 1.0 - total_busy / (len(build.workers) * step_time) if step_time > 0 else 0.0
+    stage_busy = sum(stage.busy_ms for stage in stages)
+    bubble = 1.0 - stage_busy / (len(stages) * step_time) if step_time > 0 else 0.0
     samples = plan.num_microbatches * plan.microbatch_size
     return SimResult(
         model=plan.model,

@@ -155,6 +155,10 @@ def test_simulation_properties(case: tuple[Profile, Plan, Cluster | None]) -> No
     assert 0.0 <= result.bubble_fraction <= 1.0
     if busiest > 0:  # some compute: some of the step is busy
         assert result.bubble_fraction < 1.0
+        stage_busy = sum(stage.busy_ms for stage in result.stages)
+        assert math.isclose(result.bubble_fraction,
+                            1 - stage_busy / (plan.num_stages * result.step_time_ms),
+                            rel_tol=1e-9, abs_tol=1e-12)
     assert math.isclose(result.samples_per_s * result.step_time_ms,
                         plan.num_microbatches * plan.microbatch_size * 1e3, rel_tol=1e-9) \
         or result.step_time_ms == 0
