@@ -22,8 +22,9 @@ class Level(BaseModel):
 
     name: str = Field("", description="Name of the group at this level, e.g. server, rack.")
     size: int = Field(ge=1, description="Number of members (devices or lower groups) per group.")
-    bandwidth_gbps: float = Field(gt=0, allow_inf_nan=False,
-                                  description="Bandwidth of a link between two members.")
+    bandwidth_gbps: float | None = Field(
+        gt=0, allow_inf_nan=False,
+        description="Bandwidth of a link between two members; null = free (no transfer time).")
 
 
 class Device(BaseModel):
@@ -80,7 +81,8 @@ class Cluster(Document):
         raise AssertionError("every device pair shares the outermost level")
 
     def bandwidth_gbps(self, device_a: int, device_b: int) -> float | None:
-        """Bandwidth between two devices; ``None`` for a device and itself (no transfer)."""
+        """Bandwidth between two devices; ``None`` means free: the same device, or a level
+        without a bandwidth."""
         level_idx = self.level_between(device_a, device_b)
         return None if level_idx < 0 else self.levels[level_idx].bandwidth_gbps
 
@@ -94,7 +96,7 @@ class Cluster(Document):
 
 def cluster_template(
     devices_per_level: list[int],
-    bandwidths_gbps: list[float],
+    bandwidths_gbps: list[float | None],
     *,
     device_memory_bytes: int | None = None,
     host_bandwidth_gbps: float | None = None,
@@ -110,7 +112,7 @@ def cluster_template(
         if size < 1:
             raise ClusterError(f"a level size must be >= 1, got {size}")
     for bandwidth in bandwidths_gbps:
-        if not bandwidth > 0 or math.isinf(bandwidth):
+        if bandwidth is not None and (not bandwidth > 0 or math.isinf(bandwidth)):
             raise ClusterError(f"a bandwidth must be a positive number of Gbit/s, got {bandwidth}")
     if host_bandwidth_gbps is not None and not host_bandwidth_gbps > 0:
         raise ClusterError(f"host bandwidth must be positive, got {host_bandwidth_gbps}")

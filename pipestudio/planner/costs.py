@@ -9,6 +9,7 @@ recompute  nothing of the layer is kept; each run of consecutive recompute layer
            backward (GPipe's rematerialization).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipestudio.planner.plan import OPTIMIZER_STATE_FACTOR, Plan, StageLayout
@@ -42,50 +43,54 @@ class StageCosts:
 
 def stage_costs(profile: Profile, plan: Plan, layout: StageLayout) -> list[StageCosts]:
     """Work and memory of every stage, for the plan's policies."""
-    layers, preds = profile.layers, profile.graph.preds
     factor = OPTIMIZER_STATE_FACTOR[plan.optimizer]
-    result = []
-    for indices in layout.stage_layers:
-        policy = {idx: plan.policy(layers[idx].name) for idx in indices}
-        keep = swap = recompute = 0
-        fwd = bwd = recompute_ms = update = 0.0
-        params = workspace = 0
-        producers: set[int] = set()
-        for idx in indices:
-            layer = layers[idx]
-            fwd += layer.fwd_ms
-            bwd += layer.bwd_ms
-            update += layer.update_ms
-            params += layer.param_bytes
-            workspace = max(workspace, layer.workspace_bytes)
-            if policy[idx] == "keep":
-                keep += layer.saved_bytes
-            elif policy[idx] == "swap":
-                swap += layer.saved_bytes
-            else:
-                recompute += layer.saved_bytes
-                recompute_ms += layer.fwd_ms
-                inputs = preds[idx] or (_INPUT,)
-                producers.update(p for p in inputs if policy.get(p) != "recompute")
-        checkpoint = sum(
-            profile.input_bytes if p == _INPUT else layers[p].output_bytes for p in producers
-        )
-        result.append(
-            StageCosts(
-                fwd_ms=fwd,
-                bwd_ms=bwd,
-                recompute_ms=recompute_ms,
-                update_ms=update,
-                param_bytes=params,
-                optimizer_bytes=factor * params,
-                keep_bytes=keep,
-                swap_bytes=swap,
-                recompute_bytes=recompute,
-                checkpoint_bytes=checkpoint,
-                workspace_bytes=workspace,
-            )
-        )
-    return result
+    return [
+        layer_set_costs(profile, indices,
+                        {idx: plan.policy(profile.layers[idx].name) for idx in indices}, factor)
+        for indices in layout.stage_layers
+    ]
+
+
+def layer_set_costs(profile: Profile, indices: Sequence[int], policy: dict[int, str],
+                    optimizer_factor: int) -> StageCosts:
+    """Work and memory of one stage made of the layers ``indices`` under ``policy``."""
+    layers, preds = profile.layers, profile.graph.preds
+    keep = swap = recompute = 0
+    fwd = bwd = recompute_ms = update = 0.0
+    params = workspace = 0
+    producers: set[int] = set()
+    for idx in indices:
+        layer = layers[idx]
+        fwd += layer.fwd_ms
+        bwd += layer.bwd_ms
+        update += layer.update_ms
+        params += layer.param_bytes
+        workspace = max(workspace, layer.workspace_bytes)
+        if policy[idx] == "keep":
+            keep += layer.saved_bytes
+        elif policy[idx] == "swap":
+            swap += layer.saved_bytes
+        else:
+            recompute += layer.saved_bytes
+            recompute_ms += layer.fwd_ms
+            inputs = preds[idx] or (_INPUT,)
+            producers.update(p for p in inputs if policy.get(p) != "recompute")
+    checkpoint = sum(
+        profile.input_bytes if p == _INPUT else layers[p].output_bytes for p in producers
+    )
+    return StageCosts(
+        fwd_ms=fwd,
+        bwd_ms=bwd,
+        recompute_ms=recompute_ms,
+        update_ms=update,
+        param_bytes=params,
+        optimizer_bytes=optimizer_factor * params,
+        keep_bytes=keep,
+        swap_bytes=swap,
+        recompute_bytes=recompute,
+        checkpoint_bytes=checkpoint,
+        workspace_bytes=workspace,
+    )
 
 
 def boundary_bytes(profile: Profile, layout: StageLayout) -> dict[tuple[int, int], int]:

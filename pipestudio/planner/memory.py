@@ -2,9 +2,13 @@
 
 Static memory is constant: weights, gradients, optimizer state and, for ``pipedream``,
 the stashed weight versions (one per micro-batch in flight besides the live weights,
-PipeDream §3.3). Activations and workspace change at the start and end of ops, applied in
-the order the simulation produced them, so an op that ends releases its memory before the
-op it lets start allocates.
+PipeDream §3.3). Workspace is held while an op runs; the activations an op makes exist from
+its end (a forward's saved tensors, a recompute's rematerialized ones) and go when the
+backward of their micro-batch ends, or for swapped ones when their swap-out ends; a fetched
+swap occupies memory from the start of its transfer. At the end of an op its workspace and
+its new activations count together for a moment. Changes apply in the order the simulation
+produced them, so an op that ends releases its memory before the op it lets start
+allocates.
 """
 
 from dataclasses import dataclass
@@ -42,7 +46,13 @@ class MemoryLedger:
         elif kind == "backward" and at_end:
             inflight = -1
         if delta != (0, 0) or inflight:
-            self._events[worker].append((seq, time_ms, delta[0], delta[1], inflight))
+            act, ws = delta
+            if act * ws < 0:  # allocate before freeing: the op's end holds both a moment
+                self._events[worker].append((2 * seq, time_ms, max(act, 0), max(ws, 0), 0))
+                self._events[worker].append((2 * seq + 1, time_ms, min(act, 0), min(ws, 0),
+                                             inflight))
+            else:
+                self._events[worker].append((2 * seq, time_ms, act, ws, inflight))
 
     def peaks(self) -> list[WorkerPeak]:
         if self._peaks is None:

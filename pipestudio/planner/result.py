@@ -90,7 +90,7 @@ class SimResult(Document):
     num_steps: int = Field(description="Steps measured (pipedream also simulates warm-up/drain).")
     step_time_ms: float = Field(description="Mean time of the measured steps.")
     step_times_ms: list[float] = Field(description="Time of each measured step.")
-    samples_per_s: float
+    samples_per_s: float = Field(description="Samples per second; 0 when a step takes no time.")
     bubble_fraction: float = Field(
         description="1 - sum of stages' busy_ms / (stages x step time)."
     )

@@ -7,9 +7,11 @@ order of its schedule (``schedule.py``) on its device's compute stream. Beside i
   level that holds both (``Cluster``), one transfer at a time per direction, overlapped
   with compute; on one device they cost nothing;
 - a stage with swapped layers sends their saved tensors to the host right after each
-  forward and fetches them back as soon as the op before that micro-batch's backward starts
-  (the schedule knows what comes next), one transfer at a time per direction of the host
-  link; the backward waits for the fetch, which is the stall the schedule cannot hide;
+  forward and fetches them back as soon as the pass (forward, recompute or backward) before
+  that micro-batch's backward starts
+  (the schedule knows what comes next) and every swap-out issued before has ended, one
+  transfer at a time per direction of the host link; the backward waits for the fetch,
+  which is the stall the schedule cannot hide;
 - recompute runs, when the output gradient has arrived, just before the backward;
 - replicas of a stage all-reduce their gradients (ring: 2 (r-1)/r of the parameter bytes
   over the slowest link between them) before updating: once per step for the synchronous
@@ -84,10 +86,14 @@ class _Build:
     workers: list[tuple[int, int]] = field(default_factory=list)
     worker_id: dict[tuple[int, int], int] = field(default_factory=dict)
     last_op: dict[int, int] = field(default_factory=dict)  # worker -> last op in its stream
+    last_pass: dict[int, int] = field(default_factory=dict)  # the same, updates left out
     forward: dict[tuple[int, int], int] = field(default_factory=dict)  # (stage, mb) -> op
     first_backward: dict[tuple[int, int], int] = field(default_factory=dict)  # R or B
     backward: dict[tuple[int, int], int] = field(default_factory=dict)
     swap_in: dict[tuple[int, int], int] = field(default_factory=dict)
+    last_swap_out: dict[int, int] = field(default_factory=dict)  # worker -> op
+    # worker -> the last swap-out issued before its last compute op started
+    swap_out_gate: dict[int, int] = field(default_factory=dict)
     compute_res: dict[int, int] = field(default_factory=dict)
     link_res: dict[tuple[str, int, int], int] = field(default_factory=dict)
     rounds: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
@@ -121,6 +127,11 @@ class _Build:
         if previous is not None:
             self.graph.after(op_id, previous)
         self.last_op[op.worker] = op_id
+        if op.kind != "update":  # a fetch overlaps the last pass, not a short update
+            self.last_pass[op.worker] = op_id
+            swap_out = self.last_swap_out.get(op.worker)
+            if swap_out is not None:
+                self.swap_out_gate[op.worker] = swap_out
         return op_id
 
 
@@ -207,8 +218,8 @@ def _add_forward(build: _Build, worker: int, mb: int) -> None:
     costs = build.costs[stage_idx]
     step = mb // build.plan.num_microbatches
     activations = costs.kept_bytes + costs.swap_bytes
-    op = _Op("forward", worker, mb, step, memory_at_start=(activations, costs.workspace_bytes),
-             memory_at_end=(0, -costs.workspace_bytes))
+    op = _Op("forward", worker, mb, step, memory_at_start=(0, costs.workspace_bytes),
+             memory_at_end=(activations, -costs.workspace_bytes))
     build.forward[(stage_idx, mb)] = build.add_compute(op, costs.fwd_ms)
     if costs.swap_bytes:
         device = build.device(worker)
@@ -225,6 +236,7 @@ def _add_forward(build: _Build, worker: int, mb: int) -> None:
             in_ms, build.resource("h2d", device))
         build.graph.after(swap_in, swap_out)
         build.swap_in[(stage_idx, mb)] = swap_in
+        build.last_swap_out[worker] = swap_out
 
 
 def _add_backward(build: _Build, worker: int, mb: int) -> None:
@@ -233,13 +245,17 @@ def _add_backward(build: _Build, worker: int, mb: int) -> None:
     step = mb // build.plan.num_microbatches
     swap_in = build.swap_in.get((stage_idx, mb))
     if swap_in is not None:
-        # Fetch the swapped tensors while the op before this backward runs.
-        build.graph.after_start(swap_in, build.last_op[worker])
+        # Fetch the swapped tensors while the op before this backward runs, once every
+        # swap-out issued before has ended (so at most two swapped micro-batches are here).
+        build.graph.after_start(swap_in, build.last_pass[worker])
+        gate = build.swap_out_gate.get(worker)
+        if gate is not None:
+            build.graph.after(swap_in, gate)
     workspace = costs.workspace_bytes
     if costs.recompute_ms or costs.recompute_bytes:
         recompute = build.add_compute(
-            _Op("recompute", worker, mb, step, memory_at_start=(costs.recompute_bytes, workspace),
-                memory_at_end=(0, -workspace)),
+            _Op("recompute", worker, mb, step, memory_at_start=(0, workspace),
+                memory_at_end=(costs.recompute_bytes, -workspace)),
             costs.recompute_ms)
         build.first_backward[(stage_idx, mb)] = recompute
     freed = costs.kept_bytes + costs.swap_bytes + costs.recompute_bytes
@@ -397,7 +413,7 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
         microbatch_size=plan.microbatch_size,
         num_steps=num_steps,
         step_time_ms=step_time,
-        samples_per_s=samples / step_time * 1e3 if step_time > 0 else math.inf,
+        samples_per_s=samples / step_time * 1e3 if step_time > 0 else 0.0,
         bubble_fraction=max(0.0, bubble),
         fits=all(stage.fits for stage in stages),
         step_times_ms=step_times,
