@@ -5,7 +5,7 @@ import sys
 from collections.abc import Sequence
 
 from pipestudio import __version__
-from pipestudio.cli import planning
+from pipestudio.cli import planning, plans
 from pipestudio.planner.errors import PlannerError
 
 DESCRIPTION = """\
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pipestudio {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     planning.add_commands(commands)
+    plans.add_commands(commands)
     return parser
 
 

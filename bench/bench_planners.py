@@ -1,0 +1,59 @@
+"""Planner speed: every planner on a 2,000-layer chain split into 16 stages, with a device
+memory that forces recompute or swap on the early stages. Target: under 1 s each, on one
+core. Prints each planner's time, its objective and the simulated step time."""
+
+import os
+import random
+import sys
+import time
+
+from pipestudio.planner import Profile, cluster_template
+from pipestudio.planner.planners import PLANNERS
+from pipestudio.planner.request import PlanRequest, run_planner
+
+TARGET_S = 1.0
+
+
+def chain(num_layers: int = 2000, seed: int = 3) -> Profile:
+    rng = random.Random(seed)
+    layers = [
+        {"name": f"layer{idx}", "kind": "Block", "fwd_ms": rng.uniform(0.2, 1.0),
+         "bwd_ms": rng.uniform(0.4, 2.0), "param_bytes": rng.randrange(2 * 10**6, 4 * 10**7),
+         "saved_bytes": rng.randrange(10**6, 6 * 10**7),
+         "output_bytes": rng.randrange(10**6, 8 * 10**6),
+         "workspace_bytes": rng.randrange(0, 10**7), "update_ms": 0.01}
+        for idx in range(num_layers)
+    ]
+    return Profile.model_validate({"model": "bench-chain", "microbatch_size": 1,
+                                   "layers": layers})
+
+
+def main() -> int:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    profile = chain()
+    cluster = cluster_template([8, 2], [400.0, 100.0], device_memory_bytes=40 * 2**30,
+                               host_bandwidth_gbps=200.0)
+    request = PlanRequest(profile=profile, num_microbatches=32, schedule="1f1b",
+                          num_stages=16, cluster=cluster)
+    worst = 0.0
+    print(f"{'planner':<14} {'seconds':>8} {'objective ms':>13} {'step ms':>10} {'fits':>5}")
+    for name, planner in PLANNERS.items():
+        started = time.perf_counter()
+        outcome = run_planner(name, planner, request, with_timeline=False)
+        seconds = outcome.planner_ms / 1e3
+        worst = max(worst, seconds)
+        del started
+        if outcome.result is None:
+            print(f"{name:<14} {seconds:>8.3f} {'-':>13} {'-':>10} {'-':>5}  {outcome.error}")
+            continue
+        print(f"{name:<14} {seconds:>8.3f} {outcome.objective_ms:>13.3f} "
+              f"{outcome.result.step_time_ms:>10.1f} {outcome.result.fits!s:>5}")
+    verdict = "PASS" if worst < TARGET_S else "FAIL"
+    print(f"\n{verdict}: slowest planner {worst:.3f} s, target {TARGET_S} s "
+          f"(ratio {worst / TARGET_S:.2f})")
+    return 0 if worst < TARGET_S else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

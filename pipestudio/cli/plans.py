@@ -1,0 +1,129 @@
+"""Commands that ask the planners: plan, compare, max-batch."""
+
+import argparse
+import json
+from typing import Any
+
+from pipestudio.cli.output import format_table, write_document
+from pipestudio.cli.planning import describe_result
+from pipestudio.planner import Cluster, PlannerError, Profile, load_document
+from pipestudio.planner.plan import SCHEDULES
+from pipestudio.planner.planners import PLANNERS
+from pipestudio.planner.request import PlanOutcome, PlanRequest, memory_only_cluster, run_planner
+from pipestudio.planner.units import format_bytes, parse_size
+
+_Formatter = argparse.RawDescriptionHelpFormatter
+
+
+def add_commands(commands: Any) -> None:
+    parser = commands.add_parser(
+        "plan", formatter_class=_Formatter, help="ask one planner for a plan",
+        description="Ask one planner how to split a model into stages (and which layers to "
+                    "recompute or swap),\nthen simulate its plan. Algorithms: "
+                    + ", ".join(PLANNERS) + ".")
+    _add_request_options(parser, algorithm=True)
+    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan JSON here")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"plan", "result", "planner_ms", "objective_ms"}')
+    parser.set_defaults(handler=_plan)
+
+    parser = commands.add_parser(
+        "compare", formatter_class=_Formatter, help="run every planner on the same case",
+        description="Run every planner on the same request and simulate each plan.")
+    _add_request_options(parser, algorithm=False)
+    parser.add_argument("--json", action="store_true",
+                        help='print {"rows": [{"algorithm", "plan", "result", "planner_ms", '
+                             '"objective_ms", "error"}]}')
+    parser.set_defaults(handler=_compare)
+
+
+def _add_request_options(parser: argparse.ArgumentParser, *, algorithm: bool) -> None:
+    parser.add_argument("profile", metavar="PROFILE", help="profile JSON")
+    if algorithm:
+        parser.add_argument("--algorithm", required=True, choices=list(PLANNERS), metavar="A",
+                            help=f"one of: {', '.join(PLANNERS)}")
+    parser.add_argument("--stages", type=int, metavar="K",
+                        help="number of stages (pipedream: an upper bound; it uses the "
+                             "cluster's workers)")
+    parser.add_argument("--microbatches", type=int, required=True, metavar="M",
+                        help="micro-batches per step")
+    parser.add_argument("--schedule", required=True, choices=SCHEDULES)
+    parser.add_argument("--microbatch-size", type=int, metavar="N",
+                        help="samples per micro-batch (default: the profile's)")
+    parser.add_argument("--optimizer", default="adam", choices=("sgd", "momentum", "adam"))
+    hardware = parser.add_mutually_exclusive_group()
+    hardware.add_argument("--cluster", metavar="CLUSTER", help="cluster JSON")
+    hardware.add_argument("--device-memory", metavar="SIZE",
+                          help="memory per device, like 16GiB, on K devices with free links")
+    parser.add_argument("--host-bandwidth-gbps", type=float, metavar="H",
+                        help="with --device-memory: device<->host bandwidth for swap "
+                             "(default: free)")
+    parser.add_argument("--straight", action="store_true",
+                        help="no replicated stages (pipedream)")
+
+
+def build_request(args: argparse.Namespace) -> PlanRequest:
+    profile = load_document(Profile, args.profile)
+    cluster: Cluster | None = None
+    if args.cluster:
+        cluster = load_document(Cluster, args.cluster)
+    elif args.device_memory or args.host_bandwidth_gbps:
+        if args.stages is None:
+            raise PlannerError("--device-memory needs --stages (the number of devices)")
+        memory = parse_size(args.device_memory) if args.device_memory else None
+        cluster = memory_only_cluster(args.stages, memory, args.host_bandwidth_gbps)
+    return PlanRequest(profile=profile, num_microbatches=args.microbatches,
+                       schedule=args.schedule, num_stages=args.stages,
+                       microbatch_size=args.microbatch_size, optimizer=args.optimizer,
+                       cluster=cluster, straight=args.straight)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    request = build_request(args)
+    outcome = run_planner(args.algorithm, PLANNERS[args.algorithm], request)
+    if outcome.error is not None:
+        raise PlannerError(f"{args.algorithm}: {outcome.error}")
+    assert outcome.plan is not None and outcome.result is not None
+    if args.output:
+        write_document(outcome.plan, args.output)
+    if args.json:
+        row = outcome.to_json_dict()
+        print(json.dumps({key: row[key] for key in
+                          ("plan", "result", "planner_ms", "objective_ms")}))
+    else:
+        print(describe_result(outcome.result, outcome.plan))
+        print(f"\nplanner {args.algorithm}: {outcome.planner_ms:.1f} ms, "
+              f"objective {outcome.objective_ms:.3f} ms")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    request = build_request(args)
+    outcomes = [run_planner(name, planner, request, with_timeline=args.json)
+                for name, planner in PLANNERS.items()]
+    if args.json:
+        print(json.dumps({"rows": [outcome.to_json_dict() for outcome in outcomes]}))
+    else:
+        print(compare_table(outcomes))
+    return 0
+
+
+def compare_table(outcomes: list[PlanOutcome]) -> str:
+    rows = []
+    for outcome in outcomes:
+        if outcome.result is None:
+            rows.append([outcome.algorithm, "-", "-", "-", "-", "-", f"{outcome.planner_ms:.1f}",
+                         "-", f"no plan: {outcome.error}"])
+            continue
+        result = outcome.result
+        largest = max(stage.peak_bytes for stage in result.stages)
+        rows.append([outcome.algorithm, f"{result.step_time_ms:.3f}",
+                     f"{result.samples_per_s:.1f}", f"{100 * result.bubble_fraction:.1f}%",
+                     format_bytes(largest), "yes" if result.fits else "NO",
+                     f"{outcome.planner_ms:.1f}", f"{outcome.objective_ms:.3f}", ""])
+    return format_table(
+        ["algorithm", "step ms", "samples/s", "bubble", "largest stage", "fits", "planner ms",
+         "objective ms", ""], rows,
+        right=[False, True, True, True, True, False, True, True, False])
+
+

@@ -1,0 +1,201 @@
+"""What a person asks the planners for, and what every planner answers.
+
+A ``PlanRequest`` names the profile, the pipeline's shape (stages, micro-batches, schedule,
+micro-batch size, optimizer) and the hardware (a cluster; or only a memory per device, in
+which case links are free). A planner returns a ``PlannerOutput``: the plan and the value
+of its own objective. ``run_planner`` times it and simulates the plan.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from pipestudio.planner.cluster import Cluster, cluster_template
+from pipestudio.planner.costs import StageCosts, boundary_bytes, layer_set_costs
+from pipestudio.planner.errors import PlanError, PlannerError
+from pipestudio.planner.plan import OPTIMIZER_STATE_FACTOR, SCHEDULES, Plan, resolve_plan
+from pipestudio.planner.profile import Profile
+from pipestudio.planner.result import SimResult
+from pipestudio.planner.simulate import simulate
+from pipestudio.planner.stage_model import (
+    StageContext,
+    link_time_ms,
+    stage_contexts,
+    stage_memory_bytes,
+    stage_time_ms,
+)
+
+
+class InfeasibleError(PlannerError):
+    """No plan fits device memory; ``min_memory_bytes`` is the least that would."""
+
+    def __init__(self, message: str, min_memory_bytes: int | None = None) -> None:
+        super().__init__(message)
+        self.min_memory_bytes = min_memory_bytes
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """The question every planner answers (see the module docstring)."""
+
+    profile: Profile
+    num_microbatches: int
+    schedule: str
+    num_stages: int | None = None
+    microbatch_size: int | None = None
+    optimizer: str = "adam"
+    cluster: Cluster | None = None
+    straight: bool = False
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"schedule {self.schedule!r} is unknown; expected one of "
+                            f"{', '.join(SCHEDULES)}")
+        if self.optimizer not in OPTIMIZER_STATE_FACTOR:
+            raise PlanError(f"optimizer {self.optimizer!r} is unknown; expected one of "
+                            f"{', '.join(OPTIMIZER_STATE_FACTOR)}")
+        if self.num_microbatches < 1:
+            raise PlanError(f"--microbatches must be >= 1, got {self.num_microbatches}")
+        if self.microbatch_size is not None and self.microbatch_size < 1:
+            raise PlanError(f"--microbatch-size must be >= 1, got {self.microbatch_size}")
+        if self.num_stages is not None:
+            if not 1 <= self.num_stages <= self.profile.num_layers:
+                raise PlanError(f"--stages {self.num_stages} is not between 1 and the "
+                                f"profile's {self.profile.num_layers} layers")
+            if self.cluster is not None and self.num_stages > self.cluster.num_devices:
+                raise PlanError(f"--stages {self.num_stages} needs {self.num_stages} devices "
+                                f"but the cluster has {self.cluster.num_devices}")
+
+    @cached_property
+    def scaled(self) -> Profile:
+        """The profile at the requested micro-batch size."""
+        return self.profile.rescaled(self.microbatch_size or self.profile.microbatch_size)
+
+    @property
+    def optimizer_factor(self) -> int:
+        return OPTIMIZER_STATE_FACTOR[self.optimizer]
+
+    def stages_required(self, algorithm: str) -> int:
+        if self.num_stages is None:
+            raise PlanError(f"algorithm {algorithm!r} needs --stages")
+        return self.num_stages
+
+    def contexts(self, replicas: list[int]) -> list[StageContext]:
+        return stage_contexts(self.schedule, replicas, self.num_microbatches, self.optimizer,
+                              self.cluster)
+
+    def build_plan(self, stages: list[list[int]], policies: dict[int, str] | None = None, *,
+                   replicas: list[int] | None = None, planner: str,
+                   settings: dict[str, Any] | None = None) -> Plan:
+        """A Plan from layer indices per stage and non-keep policies by layer index."""
+        names = [layer.name for layer in self.scaled.layers]
+        replicas = replicas or [1] * len(stages)
+        policies = policies or {}
+        provenance: dict[str, Any] = {"planner": planner, **(settings or {})}
+        return Plan.model_validate({
+            "model": self.profile.model,
+            "schedule": self.schedule,
+            "num_microbatches": self.num_microbatches,
+            "microbatch_size": self.scaled.microbatch_size,
+            "optimizer": self.optimizer,
+            "stages": [{"layers": [names[i] for i in layers], "replicas": count}
+                       for layers, count in zip(stages, replicas, strict=True)],
+            "policies": {names[i]: policies.get(i, "keep")
+                         for layers in stages for i in layers},
+            "provenance": provenance,
+        })
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """A plan under the planners' cost model: per-stage time and memory, the bottleneck."""
+
+    stage_ms: list[float]
+    link_ms: list[float]
+    memory_bytes: list[int]
+    fits: list[bool]
+
+    @property
+    def bottleneck_ms(self) -> float:
+        return max(self.stage_ms + self.link_ms)
+
+
+def plan_cost(request: PlanRequest, plan: Plan) -> PlanCost:
+    """Evaluate a plan with the stage model (``stage_model.py``)."""
+    profile = request.scaled
+    layout = resolve_plan(plan, profile)
+    contexts = request.contexts([stage.replicas for stage in plan.stages])
+    devices = plan.worker_devices()
+    costs: list[StageCosts] = [
+        layer_set_costs(profile, indices,
+                        {i: plan.policy(profile.layers[i].name) for i in indices},
+                        request.optimizer_factor)
+        for indices in layout.stage_layers
+    ]
+    stage_ms = [stage_time_ms(c, ctx) for c, ctx in zip(costs, contexts, strict=True)]
+    memory = [stage_memory_bytes(c, ctx) for c, ctx in zip(costs, contexts, strict=True)]
+    fits = [ctx.memory_bytes is None or m <= ctx.memory_bytes
+            for m, ctx in zip(memory, contexts, strict=True)]
+    link_ms = []
+    for (src, dst), num_bytes in boundary_bytes(profile, layout).items():
+        bandwidth = (None if request.cluster is None
+                     else request.cluster.bandwidth_gbps(devices[src][0], devices[dst][0]))
+        link_ms.append(link_time_ms(num_bytes, bandwidth))
+    return PlanCost(stage_ms, link_ms, memory, fits)
+
+
+@dataclass(frozen=True)
+class PlannerOutput:
+    plan: Plan
+    objective_ms: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+Planner = Callable[[PlanRequest], PlannerOutput]
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """One planner's answer, timed and simulated (``compare`` prints a row of these)."""
+
+    algorithm: str
+    plan: Plan | None
+    result: SimResult | None
+    planner_ms: float
+    objective_ms: float | None
+    error: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm,
+            "plan": None if self.plan is None else self.plan.model_dump(mode="json"),
+            "result": None if self.result is None else self.result.model_dump(mode="json"),
+            "planner_ms": self.planner_ms,
+            "objective_ms": self.objective_ms,
+            "error": self.error,
+        }
+
+
+def run_planner(algorithm: str, planner: Planner, request: PlanRequest, *,
+                with_timeline: bool = True) -> PlanOutcome:
+    """Run one planner, time it, simulate its plan; a planner error becomes ``error``."""
+    started = time.perf_counter()
+    try:
+        output = planner(request)
+    except PlannerError as exc:
+        elapsed = (time.perf_counter() - started) * 1e3
+        return PlanOutcome(algorithm, None, None, elapsed, None, str(exc))
+    elapsed = (time.perf_counter() - started) * 1e3
+    result = simulate(request.scaled, output.plan, request.cluster, with_timeline=with_timeline)
+    return PlanOutcome(algorithm, output.plan, result, elapsed, output.objective_ms, None,
+                       output.details)
+
+
+def memory_only_cluster(num_devices: int, device_memory_bytes: int | None,
+                        host_bandwidth_gbps: float | None = None) -> Cluster:
+    """A cluster of ``num_devices`` with free links between them (``--device-memory``)."""
+    return cluster_template([num_devices], [None], device_memory_bytes=device_memory_bytes,
+                            host_bandwidth_gbps=host_bandwidth_gbps, name="memory-only")
