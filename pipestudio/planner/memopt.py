@@ -31,7 +31,6 @@ still a valid choice but not proven optimal, and ``exact`` says so.
 """
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -54,6 +53,8 @@ class StageProblem:
     swap_mode: str  # "warm", "gpipe" or "last" (see the module docstring)
     host_in_bytes_per_ms: float | None
     host_out_bytes_per_ms: float | None
+    # saved bytes per forward ms of each layer (inf for a free forward), when known already
+    worth: tuple[float, ...] | None = None
 
     @property
     def base_ms(self) -> float:
@@ -113,9 +114,17 @@ class StageProblem:
 
 @dataclass(frozen=True)
 class StageChoice:
+    """A stage's policies and their time; ``lower_ms`` is a proven lower bound on the best
+    time of any choice (equal to ``time_ms`` when the choice is known to be the fastest)."""
+
     time_ms: float
     policies: tuple[str, ...]
     exact: bool
+    lower_ms: float | None = None
+
+    @property
+    def lower_bound_ms(self) -> float:
+        return self.time_ms if self.lower_ms is None else self.lower_ms
 
 
 # A partial choice: (recompute ms, swap bytes, freed bytes, last is recomputed,
@@ -188,14 +197,34 @@ def solve_exact(problem: StageProblem, cutoff_ms: float = math.inf, max_states: 
 
 
 def _pareto(states: list[_State]) -> list[_State]:
-    """Drop states dominated by another (see the module docstring)."""
+    """Drop states dominated by another (see the module docstring).
+
+    States are visited by recompute time, so every kept state has no more of it; a state is
+    dominated when a kept one with no more swap frees at least as much and has a recomputed
+    last layer or the same last layer. Two max-trees over swap ranks, one per kind of last
+    layer, answer "most freed with swap <= x" in O(log n).
+    """
     states.sort(key=lambda s: (s[0], s[1], -s[2], not s[3]))
+    swaps = sorted({s[1] for s in states})
+    rank = {swap: idx + 1 for idx, swap in enumerate(swaps)}
+    size = len(swaps)
+    none = -math.inf  # freed bytes can be negative: a lone recompute costs its checkpoint
+    most = {True: [none] * (size + 1), False: [none] * (size + 1)}  # Fenwick trees of max
     kept: list[_State] = []
     for state in states:
-        swap, freed, last_rc = state[1], state[2], state[3]
-        if any(o[1] <= swap and o[2] >= freed and (o[3] or not last_rc) for o in kept):
-            continue  # kept states come first in R, so o[0] <= recompute
+        position, freed, last_rc = rank[state[1]], state[2], state[3]
+        best, idx = none, position
+        while idx:
+            best = max(best, most[True][idx], none if last_rc else most[False][idx])
+            idx -= idx & -idx
+        if best >= freed:
+            continue
         kept.append(state)
+        tree, idx = most[last_rc], position
+        while idx <= size:
+            if tree[idx] < freed:
+                tree[idx] = freed
+            idx += idx & -idx
     return kept
 
 
@@ -210,98 +239,3 @@ def _policies(found: _State, last_idx: int, count: int) -> tuple[str, ...]:
     chosen.reverse()
     assert len(chosen) == last_idx + 1
     return tuple(chosen) + (KEEP,) * (count - len(chosen))
-
-
-def solve_greedy(problem: StageProblem, *, swap_first: bool = True) -> StageChoice | None:
-    """A fast choice, not always the fastest: the ranking heuristic of vPipe's SRP planner.
-
-    Layers are ranked by the memory a recompute frees per millisecond (saved bytes over
-    forward time). Swap takes the layers that are worst to recompute, as long as the transfer
-    hides under the stage's compute (g(S) <= F + B); then recompute takes the best-ranked
-    remaining layers until enough memory is free; if that is still not enough, more layers are
-    swapped up to the swap limit, which costs time. ``swap_first=False`` recomputes before it
-    swaps (the other order of vPipe's choice).
-    """
-    count = len(problem.fwd_ms)
-    policies = [KEEP] * count
-    if problem.need_bytes <= 0:
-        return StageChoice(problem.base_ms, tuple(policies), False)
-    k = problem.inflight
-    if k <= 1:
-        return None
-    rank = sorted(range(count), key=lambda i: _efficiency(problem, i))  # worst first
-    free_swap = min(problem.swap_limit_bytes, problem.max_swap_bytes(problem.base_ms))
-    state = _Greedy(problem, policies)
-    if swap_first:
-        state.swap(rank, free_swap)
-    state.recompute(reversed(rank))
-    state.swap(rank, problem.swap_limit_bytes)
-    if state.freed < problem.need_bytes:
-        return None
-    state.trim(rank)
-    return StageChoice(problem.time_ms(state.recompute_ms, state.swap_bytes),
-                       tuple(policies), False)
-
-
-def _efficiency(problem: StageProblem, idx: int) -> float:
-    fwd = problem.fwd_ms[idx]
-    return problem.saved_bytes[idx] / fwd if fwd > 0 else math.inf
-
-
-class _Greedy:
-    """Policies being chosen, with the exact memory they free kept up to date."""
-
-    def __init__(self, problem: StageProblem, policies: list[str]) -> None:
-        self.problem, self.policies = problem, policies
-        self.freed = 0
-        self.swap_bytes = 0
-        self.recompute_ms = 0.0
-
-    def _recompute_gain(self, idx: int) -> int:
-        """Change of freed bytes if layer idx becomes recomputed (run starts move)."""
-        problem, policies, k = self.problem, self.policies, self.problem.inflight
-        gain = (k - 1) * problem.saved_bytes[idx]
-        if idx == 0 or policies[idx - 1] != RECOMPUTE:
-            gain -= k * problem.input_bytes[idx]
-        if idx + 1 < len(policies) and policies[idx + 1] == RECOMPUTE:
-            gain += k * problem.input_bytes[idx + 1]  # that run now starts earlier
-        return gain
-
-    def swap(self, order: list[int], limit: float) -> None:
-        problem = self.problem
-        per_byte = problem.inflight - problem.swap_buffers
-        if per_byte <= 0:
-            return
-        for idx in order:
-            if self.freed >= problem.need_bytes:
-                return
-            saved = problem.saved_bytes[idx]
-            if self.policies[idx] == KEEP and saved and self.swap_bytes + saved <= limit:
-                self.policies[idx] = SWAP
-                self.swap_bytes += saved
-                self.freed += per_byte * saved
-
-    def recompute(self, order: Iterable[int]) -> None:
-        for idx in order:
-            if self.freed >= self.problem.need_bytes:
-                return
-            if self.policies[idx] != KEEP:
-                continue
-            gain = self._recompute_gain(idx)
-            if gain > 0:
-                self.freed += gain
-                self.policies[idx] = RECOMPUTE
-                self.recompute_ms += self.problem.fwd_ms[idx]
-
-    def trim(self, order: list[int]) -> None:
-        """Undo recomputes, costliest per byte first, that the memory no longer needs."""
-        for idx in order:
-            if self.policies[idx] != RECOMPUTE:
-                continue
-            self.policies[idx] = KEEP
-            loss = self._recompute_gain(idx)
-            if self.freed - loss >= self.problem.need_bytes:
-                self.freed -= loss
-                self.recompute_ms -= self.problem.fwd_ms[idx]
-            else:
-                self.policies[idx] = RECOMPUTE
