@@ -1,0 +1,213 @@
+"""The layer profiler: measures a ``ModelSpec`` layer by layer into a planner ``Profile``.
+
+As PipeDream's profiler does (Narayanan et al. SOSP'19, §3.1), each layer is timed alone
+on its real input, which is what the partitioners need: per-layer forward and backward
+time, the bytes of its output (what crosses a stage boundary), of its parameters, and of
+what it keeps for its backward (``activation_memory.py`` says exactly what is counted).
+
+Layers are profiled one at a time in topological order. Each is copied to the device,
+measured, and dropped; its output is kept only until its last reader has been measured.
+So a model that does not fit one device whole can still be profiled on it, and the user's
+modules are never moved, trained or touched: BatchNorm's running statistics change only
+in the copies. Data is micro-batch 0 of ``spec.sample``.
+"""
+
+import copy
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pipestudio.planner import Edge, Layer, Profile
+from pipestudio.runtime.activation_memory import (
+    count_saved_bytes,
+    measure_workspace_bytes,
+    tensor_bytes,
+)
+from pipestudio.runtime.devices import describe_device, resolve_device
+from pipestudio.runtime.errors import SettingsError
+from pipestudio.runtime.models.spec import DATA, ModelSpec
+from pipestudio.runtime.optimizers import OPTIMIZERS, make_optimizer
+from pipestudio.runtime.timing import median_ms, nothing
+
+_CUDA_WORKSPACE = ("peak of torch.cuda.max_memory_allocated over a forward and backward, less "
+                   "what was allocated before and the output and saved bytes")
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """How every layer is measured."""
+
+    device: torch.device
+    dtype: torch.dtype
+    warmup: int
+    repeats: int
+    optimizer: str
+
+
+def profile_model(spec: ModelSpec, microbatch_size: int, device: str | torch.device = "cpu",
+                  warmup: int = 2, repeats: int = 5, dtype: torch.dtype = torch.float32, *,
+                  optimizer: str = "adam", threads: int | None = None) -> Profile:
+    """Measure every layer of ``spec`` at ``microbatch_size`` samples per micro-batch.
+
+    Times are medians of ``repeats`` runs after ``warmup`` runs. ``threads`` sets torch's
+    CPU thread count for the measurement (restored afterwards); None leaves it as it is.
+    """
+    _check_settings(microbatch_size, warmup, repeats, optimizer, threads)
+    settings = ProfileSettings(resolve_device(device), dtype, warmup, repeats, optimizer)
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        data, _ = spec.sample(microbatch_size, 0)
+        data = _to_device(data, settings)
+        with torch.enable_grad():
+            layers = profile_layers(spec, data, settings)
+        edges = spec.edges()
+        return Profile(
+            model=spec.name,
+            microbatch_size=microbatch_size,
+            dtype=str(dtype).removeprefix("torch."),
+            device=describe_device(settings.device),
+            input_bytes=tensor_bytes(data),
+            layers=layers,
+            edges=None if edges is None else [Edge(src=src, dst=dst) for src, dst in edges],
+            metadata=_metadata(spec, settings),
+        )
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def profile_layers(spec: ModelSpec, data: Tensor, settings: ProfileSettings) -> list[Layer]:
+    """Every layer measured on the outputs of the layers it reads (see module docstring)."""
+    graph = spec.graph_inputs()
+    readers_left = Counter(src for sources in graph.values() for src in sources)
+    activations: dict[str, Tensor] = {DATA: data}
+    measured: list[Layer] = []
+    for layer_name, module in spec.layers:
+        inputs = [_layer_input(activations[src], src) for src in graph[layer_name]]
+        layer = copy.deepcopy(module).to(device=settings.device, dtype=settings.dtype).train()
+        result, output = profile_layer(layer_name, layer, inputs, settings)
+        measured.append(result)
+        activations[layer_name] = output.detach()
+        for src in graph[layer_name]:
+            readers_left[src] -= 1
+            if readers_left[src] == 0:
+                del activations[src]
+    return measured
+
+
+def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
+                  settings: ProfileSettings) -> tuple[Layer, Tensor]:
+    """One layer's measurements, and its output from the first forward (before any update)."""
+    output, saved_bytes = count_saved_bytes(layer, inputs)
+    output_bytes = tensor_bytes(output)
+    fwd_ms = median_ms(lambda _: layer(*inputs), nothing, settings.device,
+                       warmup=settings.warmup, repeats=settings.repeats)
+    bwd_ms, workspace_bytes = 0.0, 0
+    if output.requires_grad:
+        bwd_ms, workspace_bytes = _measure_backward(
+            layer, inputs, torch.ones_like(output), settings, output_bytes=output_bytes,
+            saved_bytes=saved_bytes)
+    result = Layer(
+        name=layer_name,
+        kind=type(layer).__name__,
+        fwd_ms=fwd_ms,
+        bwd_ms=bwd_ms,
+        param_bytes=sum(tensor_bytes(p) for p in layer.parameters()),
+        saved_bytes=saved_bytes,
+        output_bytes=output_bytes,
+        workspace_bytes=workspace_bytes,
+        update_ms=_measure_update(layer, settings),
+        description=describe_module(layer),
+    )
+    return result, output
+
+
+def _measure_backward(layer: nn.Module, inputs: list[Tensor], grad_output: Tensor,
+                      settings: ProfileSettings, *, output_bytes: int, saved_bytes: int
+                      ) -> tuple[float, int]:
+    """Backward milliseconds (each run after a fresh, untimed forward) and workspace bytes.
+
+    Gradients flow to the inputs that ask for one and to the parameters, as in a stage.
+    """
+    wrt = [x for x in inputs if x.requires_grad]
+    wrt += [p for p in layer.parameters() if p.requires_grad]
+
+    def forward() -> Tensor:
+        for x in inputs:
+            x.grad = None  # each micro-batch sends a fresh input gradient upstream
+        return layer(*inputs)
+
+    def backward(output: Tensor) -> None:
+        torch.autograd.backward(output, grad_output, inputs=wrt)
+
+    bwd_ms = median_ms(backward, forward, settings.device, warmup=settings.warmup,
+                       repeats=settings.repeats)
+    workspace_bytes = measure_workspace_bytes(lambda: backward(forward()), settings.device,
+                                              output_bytes=output_bytes, saved_bytes=saved_bytes)
+    return bwd_ms, workspace_bytes
+
+
+def _measure_update(layer: nn.Module, settings: ProfileSettings) -> float:
+    """Optimizer step milliseconds over the parameters the backward gave a gradient; 0 when
+    there are none (no parameters, or an inactive block that did not use them)."""
+    params = [p for p in layer.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    step = make_optimizer(settings.optimizer, params).step
+    return median_ms(lambda _: step(), nothing, settings.device, warmup=settings.warmup,
+                     repeats=settings.repeats)
+
+
+def describe_module(module: nn.Module, max_chars: int = 120) -> str:
+    """A one-line repr: the class and its children's classes, or a leaf's settings."""
+    children = [type(child).__name__ for child in module.children()]
+    text = f"{type(module).__name__}({', '.join(children) if children else module.extra_repr()})"
+    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+
+
+def _layer_input(activation: Tensor, src: str) -> Tensor:
+    """A leaf that asks for its gradient, as a stage's received activation does; the data
+    and integer inputs (token ids) need none."""
+    if src == DATA or not activation.is_floating_point():
+        return activation
+    return activation.detach().requires_grad_(True)
+
+
+def _to_device(data: Tensor, settings: ProfileSettings) -> Tensor:
+    dtype = settings.dtype if data.is_floating_point() else data.dtype
+    return data.to(device=settings.device, dtype=dtype)
+
+
+def _metadata(spec: ModelSpec, settings: ProfileSettings) -> dict[str, str | int | float | bool]:
+    on_cuda = settings.device.type == "cuda"
+    metadata: dict[str, str | int | float | bool] = {
+        "profiler": "pipestudio.runtime.profiler",
+        "torch": torch.__version__,
+        "warmup": settings.warmup,
+        "repeats": settings.repeats,
+        "statistic": "median",
+        "timer": "torch.cuda.Event" if on_cuda else "time.perf_counter",
+        "optimizer": settings.optimizer,
+        "grad_output": "ones",
+        "workspace_bytes": _CUDA_WORKSPACE if on_cuda else "not measured on CPU: reported as 0",
+    }
+    metadata.update({f"config.{key}": value for key, value in spec.config.items()})
+    return metadata
+
+
+def _check_settings(microbatch_size: int, warmup: int, repeats: int, optimizer: str,
+                    threads: int | None) -> None:
+    if microbatch_size < 1:
+        raise SettingsError(f"micro-batch size must be >= 1, got {microbatch_size}")
+    if repeats < 1:
+        raise SettingsError(f"repeats must be >= 1, got {repeats}")
+    if warmup < 0:
+        raise SettingsError(f"warmup must be >= 0, got {warmup}")
+    if threads is not None and threads < 1:
+        raise SettingsError(f"threads must be >= 1, got {threads}")
+    if optimizer not in OPTIMIZERS:
+        raise SettingsError(f"optimizer {optimizer!r} is unknown; expected one of "
+                            f"{', '.join(OPTIMIZERS)}")
