@@ -6,6 +6,8 @@ algorithm repeatedly takes a largest block B_p and a smallest block B_q (the fir
 and moves one element from the neighbour of B_q on the side of B_p into B_q, until the
 largest block exceeds the smallest by at most 1 (one normalized element). The result is
 not always the partition with the smallest largest block; it is what torchgpipe returns.
+A move that would leave a block empty ends the search instead (with as many blocks as
+elements every block is one element long, and rounding could otherwise loop forever).
 """
 
 
@@ -31,17 +33,21 @@ def block_partition(values: list[float], num_blocks: int) -> list[int]:
     def smallest() -> tuple[float, int]:
         return min((size(block), block) for block in range(num_blocks))
 
+    def length(block: int) -> int:
+        return ends[block] - (ends[block - 1] if block > 0 else 0)
+
     while True:
         big, p = largest()
         while True:
             small, q = smallest()
-            if big <= small + 1:
+            if big <= small + 1 + 1e-9:  # the slack absorbs rounding of the prefix sums
                 return ends
+            h = q - 1 if p < q else q + 1  # the neighbour of q on the side of p
+            if length(h) == 1:
+                return ends  # it would be left empty: no block may be
             if p < q:  # take the last element of the block before q
-                h = q - 1
                 ends[h] -= 1
             else:  # take the first element of the block after q
-                h = q + 1
                 ends[q] += 1
             if p == h:
                 break
