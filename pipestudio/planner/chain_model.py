@@ -1,11 +1,13 @@
 """A chain profile under the stage model: O(1) interval sums and each stage's subproblem.
 
-Every chain planner asks the same question of a candidate stage, layers i..j-1 at pipeline
-position s: what does it cost (``stage_model.py``) and, when it does not fit its device,
-which keep/recompute/swap choice should it make (``memopt.py``)? ``ChainCosts`` holds the
-prefix sums that answer sums over i..j-1 in O(1); ``StageEvaluator`` turns a candidate into
-a ``memopt.StageProblem``, settles the easy cases in O(1) (``bounds``) and solves the rest
-with the memory optimizer a planner names.
+Every chain planner asks the same question of a candidate stage, layers i..j-1 in context s
+(its position, replicas and devices: a ``stage_model.StageContext``): what does it cost
+(``stage_model.py``) and, when it does not fit its device, which keep/recompute/swap choice
+should it make (``memopt.py``)? ``ChainCosts`` holds the prefix sums that answer sums over
+i..j-1 in O(1); ``StageEvaluator`` turns a candidate into a ``memopt.StageProblem`` (one
+replica's compute), settles the easy cases in O(1) (``bounds``), solves the rest with the
+memory optimizer a planner names, and answers in stage time, replicas, update and
+all-reduce included, as ``stage_model.stage_time_ms`` does.
 """
 
 import math
@@ -73,20 +75,45 @@ class ChainCosts:
 
 
 class StageEvaluator:
-    """stage(i, j, s): the time per micro-batch of layers i..j-1 as stage s, with the
-    keep/recompute/swap choice that fits its device (``math.inf`` when none does)."""
+    """stage(i, j, s): the time per micro-batch of layers i..j-1 in context s (its position,
+    replicas and devices), with the keep/recompute/swap choice that fits its device
+    (``math.inf`` when none does).
+
+    The memory subproblem (``memopt``) is one replica's: its time is the replica's compute
+    per micro-batch, C = max(F + B + R + stall, swap-out, swap-in) in ``stage_model``'s terms.
+    ``stage_ms`` turns that into the stage model's time
+    (``stage_model.stage_time_ms``): compute / r plus ``extra_ms``, the stage's share of its
+    update and all-reduce; ``compute_ms`` is the inverse, for cutoffs and floors.
+    """
 
     def __init__(self, chain: ChainCosts, contexts: list[StageContext]) -> None:
         self.chain, self.contexts = chain, contexts
         self.proven = True
         self.solved = 0
 
-    def update_ms(self, i: int, j: int, s: int) -> float:
-        """The update's share of a micro-batch: every micro-batch for pipedream, else one
-        update per step spread over its micro-batches."""
-        update = self.chain.update[j] - self.chain.update[i]
-        ctx = self.contexts[s]
-        return update if ctx.schedule == "pipedream" else update / ctx.num_microbatches
+    def extra_ms(self, i: int, j: int, s: int) -> float:
+        """Update and all-reduce per micro-batch of the pipeline: each replica updates after
+        every micro-batch for pipedream (so r of them share that), else once per step."""
+        chain, ctx = self.chain, self.contexts[s]
+        total = chain.update[j] - chain.update[i]
+        if ctx.allreduce_ms_per_param_byte:
+            total += ctx.allreduce_ms_per_param_byte * (chain.params[j] - chain.params[i])
+        if ctx.schedule == "pipedream":
+            return total / ctx.replicas
+        return total / ctx.num_microbatches
+
+    def stage_ms(self, compute_ms: float, i: int, j: int, s: int) -> float:
+        """The stage model's time of a stage whose replica computes ``compute_ms``."""
+        return compute_ms / self.contexts[s].replicas + self.extra_ms(i, j, s)
+
+    def least_ms(self, i: int, j: int, s: int) -> float:
+        """The stage's time when it keeps every layer: no choice is faster, and it only
+        grows as the stage takes more layers (every term of it is a sum over them)."""
+        return self.stage_ms(self.chain.base_ms(i, j), i, j, s)
+
+    def compute_ms(self, stage_ms: float, i: int, j: int, s: int) -> float:
+        """The replica compute time at which the stage takes ``stage_ms``."""
+        return (stage_ms - self.extra_ms(i, j, s)) * self.contexts[s].replicas
 
     def keep_all_bytes(self, i: int, j: int, s: int) -> float:
         """Peak memory of the stage when it keeps every layer."""
@@ -97,8 +124,8 @@ class StageEvaluator:
                 + ctx.inflight * (chain.saved[j] - chain.saved[i]))
 
     def context_key(self, s: int) -> tuple[object, ...]:
-        """What problem(i, j, s) depends on besides i and j: stages with equal keys (all of
-        GPipe's, say) pose the same problem for the same layers."""
+        """What problem(i, j, s) depends on besides i and j: contexts with equal keys (all of
+        GPipe's stages with as many replicas, say) pose the same problem for the same layers."""
         ctx = self.contexts[s]
         mode = "gpipe" if ctx.schedule == "gpipe" else ("last" if ctx.warmup == 0 else "warm")
         return (ctx.inflight, ctx.swap_buffers, ctx.weight_versions, ctx.memory_bytes, mode,
@@ -118,9 +145,15 @@ class StageEvaluator:
             host_out_bytes_per_ms=ctx.host_out_bytes_per_ms, worth=tuple(chain.layer_worth[i:j]))
 
     def bounds(self, i: int, j: int, s: int) -> tuple[float, bool]:
-        """(lower bound, whether it is the exact value); inf when nothing can fit."""
+        """(lower bound on stage(i, j, s), whether it is the exact value); inf when nothing
+        can fit."""
+        low, settled = self.compute_bounds(i, j, s)
+        return (low if math.isinf(low) else self.stage_ms(low, i, j, s)), settled
+
+    def compute_bounds(self, i: int, j: int, s: int) -> tuple[float, bool]:
+        """``bounds`` in replica compute time (C in ``stage_model``)."""
         chain, ctx = self.chain, self.contexts[s]
-        base = chain.base_ms(i, j) + self.update_ms(i, j, s)
+        base = chain.base_ms(i, j)
         if ctx.memory_bytes is None:
             return base, True
         need = self.keep_all_bytes(i, j, s) - ctx.memory_bytes
@@ -150,11 +183,10 @@ class StageEvaluator:
     def solve(self, i: int, j: int, s: int, solver: Solver) -> tuple[float, StageChoice | None]:
         """stage(i, j, s) with ``solver`` choosing the policies; (inf, None) if none fits."""
         ctx = self.contexts[s]
-        update = self.update_ms(i, j, s)
         if ctx.memory_bytes is None or self.keep_all_bytes(i, j, s) <= ctx.memory_bytes:
-            return self.chain.base_ms(i, j) + update, StageChoice(
-                self.chain.base_ms(i, j), (KEEP,) * (j - i), True)
-        low, _ = self.bounds(i, j, s)
+            base = self.chain.base_ms(i, j)
+            return self.stage_ms(base, i, j, s), StageChoice(base, (KEEP,) * (j - i), True)
+        low, _ = self.compute_bounds(i, j, s)
         if math.isinf(low):
             return low, None
         self.solved += 1
@@ -162,7 +194,7 @@ class StageEvaluator:
         if choice is None:
             return math.inf, None
         self.proven = self.proven and choice.exact
-        return choice.time_ms + update, choice
+        return self.stage_ms(choice.time_ms, i, j, s), choice
 
 
 def _free_swap_bytes(fwd: float, bwd: float, ctx: StageContext) -> float:
@@ -177,12 +209,14 @@ def _free_swap_bytes(fwd: float, bwd: float, ctx: StageContext) -> float:
     return min(limits)
 
 
-def link_costs(request: PlanRequest, chain: ChainCosts, num_stages: int) -> list[list[float]]:
-    """links[s][i]: sending layer i-1's output from stage s-1 to stage s (devices in order)."""
+def link_costs(request: PlanRequest, chain: ChainCosts, num_devices: int) -> list[list[float]]:
+    """links[d][i]: sending layer i-1's output to a stage whose first device is d from the
+    stage before it, whose last device is d - 1 (``stage_model``: links are costed between
+    those two devices). With one replica per stage, d is the stage's position."""
     cluster = request.cluster
     result = [[0.0] * (chain.num_layers + 1)]
-    for s in range(1, num_stages):
-        bandwidth = None if cluster is None else cluster.bandwidth_gbps(s - 1, s)
+    for d in range(1, num_devices):
+        bandwidth = None if cluster is None else cluster.bandwidth_gbps(d - 1, d)
         result.append([0.0] + [link_time_ms(out, bandwidth) for out in chain.layer_output])
     return result
 

@@ -19,3 +19,18 @@ class PlanError(PlannerError):
 
 class ImportFormatError(PlannerError):
     """A foreign profile file (PipeDream's graph.txt) could not be read."""
+
+
+class InfeasibleError(PlannerError):
+    """No plan fits device memory.
+
+    ``min_memory_bytes`` is the smallest memory per device at which the planner's plan fits,
+    found to within ``precision_bytes`` (``min_memory.py``); None where it is not known, or
+    where no memory is enough.
+    """
+
+    def __init__(self, message: str, min_memory_bytes: int | None = None,
+                 precision_bytes: int | None = None) -> None:
+        super().__init__(message)
+        self.min_memory_bytes = min_memory_bytes
+        self.precision_bytes = precision_bytes

@@ -3,7 +3,9 @@
 A ``PlanRequest`` names the profile, the pipeline's shape (stages, micro-batches, schedule,
 micro-batch size, optimizer) and the hardware (a cluster; or only a memory per device, in
 which case links are free). A planner returns a ``PlannerOutput``: the plan and the value
-of its own objective. ``run_planner`` times it and simulates the plan.
+of its own objective. ``run_planner`` times it and simulates the plan; when the planner
+finds no plan that fits (``InfeasibleError``), it and ``call_planner`` find and name the
+smallest device memory that would (``min_memory.py``).
 """
 
 import time
@@ -14,7 +16,9 @@ from typing import Any
 
 from pipestudio.planner.cluster import Cluster, cluster_template
 from pipestudio.planner.costs import StageCosts, boundary_bytes, layer_set_costs
+from pipestudio.planner.errors import InfeasibleError as InfeasibleError  # the planners' import
 from pipestudio.planner.errors import PlanError, PlannerError
+from pipestudio.planner.min_memory import explain_infeasible
 from pipestudio.planner.plan import OPTIMIZER_STATE_FACTOR, SCHEDULES, Plan, resolve_plan
 from pipestudio.planner.profile import Profile
 from pipestudio.planner.result import SimResult
@@ -26,14 +30,6 @@ from pipestudio.planner.stage_model import (
     stage_memory_bytes,
     stage_time_ms,
 )
-
-
-class InfeasibleError(PlannerError):
-    """No plan fits device memory; ``min_memory_bytes`` is the least that would."""
-
-    def __init__(self, message: str, min_memory_bytes: int | None = None) -> None:
-        super().__init__(message)
-        self.min_memory_bytes = min_memory_bytes
 
 
 @dataclass(frozen=True)
@@ -123,7 +119,12 @@ class PlanCost:
 
 
 def plan_cost(request: PlanRequest, plan: Plan) -> PlanCost:
-    """Evaluate a plan with the stage model (``stage_model.py``)."""
+    """Evaluate a plan with the stage model (``stage_model.py``).
+
+    A link from stage a to stage c is costed between a's last device and c's first, as the
+    ``optimal`` planner does (with devices in order: d0 - 1 and d0), and not divided among
+    replicas.
+    """
     profile = request.scaled
     layout = resolve_plan(plan, profile)
     contexts = request.contexts([stage.replicas for stage in plan.stages])
@@ -141,7 +142,7 @@ def plan_cost(request: PlanRequest, plan: Plan) -> PlanCost:
     link_ms = []
     for (src, dst), num_bytes in boundary_bytes(profile, layout).items():
         bandwidth = (None if request.cluster is None
-                     else request.cluster.bandwidth_gbps(devices[src][0], devices[dst][0]))
+                     else request.cluster.bandwidth_gbps(devices[src][-1], devices[dst][0]))
         link_ms.append(link_time_ms(num_bytes, bandwidth))
     return PlanCost(stage_ms, link_ms, memory, fits)
 
@@ -167,6 +168,8 @@ class PlanOutcome:
     objective_ms: float | None
     error: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: When no plan fits: the smallest memory per device at which one does (``min_memory.py``).
+    min_memory_bytes: int | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
@@ -176,17 +179,35 @@ class PlanOutcome:
             "planner_ms": self.planner_ms,
             "objective_ms": self.objective_ms,
             "error": self.error,
+            "min_memory_bytes": self.min_memory_bytes,
         }
+
+
+def call_planner(planner: Planner, request: PlanRequest) -> PlannerOutput:
+    """``planner(request)``, except that when no plan fits, the InfeasibleError raised names
+    the smallest device memory that would fit (``min_memory.explain_infeasible``)."""
+    try:
+        return planner(request)
+    except InfeasibleError as exc:
+        raise explain_infeasible(planner, request, exc) from exc
 
 
 def run_planner(algorithm: str, planner: Planner, request: PlanRequest, *,
                 with_timeline: bool = True) -> PlanOutcome:
-    """Run one planner, time it, simulate its plan; a planner error becomes ``error``."""
+    """Run one planner, time it, simulate its plan; a planner error becomes ``error``.
+
+    ``planner_ms`` is the one call that answered ``request``; when it found no plan that
+    fits, the search for the smallest memory that does comes after and is not counted.
+    """
     started = time.perf_counter()
     try:
         output = planner(request)
     except PlannerError as exc:
         elapsed = (time.perf_counter() - started) * 1e3
+        if isinstance(exc, InfeasibleError):
+            exc = explain_infeasible(planner, request, exc)
+            return PlanOutcome(algorithm, None, None, elapsed, None, str(exc),
+                               min_memory_bytes=exc.min_memory_bytes)
         return PlanOutcome(algorithm, None, None, elapsed, None, str(exc))
     elapsed = (time.perf_counter() - started) * 1e3
     result = simulate(request.scaled, output.plan, request.cluster, with_timeline=with_timeline)

@@ -15,20 +15,39 @@ backward) and 1 otherwise. This equals the simulator's peak whenever each swap-o
 longer than the stage's shorter pass, min(F, B), which the memory optimizers respect
 (tests/planner/test_stage_model.py checks both on random stages).
 
-Time per micro-batch, with F, B, R the forward, backward and recompute time and x, y the
-swap-out and swap-in time of a micro-batch's swapped bytes::
+A replica's compute per micro-batch, with F, B, R the forward, backward and recompute time
+and x, y the swap-out and swap-in time of a micro-batch's swapped bytes, is::
 
-    T_s = max(F + B + R + stall, x, y) + update per micro-batch
+    C = max(F + B + R + stall, x, y)
 
 The fetch for a backward starts with the op before it, so it hides under that op and the
 recompute: the stall is max(0, y - F - R) for 1F1B stages with a warm-up (the op before is
 a forward), max(0, x + y - R) for the last stage (it fetches what it just sent out) and
-max(0, y - B - R) for GPipe (the op before is a backward). The update is paid once per
-micro-batch for pipedream and once per step, spread over m micro-batches, otherwise.
-Replicas divide the stage time and add their all-reduce. A link between stages is a stage
-of its own, taking bytes / bandwidth per micro-batch in each direction.
+max(0, y - B - R) for GPipe (the op before is a backward).
+
+A stage of r replicas (``stage_context``: its first worker w0 and r; workers run on
+devices of the same numbers unless a plan places them) shares the pipeline's m
+micro-batches, m / r per replica, and its 1F1B warm-up is (W - w0 - 1) // r forwards for W
+workers in all, as the Plan format defines it. Its time per micro-batch of the pipeline,
+with A the ring all-reduce of its gradients (2 (r - 1) / r x params over the slowest link
+between its devices; 0 for one replica)::
+
+    pipedream:  T_s = (C + update + A) / r        each replica updates after each backward
+    otherwise:  T_s = C / r + (update + A) / m    one update and all-reduce per step
+
+A link between stages is a stage of its own, taking bytes / bandwidth per micro-batch in
+each direction, over the link between the sending stage's last device and the receiving
+stage's first (``request.plan_cost``, the ``optimal`` planner). It is not divided among
+replicas, although r replica pairs may send at once; but a pair whose devices sit farther
+apart than those two may use a slower level, which the model does not see.
+
+For pipedream the model is the simulator's steady state (a step takes m x the slowest
+T_s) for straight pipelines with free links, but for a few that repeat over two steps;
+with slow links or replicas the simulated step is often slower, never faster in the tests
+(tests/planner/test_stage_model.py, test_optimal.py).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipestudio.planner.cluster import Cluster
@@ -61,37 +80,50 @@ class StageContext:
         return 2 if self.inflight >= 2 else 1
 
 
+def stage_context(schedule: str, num_microbatches: int, optimizer: str,
+                  cluster: Cluster | None = None, *, first_worker: int, replicas: int,
+                  num_workers: int, devices: Sequence[int] | None = None) -> StageContext:
+    """The context of a stage whose ``replicas`` replicas are workers first_worker, ...,
+    first_worker + replicas - 1 of a pipeline of ``num_workers`` workers, in pipeline order.
+
+    Its warm-up counts the workers from its first to the end, as the Plan format's 1F1B does:
+    (num_workers - first_worker - 1) // replicas forwards; each replica runs m / r of the m
+    micro-batches. Worker w runs on device w unless ``devices`` names the replicas' devices
+    (the ``optimal`` planner places stages on consecutive devices, so a stage is its first
+    device and its replica count).
+    """
+    if devices is None:
+        devices = range(first_worker, first_worker + replicas)
+    warmup = (num_workers - first_worker - 1) // replicas
+    per_replica = num_microbatches // replicas
+    inflight = {"gpipe": per_replica, "1f1b": min(warmup + 1, per_replica)}.get(
+        schedule, warmup + 1)
+    memory = host_in = host_out = None
+    allreduce = 0.0
+    if cluster is not None:
+        used = [cluster.devices[d] for d in devices]
+        limits = [d.memory_bytes for d in used if d.memory_bytes is not None]
+        memory = min(limits) if limits else None
+        host_in = _slowest(d.host_to_device_gbps for d in used)
+        host_out = _slowest(d.device_to_host_gbps for d in used)
+        allreduce = _allreduce_ms_per_byte(cluster, list(devices))
+    return StageContext(
+        schedule=schedule, inflight=inflight, warmup=warmup, replicas=replicas,
+        num_microbatches=num_microbatches, optimizer_factor=OPTIMIZER_STATE_FACTOR[optimizer],
+        memory_bytes=memory, host_in_bytes_per_ms=host_in, host_out_bytes_per_ms=host_out,
+        allreduce_ms_per_param_byte=allreduce)
+
+
 def stage_contexts(schedule: str, replicas: list[int], num_microbatches: int, optimizer: str,
                    cluster: Cluster | None = None, devices: list[list[int]] | None = None
                    ) -> list[StageContext]:
     """Contexts of a pipeline's stages, in order (devices default to consecutive ones)."""
-    if devices is None:
-        devices, next_device = [], 0
-        for count in replicas:
-            devices.append(list(range(next_device, next_device + count)))
-            next_device += count
-    contexts = []
+    contexts, first = [], 0
     for stage_idx, count in enumerate(replicas):
-        later = sum(replicas[stage_idx:])
-        warmup = (later - 1) // count
-        per_replica = num_microbatches // count
-        inflight = {"gpipe": per_replica, "1f1b": min(warmup + 1, per_replica)}.get(
-            schedule, warmup + 1)
-        memory = host_in = host_out = None
-        allreduce = 0.0
-        if cluster is not None:
-            used = [cluster.devices[d] for d in devices[stage_idx]]
-            limits = [d.memory_bytes for d in used if d.memory_bytes is not None]
-            memory = min(limits) if limits else None
-            host_in = _slowest(d.host_to_device_gbps for d in used)
-            host_out = _slowest(d.device_to_host_gbps for d in used)
-            allreduce = _allreduce_ms_per_byte(cluster, devices[stage_idx])
-        contexts.append(StageContext(
-            schedule=schedule, inflight=inflight, warmup=warmup, replicas=count,
-            num_microbatches=num_microbatches,
-            optimizer_factor=OPTIMIZER_STATE_FACTOR[optimizer], memory_bytes=memory,
-            host_in_bytes_per_ms=host_in, host_out_bytes_per_ms=host_out,
-            allreduce_ms_per_param_byte=allreduce))
+        contexts.append(stage_context(
+            schedule, num_microbatches, optimizer, cluster, first_worker=first, replicas=count,
+            num_workers=sum(replicas), devices=None if devices is None else devices[stage_idx]))
+        first += count
     return contexts
 
 

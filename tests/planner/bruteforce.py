@@ -1,80 +1,125 @@
-"""Exhaustive search over every partition of a chain and every policy of every layer,
-scored with the stage model: the oracle the ``optimal`` planner must equal."""
+"""Exhaustive search over every replication, partition and memory policy of a chain, scored
+with the stage model: the oracle the ``optimal`` planner must equal.
+
+A plan on D devices is a composition of D into replica counts (each dividing the
+micro-batches; only ones when the request is straight), one stage per part on consecutive
+devices, a partition of the layers into that many stages, and a policy per layer. Each
+stage is scored with ``stage_model.stage_time_ms`` and ``stage_memory_bytes`` in the
+context ``stage_model.stage_context`` gives its first device and replicas, and each link
+between device d0 - 1 and d0 with ``link_time_ms``.
+
+The policy enumeration prunes only what cannot matter, by monotonicity: with the layers
+not yet assigned left out, a partial assignment's memory and time are at most those of any
+way to finish it (every term of either is a sum over assigned layers, and the stage time
+only grows with recompute time and swapped bytes), and so is its swap-out time.
+"""
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 
-from pipestudio.planner.costs import layer_set_costs
+from pipestudio.planner.costs import StageCosts, layer_set_costs
 from pipestudio.planner.request import PlanRequest
 from pipestudio.planner.stage_model import (
+    StageContext,
     link_time_ms,
+    stage_context,
     stage_memory_bytes,
     stage_time_ms,
     swap_times_ms,
 )
 
 
-def best_stage_ms(request: PlanRequest, start: int, end: int, position: int) -> float:
-    """The fastest policy assignment of layers start..end-1 as stage ``position`` that fits;
-    inf when none does. Without a memory limit keeping every layer is fastest.
+def replica_counts(request: PlanRequest) -> list[int]:
+    num_devices = request.num_stages or 1
+    if request.straight:
+        return [1]
+    return [r for r in range(1, num_devices + 1) if request.num_microbatches % r == 0]
 
-    Every one of the 3^n assignments is scored: sums are carried down the enumeration, and
-    each complete assignment becomes a StageCosts scored by the stage model."""
+
+def compositions(total: int, parts: list[int]) -> Iterator[tuple[int, ...]]:
+    """Every sequence of ``parts`` (repeats allowed) that adds up to ``total``."""
+    if total == 0:
+        yield ()
+        return
+    for part in parts:
+        if part <= total:
+            for rest in compositions(total - part, parts):
+                yield (part, *rest)
+
+
+def context(request: PlanRequest, first_device: int, replicas: int) -> StageContext:
+    return stage_context(request.schedule, request.num_microbatches, request.optimizer,
+                         request.cluster, first_worker=first_device, replicas=replicas,
+                         num_workers=request.num_stages or 1)
+
+
+def best_stage_ms(request: PlanRequest, start: int, end: int, ctx: StageContext) -> float:
+    """The fastest policy assignment of layers start..end-1 in context ``ctx`` that fits;
+    inf when none does. Keeping every layer is fastest when it fits (no choice computes less
+    than F + B); otherwise every assignment is tried, but for the pruning of the module
+    docstring."""
     profile = request.scaled
-    ctx = request.contexts([1] * (request.num_stages or 1))[position]
     indices = list(range(start, end))
     whole = layer_set_costs(profile, indices, dict.fromkeys(indices, "keep"),
                             request.optimizer_factor)
-    if ctx.memory_bytes is None:
+    if ctx.memory_bytes is None or stage_memory_bytes(whole, ctx) <= ctx.memory_bytes:
         return stage_time_ms(whole, ctx)
     layers = profile.layers
     inputs = [profile.input_bytes if i == 0 else layers[i - 1].output_bytes for i in indices]
+    none = replace(whole, keep_bytes=0)
     best = math.inf
 
-    def visit(pos: int, keep: int, swap: int, recompute: int, checkpoint: int,
-              recompute_ms: float, last_recompute: bool) -> None:
+    def hopeless(costs: StageCosts) -> bool:
+        out_ms, _ = swap_times_ms(costs.swap_bytes, ctx)
+        return (stage_memory_bytes(costs, ctx) > ctx.memory_bytes  # type: ignore[operator]
+                or out_ms > min(costs.fwd_ms, costs.bwd_ms)  # memopt.py's swap limit
+                or stage_time_ms(costs, ctx) >= best)
+
+    def visit(pos: int, costs: StageCosts, last_recompute: bool) -> None:
         nonlocal best
+        if hopeless(costs):
+            return
         if pos == len(indices):
-            costs = replace(whole, keep_bytes=keep, swap_bytes=swap, recompute_bytes=recompute,
-                            checkpoint_bytes=checkpoint, recompute_ms=recompute_ms)
-            if stage_memory_bytes(costs, ctx) > ctx.memory_bytes:  # type: ignore[operator]
-                return
-            out_ms, _ = swap_times_ms(swap, ctx)
-            if out_ms > min(costs.fwd_ms, costs.bwd_ms):
-                return  # the memory optimizers' swap limit (memopt.py)
-            best = min(best, stage_time_ms(costs, ctx))
+            best = stage_time_ms(costs, ctx)
             return
         layer = layers[indices[pos]]
         saved = layer.saved_bytes
-        visit(pos + 1, keep + saved, swap, recompute, checkpoint, recompute_ms, False)
-        visit(pos + 1, keep, swap + saved, recompute, checkpoint, recompute_ms, False)
-        visit(pos + 1, keep, swap, recompute + saved,
-              checkpoint + (0 if last_recompute else inputs[pos]),
-              recompute_ms + layer.fwd_ms, True)
+        visit(pos + 1, replace(costs, keep_bytes=costs.keep_bytes + saved), False)
+        visit(pos + 1, replace(costs, swap_bytes=costs.swap_bytes + saved), False)
+        checkpoint = 0 if last_recompute else inputs[pos]
+        visit(pos + 1, replace(costs, recompute_bytes=costs.recompute_bytes + saved,
+                               checkpoint_bytes=costs.checkpoint_bytes + checkpoint,
+                               recompute_ms=costs.recompute_ms + layer.fwd_ms), True)
 
-    visit(0, 0, 0, 0, 0, 0.0, False)
+    visit(0, none, False)
     return best
 
 
 def brute_force_bottleneck(request: PlanRequest) -> float:
+    """The smallest bottleneck over every plan of the module docstring (inf: none fits)."""
     profile = request.scaled
-    num_layers, num_stages = profile.num_layers, request.num_stages or 1
+    num_layers, num_devices = profile.num_layers, request.num_stages or 1
     cluster = request.cluster
-    memo: dict[tuple[int, int, int], float] = {}
+    memo: dict[tuple[int, int, int, int], float] = {}
     best = math.inf
-    for cuts in itertools.combinations(range(1, num_layers), num_stages - 1):
-        bounds = [0, *cuts, num_layers]
-        value = 0.0
-        for position, (start, end) in enumerate(itertools.pairwise(bounds)):
-            key = (start, end, position)
-            if key not in memo:
-                memo[key] = best_stage_ms(request, start, end, position)
-            value = max(value, memo[key])
-            if position > 0:
-                bandwidth = None if cluster is None else cluster.bandwidth_gbps(position - 1,
-                                                                               position)
-                value = max(value, link_time_ms(profile.layers[start - 1].output_bytes,
-                                                bandwidth))
-        best = min(best, value)
+    for replicas in compositions(num_devices, replica_counts(request)):
+        firsts = [0, *itertools.accumulate(replicas)][:-1]
+        for cuts in itertools.combinations(range(1, num_layers), len(replicas) - 1):
+            bounds = [0, *cuts, num_layers]
+            value = 0.0
+            for (start, end), first, count in zip(itertools.pairwise(bounds), firsts,
+                                                  replicas, strict=True):
+                key = (start, end, first, count)
+                if key not in memo:
+                    memo[key] = best_stage_ms(request, start, end,
+                                              context(request, first, count))
+                value = max(value, memo[key])
+                if first > 0:
+                    bandwidth = None if cluster is None else cluster.bandwidth_gbps(first - 1,
+                                                                                   first)
+                    value = max(value, link_time_ms(profile.layers[start - 1].output_bytes,
+                                                    bandwidth))
+            best = min(best, value)
     return best

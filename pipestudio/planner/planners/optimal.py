@@ -1,59 +1,84 @@
-"""``optimal``: the smallest bottleneck over every partition and every memory policy.
+"""``optimal``: the smallest bottleneck over every partition, replication and memory policy.
 
-For a chain of layers and K stages, a dynamic program over prefixes (PipeDream §3.1 does
-the same over its cost model) finds
+For a chain of layers on D devices (``request.num_stages`` counts devices here), a plan is
+a sequence of stages, stage t holding r_t replicas on consecutive devices, sum r_t = D
+(every device is used), each r_t dividing the micro-batches (the Plan format needs it);
+``request.straight`` allows r_t = 1 only, which gives D stages. A dynamic program over
+devices used and chain prefixes (PipeDream §3.1 does the same over its cost model) finds
 
-    best(s, j) = min over i < j of max(best(s - 1, i), link(i), stage(i, j, s))
+    best(d, j) = min over r, i of max(best(d - r, i), link(d - r, i), stage(i, j, d - r, r))
 
-where stage(i, j, s) is the time per micro-batch of layers i..j-1 as stage s with their
-fastest keep/recompute/swap choice that fits the device memory, and link(i) the transfer
-of layer i-1's output to the next stage. Memory (through the micro-batches in flight) and
-the swap stall depend on the stage's position, so the program keeps s.
+where stage(i, j, d0, r) is the time per micro-batch of layers i..j-1 as a stage whose r
+replicas start at device d0, with their fastest keep/recompute/swap choice that fits the
+device memory, and link(d0, i) the transfer of layer i-1's output from device d0 - 1 (the
+previous stage's last) to d0. Under the stage model (``stage_model.py``) a stage takes its
+replica's compute over r plus its update and all-reduce's share; its micro-batches in flight
+(through the 1F1B warm-up, (D - d0 - 1) // r forwards), memory, swap stall and all-reduce
+depend on d0 and r, so the program keeps them (``optimal_program.DeviceLayout``). A link is
+not divided among replicas: several replica pairs could send at once, so this overstates it.
 
 The stage subproblem is solved exactly (``memopt.solve_exact``) for stages of up to
 ``EXACT_MAX_LAYERS`` layers, and otherwise by ``memopt_bounded.solve_bounded``: a choice
 together with a proven lower bound on the best one. When any stage of the search was not
-solved exactly, the program runs a second time on those lower bounds, which bounds the
-optimum itself from below: the objective is then proven within ``gap`` of the best
-possible (``details``; a gap of 0 means optimal).
+solved exactly, the program runs again on those lower bounds, which bounds the optimum
+itself from below: the objective is then proven within ``gap`` of the best possible
+(``details``; a gap of 0 means optimal).
 
 The program is fast because most candidates are settled without solving their memory
 subproblem:
 
-- an upper bound U comes first, from time-balanced stages given a greedy memory choice
-  (``memopt_greedy.solve_greedy``); no value above U can be part of the answer;
-- stage(i, j, s) is at least the forward and backward time of its layers, which grows as i
-  moves back, so for each j only the starts within U of it are tried, and only the ends j
-  that leave room for the other stages within U;
+- a limit comes first: no plan is faster than the chain's compute over D devices, so the
+  program runs within a limit just above that, doubling the excess until it finds a plan,
+  never above the bottleneck of time-balanced straight stages with greedy memory choices
+  (``memopt_greedy.solve_greedy``); a program within a limit finds every plan within it;
+- stage(i, j, d0, r) is at least its time keeping every layer, which grows as i moves back,
+  so for each j only the starts within the best so far are tried; a stage on r devices
+  computes at most r x the limit, so only the ends j that leave the devices before and
+  after within the limit are tried;
 - inside the window a stage is settled in O(1) when keeping every layer fits, or when
   swapping within the free transfer time frees enough, or when a lower bound (every byte
   freed at the best rate the stage offers) already loses; otherwise the subproblem runs
-  with the best value so far as its cutoff and the head max(best(s - 1, i), link(i)) as its
-  floor;
+  with the best value so far as its cutoff and the head max(best(d0, i), link(d0, i)) as
+  its floor, both turned into replica compute time;
 - a stage that cannot fit even recomputing every layer (its parameters, workspace and one
   micro-batch of saved bytes exceed the memory) ends the scan of starts for its j, since
-  earlier starts only add to each of those.
+  earlier starts only add to each of those;
+- for stages too large for the exact subproblem the first program gallops (a binary search
+  that assumes a stage gets no faster with more layers, ``optimal_program._Scan.gallop``);
+  the program on lower bounds assumes nothing of the kind, so the certificate holds
+  whatever the stages do.
 
 Profiles with edges are planned on their sequential backbone (``coarsen.py``).
 """
 
 import bisect
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 
 from pipestudio.planner.chain_model import ChainCosts, StageEvaluator, link_costs
 from pipestudio.planner.coarsen import plan_on_backbone
 from pipestudio.planner.memopt import KEEP, StageChoice, StageProblem, solve_exact
 from pipestudio.planner.memopt_bounded import lower_bound_ms, solve_bounded
-from pipestudio.planner.memopt_greedy import solve_greedy
-from pipestudio.planner.planners.blockpartition import block_partition
+from pipestudio.planner.memopt_greedy import solve_capuchin, solve_greedy
+from pipestudio.planner.planners.optimal_program import (
+    EXACT_MAX_LAYERS,
+    DeviceLayout,
+    Program,
+    Table,
+)
 from pipestudio.planner.request import InfeasibleError, PlannerOutput, PlanRequest
 
-#: Stages with at most this many layers get the exact subproblem (3^12 policy choices).
-EXACT_MAX_LAYERS = 12
-
-# stage(i, j, s, head, current) -> its value, or anything >= current when it cannot win
-_StageValue = Callable[[int, int, int, float, float], float]
+#: The first program's limits: from 1% above the compute bound, doubling the excess; past
+#: 2^10 the limit is the upper bound itself.
+_FIRST_EXCESS, _LAST_EXCESS = 0.01, 1024.0
+#: How far (relative) above its lower bound a bounded choice, or the cutoff when it
+#: finds none, has to be for the other heuristics to be tried.
+_FALLBACK_GAP = 0.01
+#: Capuchin's choice costs a scan of every layer per layer it changes: larger stages skip it.
+_CAPUCHIN_MAX_LAYERS = 64
+#: The lower bound is lowered by this relative amount, far more than the rounding of the
+#: sums its program compares (its pruning holds in exact arithmetic).
+_ROUNDING = 1e-9
 
 
 def solve_stage(problem: StageProblem, cutoff_ms: float = math.inf,
@@ -65,241 +90,223 @@ def solve_stage(problem: StageProblem, cutoff_ms: float = math.inf,
 
 
 class _Search:
-    """The stage values the program asks for: chosen ones (kept for the plan) and proven
-    lower bounds of them."""
+    """The stage values the programs ask for, in context c: chosen ones (kept for the plan)
+    and proven lower bounds of them. Values are stage times; subproblems see replica
+    compute time (``StageEvaluator.compute_ms``)."""
 
     def __init__(self, stages: StageEvaluator) -> None:
         self.stages = stages
         self.choices: dict[tuple[int, int, int], StageChoice] = {}
         self.bounds: dict[tuple[object, ...], float] = {}
 
-    def lower_bound(self, i: int, j: int, s: int) -> float:
-        """The bounded subproblem's lower bound, without the update, once per problem."""
-        key = (i, j, *self.stages.context_key(s))
+    def lower_bound(self, i: int, j: int, c: int) -> float:
+        """The bounded subproblem's lower bound in compute time, once per problem."""
+        key = (i, j, *self.stages.context_key(c))
         bound = self.bounds.get(key)
         if bound is None:
-            bound = self.bounds[key] = lower_bound_ms(self.stages.problem(i, j, s))
+            bound = self.bounds[key] = lower_bound_ms(self.stages.problem(i, j, c))
         return bound
 
-    def _solve(self, i: int, j: int, s: int, head: float, current: float
+    def _solve(self, i: int, j: int, c: int, head: float, current: float
                ) -> tuple[float, StageChoice | None]:
         stages = self.stages
-        update = stages.update_ms(i, j, s)
+        cutoff, floor = stages.compute_ms(current, i, j, c), stages.compute_ms(head, i, j, c)
         if j - i <= EXACT_MAX_LAYERS:
             stages.solved += 1
-            choice = solve_exact(stages.problem(i, j, s), current - update, max_states=1 << 16,
-                                 floor_ms=head - update)
+            choice = solve_exact(stages.problem(i, j, c), cutoff, max_states=1 << 16,
+                                 floor_ms=floor)
         else:
-            lower = self.lower_bound(i, j, s)
-            if lower + update > current:
+            lower = self.lower_bound(i, j, c)
+            if lower > cutoff:
                 return math.inf, None
             stages.solved += 1
-            choice = solve_bounded(stages.problem(i, j, s), current - update, head - update,
-                                   lower)
+            choice = _bounded_choice(stages.problem(i, j, c), cutoff, floor, lower)
+            if choice is None:  # the heuristics gave up: some choice may still fit
+                stages.proven = False
         if choice is None:
             return math.inf, None
         stages.proven = stages.proven and choice.exact
-        return choice.time_ms + update, choice
+        return stages.stage_ms(choice.time_ms, i, j, c), choice
 
-    def chosen(self, i: int, j: int, s: int, head: float, current: float) -> float:
-        value, choice = self._solve(i, j, s, head, current)
+    def chosen(self, i: int, j: int, c: int, head: float, current: float) -> float:
+        value, choice = self._solve(i, j, c, head, current)
         if choice is not None:
-            self.choices[(i, j, s)] = choice
+            self.choices[(i, j, c)] = choice
         return value
 
-    def lower(self, i: int, j: int, s: int, head: float, current: float) -> float:
+    def lower(self, i: int, j: int, c: int, head: float, current: float) -> float:
         if j - i <= EXACT_MAX_LAYERS:
-            return self._solve(i, j, s, head, current)[0]
-        return self.lower_bound(i, j, s) + self.stages.update_ms(i, j, s)
+            return self._solve(i, j, c, head, current)[0]
+        return self.stages.stage_ms(self.lower_bound(i, j, c), i, j, c)
 
-    def choice(self, i: int, j: int, s: int, value: float) -> StageChoice:
-        """The choice behind stage(i, j, s) = ``value`` in the program's answer."""
-        known = self.choices.get((i, j, s))
+    def choice(self, i: int, j: int, c: int, value: float) -> StageChoice:
+        """The choice behind stage(i, j, c) = ``value`` in the program's answer."""
+        known = self.choices.get((i, j, c))
         if known is None:  # settled by its bounds: keep all, or swap within free time
-            update = self.stages.update_ms(i, j, s)
-            known = solve_stage(self.stages.problem(i, j, s), floor_ms=value - update)
+            floor = self.stages.compute_ms(value, i, j, c)
+            known = solve_stage(self.stages.problem(i, j, c), floor_ms=floor)
         assert known is not None
         return known
 
 
+def _bounded_choice(problem: StageProblem, cutoff_ms: float, floor_ms: float,
+                    lower_ms: float) -> StageChoice | None:
+    """``solve_bounded``'s choice, or the fastest of it and the other planners' heuristics
+    (vPipe's ranking both ways, DawnPiper's Capuchin-style model) where it may be poor: it
+    found none although its lower bound is more than ``_FALLBACK_GAP`` below the cutoff,
+    or one that far above the lower bound and the floor. Each heuristic gives a valid
+    choice and none is always best; trying the others only there keeps the common case
+    fast."""
+    choice = solve_bounded(problem, cutoff_ms, floor_ms, lower_ms)
+    room = lower_ms * (1 + _FALLBACK_GAP)
+    if choice is None and room >= cutoff_ms:
+        return None
+    if choice is not None and (choice.time_ms <= floor_ms or choice.time_ms <= room):
+        return choice
+    others = [solve_greedy(problem), solve_greedy(problem, swap_first=False)]
+    if len(problem.fwd_ms) <= _CAPUCHIN_MAX_LAYERS:
+        others.append(solve_capuchin(problem))
+    for other in others:
+        if other is not None and other.time_ms <= cutoff_ms and (
+                choice is None or other.time_ms < choice.time_ms):
+            exact = other.time_ms <= lower_ms * (1 + 1e-12)
+            choice = StageChoice(other.time_ms, other.policies, exact, lower_ms)
+    return choice
+
+
+@dataclass(frozen=True)
+class _Stage:
+    start: int
+    end: int
+    first_device: int
+    replicas: int
+
+
 def optimal(request: PlanRequest) -> PlannerOutput:
-    num_stages = request.stages_required("optimal")
+    num_devices = request.stages_required("optimal")
     if not request.scaled.is_chain:
         return plan_on_backbone(request, optimal)
     chain = ChainCosts.of(request)
-    stages = StageEvaluator(chain, request.contexts([1] * num_stages))
-    links = link_costs(request, chain, num_stages)
+    layout = DeviceLayout.of(request, num_devices)
+    stages = StageEvaluator(chain, layout.contexts)
+    links = link_costs(request, chain, num_devices)
     search = _Search(stages)
-    upper = _upper_bound(chain, stages, links, num_stages)
-    best, back = _program(chain, stages, links, num_stages, upper, search.chosen,
-                          gallop=True)
-    count = chain.num_layers
-    objective = best[num_stages][count]
-    if math.isinf(objective):
+    program = Program(chain, stages, links, layout)
+    best, back = _first_pass(program, search, _upper_bound(chain, stages, links, layout))
+    if math.isinf(best[-1][-1]):
+        kind = "straight pipeline" if request.straight else "pipeline"
         raise InfeasibleError(
-            f"no split into {num_stages} stages fits the device memory, even recomputing or "
+            f"no {kind} on {num_devices} devices fits the device memory, even recomputing or "
             f"swapping layers")
-    partition = _partition(back, num_stages, count)
+    plan_stages = _stages(back)
     policies: dict[int, str] = {}
     objective = 0.0  # the plan's own bottleneck, at most the program's value
-    for s, layers in enumerate(partition):
-        i, j = layers[0], layers[-1] + 1
-        choice = search.choice(i, j, s, best[num_stages][count])
+    for stage in plan_stages:
+        i, j = stage.start, stage.end
+        c = layout.context(stage.first_device, stage.replicas)
+        choice = search.choice(i, j, c, best[-1][-1])
         policies.update({i + k: p for k, p in enumerate(choice.policies) if p != KEEP})
-        objective = max(objective, choice.time_ms + stages.update_ms(i, j, s), links[s][i])
-    lower = objective
-    if not stages.proven:
-        lower = _program(chain, stages, links, num_stages, objective, search.lower,
-                         gallop=False)[0][num_stages][count]
+        objective = max(objective, stages.stage_ms(choice.time_ms, i, j, c),
+                        links[stage.first_device][i])
+    proven = stages.proven and not program.assumed
+    lower = objective if proven else _lower_bound(program, search, objective)
     gap = objective / lower - 1 if lower > 0 else 0.0
-    details = {"exact": stages.proven, "lower_bound_ms": lower, "gap": gap,
-               "subproblems_solved": stages.solved}
-    plan = request.build_plan(partition, policies, planner="optimal",
-                              settings={"exact": stages.proven, "gap": gap})
+    replicas = [stage.replicas for stage in plan_stages]
+    details = {"exact": proven, "lower_bound_ms": lower, "gap": gap,
+               "subproblems_solved": stages.solved, "num_devices": num_devices,
+               "replicas": replicas, "straight": request.straight}
+    plan = request.build_plan(
+        [list(range(stage.start, stage.end)) for stage in plan_stages], policies,
+        replicas=replicas, planner="optimal",
+        settings={"exact": proven, "gap": gap, "num_devices": num_devices,
+                  "straight": request.straight})
     return PlannerOutput(plan, objective, details)
 
 
-def _program(chain: ChainCosts, stages: StageEvaluator, links: list[list[float]],
-             num_stages: int, upper: float, stage_value: _StageValue, *, gallop: bool
-             ) -> tuple[list[list[float]], list[list[int]]]:
-    """best(s, j) and the start i that achieves it (the module docstring's program).
+def _first_pass(program: Program, search: _Search, upper: float) -> Table:
+    """The program on chosen stage values, within limits that grow towards ``upper``.
 
-    ``gallop`` lets the scan of starts assume, for stages of more than ``EXACT_MAX_LAYERS``
-    layers, that a stage is no faster with more layers: see ``_Scan.gallop``.
+    Every plan's bottleneck is at least the chain's compute over the devices (a stage on r
+    devices takes at least its compute over r), so the first limit is just above that and
+    its excess doubles until the program finds a plan. When the greedy upper bound is far
+    off, or no time-balanced split fits (upper is inf), this saves most of the work.
     """
-    count = chain.num_layers
-    limit = upper * (1 + 1e-12)
-    base = [f + b for f, b in zip(chain.fwd, chain.bwd, strict=True)]  # prefix sums
-    best = [[math.inf] * (count + 1) for _ in range(num_stages + 1)]
-    back = [[-1] * (count + 1) for _ in range(num_stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, num_stages + 1):
-        # j must leave at most (K - s) stages of work at or under the bound, and take at most
-        # s such stages before it.
-        first = max(s, bisect.bisect_left(base, base[count] - (num_stages - s) * limit))
-        last = min(count - (num_stages - s), bisect.bisect_right(base, s * limit) - 1)
-        for j in range(first, last + 1):
-            scan = _Scan(stages, stage_value, base, best[s - 1], links[s - 1], s, j, limit)
-            small = max(s - 1, j - EXACT_MAX_LAYERS)
-            if gallop and small > s - 1:  # large stages first: their best prunes the rest
-                scan.gallop(small - 1)
-                scan.run(j - 1, small)
-            elif scan.run(j - 1, small) and small > s - 1:
-                scan.run(small - 1, s - 1)
-            best[s][j], back[s][j] = (scan.current, scan.start) if scan.start >= 0 else (
-                math.inf, -1)
-    return best, back
+    floor = program.base[-1] / program.layout.num_devices
+    excess = _FIRST_EXCESS
+    while True:
+        limit = upper if excess > _LAST_EXCESS or not floor > 0 else min(
+            upper, floor * (1 + excess))
+        search.choices.clear()
+        best, back = program.run(limit, search.chosen, gallop=True)
+        if best[-1][-1] < math.inf or limit >= upper:
+            return best, back
+        excess *= 2
 
 
-class _Scan:
-    """The starts i of stage s - 1 that end at layer j, best first found."""
-
-    def __init__(self, stages: StageEvaluator, stage_value: _StageValue, base: list[float],
-                 previous: list[float], link: list[float], s: int, j: int,
-                 limit: float) -> None:
-        self.stages, self.stage_value, self.base = stages, stage_value, base
-        self.previous, self.link, self.s, self.j = previous, link, s, j
-        self.current, self.start = limit, -1
-
-    def head(self, i: int) -> float:
-        return max(self.previous[i], self.link[i])
-
-    def run(self, high: int, low: int, *, monotone: bool = False) -> bool:
-        """Try starts high, high - 1, ..., low; False once no earlier start can win.
-        ``monotone``: assume the stage only gets slower with earlier starts."""
-        base, j = self.base, self.j
-        for i in range(high, low - 1, -1):
-            if base[j] - base[i] >= self.current:
-                return False  # earlier starts only add work
-            if not self.consider(i, monotone=monotone):
-                return False
-        return True
-
-    def consider(self, i: int, *, monotone: bool = False) -> bool:
-        """Start i as a candidate; False when no earlier start can win: the stage cannot fit
-        even at its bare minimum, which earlier starts only add to, or (``monotone``) it is
-        already slower than the best found."""
-        head = self.head(i)
-        if head >= self.current:
-            return True
-        low, settled = self.stages.bounds(i, self.j, self.s - 1)
-        if low >= self.current:
-            return not monotone and low != math.inf
-        if not settled:
-            low = self.stage_value(i, self.j, self.s - 1, head, self.current)
-            if monotone and low >= self.current:
-                return False
-        value = head if head > low else low
-        if value < self.current:
-            self.current, self.start = value, i
-        return True
-
-    def gallop(self, high: int) -> None:
-        """Starts high, high - 1, ... of stages too large for the exact subproblem.
-
-        Assuming a stage gets no faster as it takes more layers, the starts where the stage
-        is within the previous stages' best, fits(i), come last (near j) and the best of them
-        is the earliest, i0, found by binary search: before it only i0's head counts, after
-        it the stage grows, so the plain scan resumes at i0 - 1. The program on lower bounds
-        makes no such assumption, so the proven gap holds whatever the stages do.
-        """
-        base, j, s = self.base, self.j, self.s
-        low = max(s - 1, bisect.bisect_right(base, base[j] - self.current))
-        if low > high:
-            return
-
-        def fits(i: int) -> bool:
-            within = self.previous[i]
-            if within == math.inf:
-                return True
-            low, settled = self.stages.bounds(i, j, s - 1)
-            if settled or low > within:
-                return low <= within
-            return self.stage_value(i, j, s - 1, within, within) <= within
-
-        if not fits(high):
-            self.run(high, s - 1, monotone=True)
-            return
-        top = high
-        while low < high:  # the earliest start that fits, in [low, top]
-            middle = (low + high) // 2
-            if fits(middle):
-                high = middle
-            else:
-                low = middle + 1
-        self.consider(high)
-        for i in range(high + 1, top + 1):  # later starts: larger heads, maybe smaller links
-            if self.previous[i] >= self.current:
-                break
-            if self.link[i] < self.current:
-                self.consider(i)
-        self.run(high - 1, s - 1, monotone=True)
+def _lower_bound(program: Program, search: _Search, objective: float) -> float:
+    """A proven lower bound on the optimum, at most ``objective``: the program on each
+    stage's exact value (small stages) or proven lower bound (large ones), without the
+    first program's gallop, so it assumes nothing of how stages grow."""
+    best, _ = program.run(objective, search.lower, gallop=False)
+    return min(objective, best[-1][-1]) * (1 - _ROUNDING)
 
 
 def _upper_bound(chain: ChainCosts, stages: StageEvaluator, links: list[list[float]],
-                 num_stages: int) -> float:
-    """The bottleneck of time-balanced stages with greedy memory choices (inf if one does
-    not fit): any value above it cannot be part of the optimum."""
-    ends = block_partition(chain.layer_times(), num_stages)
+                 layout: DeviceLayout) -> float:
+    """The bottleneck of time-balanced straight stages with greedy memory choices (inf if
+    one does not fit): any value above it cannot be part of the optimum."""
     value, start = 0.0, 0
-    for s, end in enumerate(ends):
-        low, settled = stages.bounds(start, end, s)
+    for d, end in enumerate(_time_balanced(chain, layout.num_devices)):
+        c = layout.context(d, 1)
+        low, settled = stages.bounds(start, end, c)
         if not settled:
-            choice = solve_greedy(stages.problem(start, end, s))
+            choice = solve_greedy(stages.problem(start, end, c))
             if choice is None:
                 return math.inf
-            low = choice.time_ms + stages.update_ms(start, end, s)
-        value = max(value, low, links[s][start] if s else 0.0)
+            low = stages.stage_ms(choice.time_ms, start, end, c)
+        value = max(value, low, links[d][start])
         start = end
     return value
 
 
-def _partition(back: list[list[int]], num_stages: int, count: int) -> list[list[int]]:
-    partition: list[list[int]] = []
-    j = count
-    for s in range(num_stages, 0, -1):
-        i = back[s][j]
-        partition.append(list(range(i, j)))
-        j = i
-    partition.reverse()
-    return partition
+def _time_balanced(chain: ChainCosts, num_stages: int) -> list[int]:
+    """Ends of ``num_stages`` stages whose largest forward and backward time is the least
+    possible (to a relative 1e-9): stages filled greedily within a limit, found by
+    bisection (each stage takes as many layers as fit, leaving one for each later one)."""
+    base = [f + b for f, b in zip(chain.fwd, chain.bwd, strict=True)]
+    count = len(base) - 1
+
+    def fill(limit: float) -> list[int] | None:
+        ends, start = [], 0
+        for s in range(num_stages):
+            end = min(bisect.bisect_right(base, base[start] + limit) - 1,
+                      count - (num_stages - s - 1))
+            if end <= start:
+                return None
+            ends.append(end)
+            start = end
+        return ends if start == count else None
+
+    low, high = 0.0, base[count]
+    while high - low > 1e-9 * high:
+        middle = (low + high) / 2
+        if fill(middle) is None:
+            low = middle
+        else:
+            high = middle
+    ends = fill(high)
+    assert ends is not None
+    return ends
+
+
+def _stages(back: list[list[tuple[int, int]]]) -> list[_Stage]:
+    """The stages of the program's answer, from its back-pointers (start, replicas)."""
+    result: list[_Stage] = []
+    d, j = len(back) - 1, len(back[0]) - 1
+    while d > 0:
+        i, r = back[d][j]
+        result.append(_Stage(i, j, d - r, r))
+        d, j = d - r, i
+    assert j == 0
+    result.reverse()
+    return result
