@@ -1,6 +1,7 @@
 """The command line contract that scripts and the other components rely on."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +136,67 @@ def test_console_script_help() -> None:
     for command in ("import-pipedream", "plan-template", "cluster-template", "simulate",
                     "schema"):
         assert command in completed.stdout
+
+
+@pytest.fixture
+def vgg16(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    path = str(tmp_path / "vgg16.json")
+    assert run(capsys, "import-pipedream", str(PIPEDREAM_DIR / "vgg16" / "graph.txt"),
+               "--batch-size", "64", "-o", path)[0] == 0
+    return path
+
+
+def test_max_batch_json_contract(vgg16: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "max-batch", vgg16, "--algorithm", "optimal", "--stages", "4",
+                         "--microbatches", "8", "--schedule", "1f1b", "--device-memory", "4GiB",
+                         "--json")
+    assert status == 0
+    answer = json.loads(out)
+    assert {"microbatch_size", "global_batch", "plan", "result", "limit_reached", "trace"} \
+        <= set(answer)
+    size = answer["microbatch_size"]
+    assert size >= 1 and answer["global_batch"] == 8 * size and not answer["limit_reached"]
+    assert answer["plan"]["microbatch_size"] == size and answer["result"]["fits"]
+    assert answer["result"]["timeline"], "--json carries the full simulation"
+    fits = {entry["microbatch_size"]: entry["fits"] for entry in answer["trace"]}
+    assert fits[size] and not fits[size + 1]
+
+
+def test_max_batch_text_and_refusal(vgg16: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["max-batch", vgg16, "--algorithm", "dawnpiper", "--stages", "4", "--microbatches",
+            "8", "--schedule", "gpipe"]
+    status, out, _ = run(capsys, *argv, "--device-memory", "4GiB")
+    assert status == 0
+    assert "the largest micro-batch that fits 4.00 GiB per device is" in out
+    assert "global batch" in out and "samples do not fit" in out
+    status, _, err = run(capsys, *argv)
+    assert status == 2
+    assert err == ("error: max-batch needs a device memory: --device-memory or a cluster with "
+                   "memory_bytes\n")
+
+
+@pytest.mark.parametrize("algorithm", ["optimal", "vpipe", "dawnpiper"])
+def test_infeasible_plan_names_the_smallest_memory(
+        algorithm: str, vgg16: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", vgg16, "--algorithm", algorithm, "--stages", "4", "--microbatches", "8",
+            "--schedule", "1f1b", "--json", "--device-memory"]
+    status, out, err = run(capsys, *argv, "4GiB")
+    assert status == 2 and out == ""
+    assert err.startswith(f"error: {algorithm}: ") and err.count("\n") == 1
+    match = re.search(r"the smallest device memory that fits is [0-9.]+ GiB \(([0-9]+) bytes\) "
+                      r"per device, against 4\.00 GiB given", err)
+    assert match, err
+    status, out, _ = run(capsys, *argv, match.group(1))
+    assert status == 0 and json.loads(out)["result"]["fits"]
+
+
+def test_compare_rows_carry_the_smallest_memory(vgg16: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "compare", vgg16, "--stages", "4", "--microbatches", "8",
+                         "--schedule", "1f1b", "--device-memory", "4GiB", "--json")
+    assert status == 0
+    rows = {row["algorithm"]: row for row in json.loads(out)["rows"]}
+    assert rows["optimal"]["plan"] is None
+    assert rows["optimal"]["min_memory_bytes"] > 4 * 2**30
+    assert str(rows["optimal"]["min_memory_bytes"]) in rows["optimal"]["error"]
+    assert rows["uniform"]["min_memory_bytes"] is None  # a plan, though it does not fit

@@ -7,6 +7,9 @@ from typing import Any
 from pipestudio.cli.output import format_table, write_document
 from pipestudio.cli.planning import describe_result
 from pipestudio.planner import Cluster, PlannerError, Profile, load_document
+from pipestudio.planner.errors import InfeasibleError
+from pipestudio.planner.maxbatch import MAX_MICROBATCH_SIZE, MaxBatch, max_microbatch_size
+from pipestudio.planner.min_memory import smallest_device_memory
 from pipestudio.planner.plan import SCHEDULES
 from pipestudio.planner.planners import PLANNERS
 from pipestudio.planner.request import PlanOutcome, PlanRequest, memory_only_cluster, run_planner
@@ -33,23 +36,41 @@ def add_commands(commands: Any) -> None:
     _add_request_options(parser, algorithm=False)
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"algorithm", "plan", "result", "planner_ms", '
-                             '"objective_ms", "error"}]}')
+                             '"objective_ms", "error", "min_memory_bytes"}]}')
     parser.set_defaults(handler=_compare)
 
+    parser = commands.add_parser(
+        "max-batch", formatter_class=_Formatter,
+        help="the largest micro-batch size whose plan fits device memory",
+        description="The largest micro-batch size (and so global batch) for which one planner "
+                    "finds a plan that fits\ndevice memory: DawnPiper's measure of memory "
+                    "efficiency (Peng et al. 2025). Needs --device-memory\nor a cluster whose "
+                    "devices have memory_bytes.")
+    _add_request_options(parser, algorithm=True,
+                         microbatch_help="first size tried (default: the profile's)")
+    parser.add_argument("--limit", type=int, default=MAX_MICROBATCH_SIZE, metavar="N",
+                        help=f"largest size tried (default {MAX_MICROBATCH_SIZE})")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"microbatch_size", "global_batch", "plan", "result", '
+                             '"limit_reached", "search_ms", "trace"}')
+    parser.set_defaults(handler=_max_batch)
 
-def _add_request_options(parser: argparse.ArgumentParser, *, algorithm: bool) -> None:
+
+def _add_request_options(parser: argparse.ArgumentParser, *, algorithm: bool,
+                         microbatch_help: str = "samples per micro-batch (default: the "
+                                                "profile's)") -> None:
     parser.add_argument("profile", metavar="PROFILE", help="profile JSON")
     if algorithm:
         parser.add_argument("--algorithm", required=True, choices=list(PLANNERS), metavar="A",
                             help=f"one of: {', '.join(PLANNERS)}")
     parser.add_argument("--stages", type=int, metavar="K",
-                        help="number of stages (pipedream: an upper bound; it uses the "
-                             "cluster's workers)")
+                        help="number of stages, one device each; for optimal the number "
+                             "of devices, which it may group into replicated stages; "
+                             "pipedream takes its shape from the cluster")
     parser.add_argument("--microbatches", type=int, required=True, metavar="M",
                         help="micro-batches per step")
     parser.add_argument("--schedule", required=True, choices=SCHEDULES)
-    parser.add_argument("--microbatch-size", type=int, metavar="N",
-                        help="samples per micro-batch (default: the profile's)")
+    parser.add_argument("--microbatch-size", type=int, metavar="N", help=microbatch_help)
     parser.add_argument("--optimizer", default="adam", choices=("sgd", "momentum", "adam"))
     hardware = parser.add_mutually_exclusive_group()
     hardware.add_argument("--cluster", metavar="CLUSTER", help="cluster JSON")
@@ -59,7 +80,7 @@ def _add_request_options(parser: argparse.ArgumentParser, *, algorithm: bool) ->
                         help="with --device-memory: device<->host bandwidth for swap "
                              "(default: free)")
     parser.add_argument("--straight", action="store_true",
-                        help="no replicated stages (pipedream)")
+                        help="no replicated stages (optimal, pipedream)")
 
 
 def build_request(args: argparse.Namespace) -> PlanRequest:
@@ -127,3 +148,37 @@ def compare_table(outcomes: list[PlanOutcome]) -> str:
         right=[False, True, True, True, True, False, True, True, False])
 
 
+
+
+def _max_batch(args: argparse.Namespace) -> int:
+    request = build_request(args)
+    try:
+        answer = max_microbatch_size(PLANNERS[args.algorithm], request, limit=args.limit,
+                                     with_timeline=args.json)
+    except InfeasibleError as exc:
+        raise InfeasibleError(f"{args.algorithm}: {exc}", exc.min_memory_bytes,
+                              exc.precision_bytes) from exc
+    if args.json:
+        print(json.dumps(answer.to_json_dict()))
+    else:
+        print(describe_max_batch(args.algorithm, request, answer))
+    return 0
+
+
+def describe_max_batch(algorithm: str, request: PlanRequest, answer: MaxBatch) -> str:
+    """The answer in words, the search's trace, then the plan at that size."""
+    memory = format_bytes(smallest_device_memory(request.cluster) or 0)
+    size = answer.microbatch_size
+    lines = [f"{algorithm} on {request.profile.model}: the largest micro-batch that fits "
+             f"{memory} per device is {size} samples",
+             f"global batch {answer.global_batch} = {size} x {answer.num_microbatches} "
+             "micro-batches"]
+    if answer.limit_reached:
+        lines.append(f"the search stopped at its limit of {size}: larger sizes may fit "
+                     "too (--limit)")
+    else:
+        lines.append(f"{size + 1} samples do not fit")
+    tried = ", ".join(f"{entry.microbatch_size} {'fits' if entry.fits else 'no'}"
+                      for entry in answer.trace)
+    lines.append(f"searched {len(answer.trace)} sizes in {answer.search_ms:.0f} ms: {tried}")
+    return "\n".join([*lines, "", describe_result(answer.result, answer.plan)])
