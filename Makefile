@@ -39,7 +39,7 @@ bench: $(STAMP)
 
 # Regenerate docs/schemas after changing a format; a test checks they match the code.
 schemas: $(STAMP)
-	for name in profile cluster plan simresult; do \
+	for name in profile cluster plan simresult proposal; do \
 		$(VENV)/bin/pipestudio schema $$name > docs/schemas/$$name.schema.json; done
 
 clean:

@@ -5,7 +5,7 @@ import sys
 from collections.abc import Sequence
 
 from pipestudio import __version__
-from pipestudio.cli import planning, plans, runtime
+from pipestudio.cli import planning, plans, replan, runtime
 from pipestudio.planner.errors import PlannerError
 
 DESCRIPTION = """\
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     planning.add_commands(commands)
     plans.add_commands(commands)
+    replan.add_commands(commands)
     runtime.add_commands(commands)
     return parser
 

@@ -1,4 +1,4 @@
-"""The published JSON Schemas of the four documents (``pipestudio schema NAME``)."""
+"""The published JSON Schemas of the documents (``pipestudio schema NAME``)."""
 
 from typing import Any
 
@@ -6,6 +6,7 @@ from pipestudio.planner.cluster import Cluster
 from pipestudio.planner.documents import Document
 from pipestudio.planner.plan import Plan
 from pipestudio.planner.profile import Profile
+from pipestudio.planner.proposal import Proposal
 from pipestudio.planner.result import SimResult
 
 DOCUMENTS: dict[str, type[Document]] = {
@@ -13,6 +14,7 @@ DOCUMENTS: dict[str, type[Document]] = {
     "cluster": Cluster,
     "plan": Plan,
     "simresult": SimResult,
+    "proposal": Proposal,
 }
 
 
