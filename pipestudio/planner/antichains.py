@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 from pipestudio.planner.errors import PlannerError
 
-#: More states than this and the dynamic program is hopeless in pure Python; PipeDream's own
-#: optimizer ran out of memory on the raw Inception-v3 graph for the same reason.
+#: More states than this beyond one per layer and the dynamic program is hopeless in pure
+#: Python; PipeDream's own optimizer ran out of memory on the raw Inception-v3 graph for the
+#: same reason. (A chain has one state per layer, however long.)
 MAX_STATES = 5000
 
 
@@ -77,6 +78,10 @@ class _Enumerator:
         self.anc = closure(preds, order=range(len(preds)))
         self.desc = closure(succs, order=reversed(range(len(succs))))
         self.succ_mask = [sum(1 << o for o in set(out)) for out in succs]
+        # An ancestor p of a feeds the next layer on its path to a, which is in a's cone or is
+        # a; so only a layer feeding two or more layers can also feed one outside. Augmenting
+        # scans just those (a chain has none).
+        self.branching = sum(1 << v for v, out in enumerate(succs) if len(set(out)) > 1)
         self._augmented: dict[tuple[int, ...], list[int]] = {}
         self._maximal: dict[tuple[int, ...], list[int]] = {}
 
@@ -88,7 +93,7 @@ class _Enumerator:
             for member in antichain:
                 cone = self.anc[member]
                 outside = ~(cone | (1 << member))
-                for pred in bits(cone):
+                for pred in bits(cone & self.branching):
                     if self.succ_mask[pred] & outside:
                         extra |= 1 << pred
             cached = self._augmented[key] = [*bits(extra), *antichain]
@@ -133,10 +138,15 @@ def closure(neighbours: Sequence[Sequence[int]], order: Iterable[int]) -> list[i
 
 
 def antichain_dag(succs: Sequence[Sequence[int]], preds: Sequence[Sequence[int]], *,
-                  max_states: int = MAX_STATES) -> AntichainDag:
-    """The antichain DAG of a graph whose nodes 0..n-1 are in a topological order."""
+                  max_states: int | None = None) -> AntichainDag:
+    """The antichain DAG of a graph whose nodes 0..n-1 are in a topological order.
+
+    ``max_states`` defaults to MAX_STATES plus the number of layers.
+    """
     if not succs:
         raise PlannerError("the layer graph is empty: nothing to plan")
+    if max_states is None:
+        max_states = MAX_STATES + len(succs)
     walk = _Enumerator(succs, preds)
     start = [next(v for v in range(len(preds)) if not preds[v])]
     keys: dict[tuple[int, ...], int] = {tuple(start): 0}
@@ -155,7 +165,8 @@ def antichain_dag(succs: Sequence[Sequence[int]], preds: Sequence[Sequence[int]]
             if nxt_key not in keys:
                 if len(lists) >= max_states:
                     raise PlannerError(
-                        f"the layer graph has more than {max_states} antichain states; "
+                        f"the layer graph of {len(succs)} layers has more than {max_states} "
+                        "antichain states; "
                         "PipeDream's optimizer needs its parallel branches compressed first "
                         "(as its compress_graph_branches script does for Inception-v3)")
                 keys[nxt_key] = len(lists)

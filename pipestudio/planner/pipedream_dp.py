@@ -28,21 +28,18 @@ negative). That quirk can change the optimum, so we keep it.
 Speed. The optimizer fills every table entry: O(n^3 N^2) for an inner level (197 s for
 ResNet-50 on 8x2 machines). We evaluate top-down, from A_L[0][n-1][N_L-1], with memoised
 branch and bound: an entry is asked for with a cutoff and is computed exactly only when its
-value can be at most the cutoff; a candidate (k, m') is skipped when a lower bound shows it
-cannot beat the best so far. The bounds are valid for every candidate the optimizer considers:
-
-- a stage's time is at least its compute over its machines below and its own replicas, plus
-  its all-reduce: ((C(s_j) - C(s_k) - E_{l-1}) / M_l + 4 (m'-1) (P(s_j) - P(s_k)) / (B m')) / m';
-- a prefix on m+1 machines is at least (C(s_k) - C(s_{i-1}) - E_l) / (M_l (m+1)): its stage
-  times, weighted by their replicas, add up to at least the compute in it;
-
-where M_l is the product of the machine counts below level l and E_l bounds how much the
-irregular first stages (whose parameter difference can be negative) can lower a sum. For each
-m' the ancestors k of s_j are scanned in order of C(s_k), from the point where the two bounds
-cross outwards; a side stops once its bound reaches the best value so far, and the side of
-smaller C(s_k) also once even the largest A + P left on it makes the stage stash more than the
-memory. The result is the same minimum; only ties between equally fast plans may be broken
-differently (the optimizer breaks them by the memory addresses of its objects).
+value can be at most the cutoff; a candidate (k, m') is skipped when a lower bound
+(``pipedream_bounds.py``) shows it cannot beat the best so far. For each m' the ancestors k of
+s_j are scanned in order of C(s_k) (``pipedream_order.py``), from the point where the prefix
+and stage bounds cross outwards, in increasing order of their bounds; a side stops once its
+bound reaches the best value so far or no state left on it can fit the memory; a candidate
+whose prefix cannot fit the memory, or is already known not to be faster, is passed over, and
+an entry that ``pipedream_reach.py`` shows cannot finish within its cutoff is not searched.
+Skipped candidates are exactly those that could not have become the best, so the result is
+the same minimum and the same split: the one-stage plan if no candidate is strictly faster,
+else the first candidate, in this order, that attains it. Only ties between equally fast
+plans may be broken differently from the optimizer (which breaks them by the memory addresses
+of its objects).
 """
 
 import bisect
@@ -51,11 +48,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipestudio.planner.antichains import bits
+from pipestudio.planner.pipedream_bounds import SearchBounds, loosen
+from pipestudio.planner.pipedream_order import AncestorOrders
 
 INF = math.inf
-#: Relative slack on cutoffs and bounds: covers the rounding of sums that bounds rearrange.
-_SLACK = 1e-9
 
 Split = tuple[int, int, int]  # (k, m - m', m'): the last stage is states k+1..j on m' replicas
 
@@ -88,10 +84,6 @@ class StageSpan:
     replicas: tuple[int, ...]
 
 
-def _loosen(value: float) -> float:
-    return value + abs(value) * _SLACK
-
-
 class HierarchicalDP:
     """PipeDream's DP for one set of state costs and levels (see the module docstring)."""
 
@@ -107,32 +99,10 @@ class HierarchicalDP:
         self.evaluations = 0
         self._exact: dict[tuple[int, int, int, int], tuple[float, Split | None]] = {}
         self._above: dict[tuple[int, int, int, int], float] = {}
-        self._by_compute: dict[int, tuple[list[int], list[float], list[float], list[float]]] = {}
-        self._bound_setup()
-
-    def _bound_setup(self) -> None:
-        """M_l, W_l and E_l of the module docstring, per level."""
-        par = self.costs.parameter_bytes
-        suffix_min = INF
-        drop = 0.0  # the largest P(s_{i-1}) - P(s_k) over rows i >= 1 and k >= i
-        for state in range(self.num_states - 1, 0, -1):
-            suffix_min = min(suffix_min, par[state])
-            drop = max(drop, par[state - 1] - suffix_min)
-        self.below: list[int] = []
-        self.width: list[int] = []
-        self.shortfall: list[float] = []
-        below, width, shortfall = 1, 1, 0.0
-        for level in self.levels:
-            machines, bandwidth = level.num_machines, level.bandwidth_bytes_per_s
-            first_dp = 4 * (machines - 1) * drop / (bandwidth * machines * width)
-            shortfall = machines * shortfall + below * first_dp
-            self.below.append(below)
-            self.width.append(width)
-            self.shortfall.append(shortfall)
-            below *= machines
-            width = machines
-        total = self.costs.compute_s[-1] if self.num_states else 0.0
-        self.abs_slack = _SLACK * (total + shortfall) + 1e-300
+        self._orders = AncestorOrders(costs.compute_s, costs.activation_bytes,
+                                      costs.parameter_bytes, costs.ancestors)
+        self.bounds = SearchBounds(costs, self.levels, memory_bytes=memory_bytes,
+                                   straight=straight)
 
     def optimum_s(self) -> float | None:
         """A_L[0][n-1][N_L-1] in seconds per minibatch; None when no plan is allowed."""
@@ -160,7 +130,10 @@ class HierarchicalDP:
         if above is not None and cutoff <= above:
             return INF
         self.evaluations += 1
-        value, split = self._solve(lv, row, col, m, cutoff)
+        if self.bounds.may_finish(lv, row, col, m, cutoff):
+            value, split = self._solve(lv, row, col, m, cutoff)
+        else:
+            value, split = INF, None
         if value <= cutoff:
             self._exact[key] = (value, split)
             return value
@@ -190,11 +163,11 @@ class HierarchicalDP:
                 math.ceil((machines - (m + 1)) / (m + 1)) * (cum_act + cum_par)
                 > self.memory_bytes):
             return INF
-        compute = self._segment_time(lv, row, col, _loosen(cutoff * (m + 1)))
+        compute = self._segment_time(lv, row, col, loosen(cutoff * (m + 1)))
         if compute == INF:
             return INF
         all_reduce = (4 * m * cum_par) / (level.bandwidth_bytes_per_s * (m + 1))
-        all_reduce /= self.width[lv]
+        all_reduce /= self.bounds.width[lv]
         return (compute + all_reduce) / (m + 1)
 
     def _segment_time(self, lv: int, row: int, col: int, cutoff: float) -> float:
@@ -205,53 +178,27 @@ class HierarchicalDP:
         below = self.levels[lv - 1].num_machines
         return self.entry(lv - 1, row, col, below - 1, cutoff)
 
-    def _by_compute_order(self, col: int
-                          ) -> tuple[list[int], list[float], list[float], list[float]]:
-        """Ancestors of s_col by C(s), their C, and running maxima of P and of A + P."""
-        cached = self._by_compute.get(col)
-        if cached is None:
-            compute, par = self.costs.compute_s, self.costs.parameter_bytes
-            act = self.costs.activation_bytes
-            states = sorted(bits(self.costs.ancestors[col]), key=lambda k: (compute[k], k))
-            peak_par, peak_held = [], []
-            most_par = most_held = -INF
-            for k in states:
-                most_par = max(most_par, par[k])
-                most_held = max(most_held, act[k] + par[k])
-                peak_par.append(most_par)
-                peak_held.append(most_held)
-            cached = (states, [compute[k] for k in states], peak_par, peak_held)
-            self._by_compute[col] = cached
-        return cached
-
     def _scan(self, lv: int, row: int, col: int, m: int, replicas: int, best: float,
               split: Split | None, cutoff: float) -> tuple[float, Split | None]:
         """Best (k, replicas) split of A_lv[row][col][m], outwards from the bounds' crossing."""
-        states, comp, peak_par, peak_held = self._by_compute_order(col)
+        order = self._orders.of(col)
+        states, comp, count = order.states, order.compute_s, order.size
         prefix = m - replicas + 1  # machines left for states row..k
-        # Stashing (A + P of states k+1..col) * stash grows as k moves to smaller C(s_k).
-        end_held = self.costs.activation_bytes[col] + self.costs.parameter_bytes[col]
-        stash = math.ceil((self.levels[lv].num_machines - (m + 1)) / replicas)
-        room = (INF if self.memory_bytes is None or stash == 0
-                else _loosen(self.memory_bytes / stash))
-        below, slack = self.below[lv], self.abs_slack
-        short, short_below = self.shortfall[lv], self.shortfall[lv - 1] if lv else 0.0
-        start = self.costs.compute_s[row - 1] if row > 0 else 0.0
-        end, end_par = self.costs.compute_s[col], self.costs.parameter_bytes[col]
-        bandwidth = self.levels[lv].bandwidth_bytes_per_s
-        per_byte = 4 * (replicas - 1) / (bandwidth * replicas)
-        cross = (prefix * (end - short_below) + replicas * (start + short)) / (prefix + replicas)
-        hi = bisect.bisect_left(comp, cross)
-        lo, count = hi - 1, len(states)
+        stage_bound = self.bounds.stage(lv, col, m, replicas, order)
+        prefix_bound = self.bounds.prefix(lv, row, prefix, order)
+        room = self.bounds.prefix_room(lv, row, prefix)
+        act, par = self.costs.activation_bytes, self.costs.parameter_bytes
+        hi = bisect.bisect_left(comp, self.bounds.crossing(lv, row, col, prefix, replicas),
+                                0, count)
+        lo = hi - 1
         while True:
             if hi < count:
-                bound_hi = (comp[hi] - start - short) / (below * prefix) - slack
+                bound_hi = prefix_bound(hi)
                 if bound_hi >= best or bound_hi > cutoff:
                     hi = count
             if lo >= 0:
-                bound_lo = ((end - comp[lo] - short_below) / below
-                            + per_byte * (end_par - peak_par[lo])) / replicas - slack
-                if bound_lo >= best or bound_lo > cutoff or end_held - peak_held[lo] > room:
+                bound_lo = stage_bound(lo, min(best, cutoff))
+                if bound_lo == INF:
                     lo = -1
             if hi < count and (lo < 0 or bound_hi <= bound_lo):
                 k, hi = states[hi], hi + 1
@@ -259,7 +206,7 @@ class HierarchicalDP:
                 k, lo = states[lo], lo - 1
             else:
                 return best, split
-            if k >= row:
+            if k >= row and act[k] + par[k] <= room:
                 value = self._candidate(lv, row, col, m, k, replicas, best, cutoff)
                 if value < best:
                     best, split = value, (k, m - replicas, replicas)
@@ -268,6 +215,8 @@ class HierarchicalDP:
                    best: float, cutoff: float) -> float:
         """max(A[row][k][m-replicas], last stage k+1..col) or INF when it cannot win."""
         limit = min(best, cutoff)
+        if self._known_not_below(lv, row, k, m - replicas, best, limit):
+            return INF
         stage = self._last_stage(lv, k, col, m, replicas, limit)
         if stage >= best or stage > cutoff:
             return INF
@@ -275,6 +224,15 @@ class HierarchicalDP:
         if prefix == INF:
             return INF
         return max(prefix, stage)
+
+    def _known_not_below(self, lv: int, row: int, col: int, m: int, best: float,
+                         limit: float) -> bool:
+        """Whether the memo already shows A_lv[row][col][m] cannot be below ``best``."""
+        key = (lv, row, col, m)
+        known = self._exact.get(key)
+        if known is not None:
+            return known[0] >= best
+        return self._above.get(key, -INF) >= limit
 
     def _last_stage(self, lv: int, k: int, col: int, m: int, replicas: int,
                     limit: float) -> float:
@@ -295,7 +253,7 @@ class HierarchicalDP:
                 comm = max(comm, out)
             if comm > limit:
                 return INF
-        compute = self._segment_time(lv, k + 1, col, _loosen(limit * replicas))
+        compute = self._segment_time(lv, k + 1, col, loosen(limit * replicas))
         if compute == INF:
             return INF
         last = (compute + (4 * (replicas - 1) * cum_par) / (bandwidth * replicas)) / replicas

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from pipestudio.planner import Profile, cluster_template, simulate
-from pipestudio.planner.antichains import antichain_dag, bits
+from pipestudio.planner.antichains import MAX_STATES, antichain_dag, bits
 from pipestudio.planner.errors import PlannerError
 from pipestudio.planner.pipedream_dp import HierarchicalDP, Level, StateCosts
 from pipestudio.planner.pipedream_import import import_pipedream
@@ -424,3 +424,235 @@ def test_dp_matches_optimizer_without_communication(record: dict[str, Any]) -> N
         cost = chain_cost_s(costs, levels, splits, record["memory_bytes"], False,
                             len(levels) - 1, 0, num_states)
         assert math.isclose(cost, optimum, rel_tol=1e-9)
+
+
+# --- chains and the shortcuts that make long ones fast -----------------------------------------
+
+
+def random_chain(rng: random.Random, num_layers: int) -> Profile:
+    """A chain with some idle layers and some without parameters (sums that stay flat)."""
+    layers = []
+    for idx in range(num_layers):
+        idle = rng.random() < 0.15
+        layers.append(layer(f"n{idx}", 0 if idle else rng.uniform(0.1, 5),
+                            0 if idle else rng.uniform(0.1, 8),
+                            output_bytes=rng.randrange(10**8),
+                            param_bytes=rng.choice([0, rng.randrange(10**9)])))
+    return Profile.model_validate({"model": "chain", "microbatch_size": 1, "layers": layers})
+
+
+def test_search_equals_the_full_tables_on_chains() -> None:
+    # Memory sizes around what the first stages can stash, where the memory bounds and the
+    # reach refusals (pipedream_bounds.py, pipedream_reach.py) do the pruning.
+    rng = random.Random(11)
+    solved = refused = 0
+    for _ in range(120):
+        profile = random_chain(rng, rng.randint(1, 14))
+        graph = dp_graph(profile)
+        costs = state_costs(profile, graph, antichain_dag(graph.succs, graph.preds))
+        sizes = rng.choice([[2], [4], [8], [2, 2], [4, 2], [2, 4], [2, 2, 2]])
+        levels = [Level(size, rng.choice([1e8, 1e9, 1e10, math.inf])) for size in sizes]
+        held = costs.activation_bytes[-1] + costs.parameter_bytes[-1]
+        memory = rng.choice([None, held * rng.uniform(0.05, 0.8)])
+        straight, ratio = rng.random() < 0.25, rng.choice([None, 1.0])
+        expected = naive_optimum(costs, levels, memory, straight, ratio)
+        solver = HierarchicalDP(costs, levels, memory_bytes=memory, straight=straight,
+                                activation_compression_ratio=ratio)
+        optimum = solver.optimum_s()
+        if math.isinf(expected):
+            assert optimum is None
+            refused += 1
+            continue
+        solved += 1
+        assert optimum is not None
+        assert math.isclose(optimum, expected, rel_tol=1e-9, abs_tol=1e-15)
+        splits = [[list(split) for split in level] for level in solver.level_splits()]
+        cost = chain_cost_s(costs, levels, splits, memory, ratio is not None, len(levels) - 1,
+                            0, len(costs.compute_s))
+        assert math.isclose(cost, optimum, rel_tol=1e-9, abs_tol=1e-15)
+    assert solved >= 60 and refused >= 10
+
+
+def layer_by_layer_costs(profile: Profile, down_sets: tuple[int, ...]) -> list[list[float]]:
+    """C, A and P of each down-set added up layer by layer in ascending order, as OGH does."""
+    graph = dp_graph(profile)
+    sums = []
+    for down in down_sets:
+        time_s = act = par = 0.0
+        for node in bits(down):
+            profile_layer = profile.layers[graph.layers[node]]
+            time_s += (profile_layer.fwd_ms + profile_layer.bwd_ms) / 1000.0
+            act += profile_layer.output_bytes
+            par += profile_layer.param_bytes
+        sums.append([time_s, act, par])
+    return sums
+
+
+def full_cone_augment(self: Any, antichain: list[int]) -> list[int]:
+    """``augment_antichain`` testing every ancestor of every member, not only branching ones."""
+    extra = 0
+    for member in antichain:
+        cone = self.anc[member]
+        outside = ~(cone | (1 << member))
+        for pred in bits(cone):
+            if self.succ_mask[pred] & outside:
+                extra |= 1 << pred
+    return [*bits(extra), *antichain]
+
+
+def shortcut_profiles() -> list[Profile]:
+    rng = random.Random(5)
+    models = ["alexnet", "vgg16", "resnet18", "resnet50", "resnet101", "resnext101",
+              "densenet121", "squeezenet1_0", "gnmt", "gnmt_large"]
+    return ([profile_of(model) for model in models] + [random_graph(rng) for _ in range(40)]
+            + [random_chain(rng, rng.randint(1, 300)) for _ in range(10)])
+
+
+def test_antichain_states_equal_the_full_cone_enumeration(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    # Only a layer feeding two or more layers is scanned when augmenting (antichains.py).
+    graphs = [dp_graph(profile) for profile in shortcut_profiles()]
+    fast = [antichain_dag(graph.succs, graph.preds) for graph in graphs]
+    monkeypatch.setattr("pipestudio.planner.antichains._Enumerator.augment", full_cone_augment)
+    assert fast == [antichain_dag(graph.succs, graph.preds) for graph in graphs]
+
+
+def test_state_costs_equal_layer_by_layer_sums() -> None:
+    # Bit for bit: the prefix sums of state_costs perform the same additions in the same order.
+    for profile in [*shortcut_profiles(), bench_chain(500)]:
+        graph = dp_graph(profile)
+        dag = antichain_dag(graph.succs, graph.preds)
+        costs = state_costs(profile, graph, dag)
+        ours = [list(row) for row in zip(costs.compute_s, costs.activation_bytes,
+                                          costs.parameter_bytes, strict=True)]
+        assert ours == layer_by_layer_costs(profile, dag.down_sets)
+
+
+def bench_chain(num_layers: int = 2000, seed: int = 3) -> Profile:
+    """A chain drawn like bench/bench_planners.py's (same ranges, same seed)."""
+    rng = random.Random(seed)
+    layers = [
+        {"name": f"layer{idx}", "kind": "Block", "fwd_ms": rng.uniform(0.2, 1.0),
+         "bwd_ms": rng.uniform(0.4, 2.0), "param_bytes": rng.randrange(2 * 10**6, 4 * 10**7),
+         "saved_bytes": rng.randrange(10**6, 6 * 10**7),
+         "output_bytes": rng.randrange(10**6, 8 * 10**6),
+         "workspace_bytes": rng.randrange(0, 10**7), "update_ms": 0.01}
+        for idx in range(num_layers)
+    ]
+    return Profile.model_validate({"model": "bench-chain", "microbatch_size": 1,
+                                   "layers": layers})
+
+
+@pytest.mark.parametrize("num_layers", [2000, 4000])
+def test_long_chain_is_planned_with_the_fast_paths(num_layers: int) -> None:
+    # bench/bench_planners.py's configuration: one state per layer, a memory that binds on the
+    # first stages (and with 4,000 layers on the first top-level stage, which holds at most
+    # the memory); the plan costs its optimum under PipeDream's model, stage by stage.
+    profile = bench_chain(num_layers)
+    cluster = cluster_template([8, 2], [400.0, 100.0], device_memory_bytes=40 * 2**30,
+                               host_bandwidth_gbps=200.0)
+    plan_request = PlanRequest(profile=profile, num_microbatches=32, schedule="1f1b",
+                               cluster=cluster)
+    output = pipedream(plan_request)
+    assert output.details["num_states"] == profile.num_layers
+    resolve_plan(output.plan, plan_request.scaled)
+    graph = dp_graph(plan_request.scaled)
+    costs = state_costs(plan_request.scaled, graph, antichain_dag(graph.succs, graph.preds))
+    levels = [Level(8, 400e9 / 8), Level(2, 100e9 / 8)]
+    cost = chain_cost_s(costs, levels, output.details["level_splits"], 40 * 2**30, True, 1, 0,
+                        profile.num_layers)
+    assert math.isclose(cost, output.details["time_per_minibatch_s"], rel_tol=1e-12)
+
+
+def test_a_chain_has_one_state_per_layer_however_long() -> None:
+    num_layers = MAX_STATES + 100
+    succs = [(node + 1,) for node in range(num_layers - 1)] + [()]
+    preds = [()] + [(node,) for node in range(num_layers - 1)]
+    dag = antichain_dag(succs, preds)
+    assert dag.num_states == num_layers
+    assert dag.successors[:3] == ((1,), (2,), (3,))
+    assert dag.ancestors[4] == 0b1111
+
+
+def test_nasnet_has_too_many_antichain_states() -> None:
+    # Its cells' parallel branches give far more antichains than any DP can visit; PipeDream
+    # needs its graph compressed first. We say so instead of running out of memory.
+    plan_request = request(profile_of("nasnetamobile"), [4, 2], [100.0, 10.0])
+    with pytest.raises(PlannerError, match=r"of 920 layers has more than 5920 antichain states"):
+        pipedream(plan_request)
+
+
+def test_ties_keep_the_one_stage_plan() -> None:
+    # Two 10 ms layers on 2 servers of 2 devices, free links: every plan takes 5 ms. The
+    # optimizer keeps a split only when strictly faster than the one stage tried first, at
+    # each level; so: one stage on all 4 devices.
+    profile = Profile.model_validate({"model": "twins", "microbatch_size": 1, "layers": [
+        layer("a", 4, 6), layer("b", 4, 6)]})
+    output = pipedream(request(profile, [2, 2], [None, None]))
+    assert output.objective_ms == pytest.approx(5.0, rel=1e-12)
+    assert shape(output) == [(["a", "b"], 4)]
+    assert output.details["replicas_per_level"] == [[2, 2]]
+
+
+class PlainSearch(HierarchicalDP):
+    """The branch and bound without its shortcuts for memory and long chains: no reach
+    refusals, no memory stops or skips in the scan, no memo shortcut. It scans the same
+    candidates in the same order, so it must give the same optimum and the same splits."""
+
+    def __init__(self, costs: StateCosts, levels: list[Level], **options: Any) -> None:
+        super().__init__(costs, levels, **options)
+        self.bounds.reach = None
+        self.bounds.memory_bytes = None  # the bounds' memory tests; the DP keeps its own
+
+    def _known_not_below(self, lv: int, row: int, col: int, m: int, best: float,
+                         limit: float) -> bool:
+        return False
+
+
+def assert_same_answer(costs: StateCosts, levels: list[Level], **options: Any) -> bool:
+    fast = HierarchicalDP(costs, levels, **options)
+    plain = PlainSearch(costs, levels, **options)
+    optimum = fast.optimum_s()
+    assert optimum == plain.optimum_s()  # bit for bit
+    if optimum is None:
+        return False
+    assert fast.level_splits() == plain.level_splits()
+    return True
+
+
+def test_shortcuts_change_no_answer_on_chains() -> None:
+    rng = random.Random(21)
+    solved = 0
+    for _ in range(40):
+        profile = random_chain(rng, rng.randint(20, 120))
+        graph = dp_graph(profile)
+        costs = state_costs(profile, graph, antichain_dag(graph.succs, graph.preds))
+        sizes = rng.choice([[8, 2], [4, 2], [16], [8], [2, 2, 2], [4, 4]])
+        levels = [Level(size, rng.choice([1e8, 1e9, 1e10, math.inf])) for size in sizes]
+        held = costs.activation_bytes[-1] + costs.parameter_bytes[-1]
+        memory = rng.choice([None, held * rng.uniform(0.05, 0.8)])
+        solved += assert_same_answer(costs, levels, memory_bytes=memory,
+                                     straight=rng.random() < 0.25,
+                                     activation_compression_ratio=rng.choice([None, 1.0]))
+    assert solved >= 20
+
+
+@pytest.mark.parametrize("model", ["resnet50", "resnet101", "densenet121", "gnmt"])
+def test_shortcuts_change_no_answer_on_real_graphs(model: str) -> None:
+    costs, _ = costs_of(model)
+    held = costs.activation_bytes[-1] + costs.parameter_bytes[-1]
+    for sizes, memory in (([8, 2], None), ([8, 2], held * 0.3), ([4, 4], held * 0.1),
+                          ([16], held * 0.1)):
+        levels = [Level(size, bandwidth)
+                  for size, bandwidth in zip(sizes, [1.25e10, 1.25e9][:len(sizes)], strict=True)]
+        assert_same_answer(costs, levels, memory_bytes=memory)
+
+
+def test_shortcuts_change_no_answer_on_a_memory_bound_chain() -> None:
+    # Like bench/bench_planners.py's chain at 4,000 layers (the memory binds on the first
+    # stages of both levels), scaled down so that the plain search stays quick.
+    profile = bench_chain(400)
+    graph = dp_graph(profile)
+    costs = state_costs(profile, graph, antichain_dag(graph.succs, graph.preds))
+    levels = [Level(8, 400e9 / 8), Level(2, 100e9 / 8)]
+    assert assert_same_answer(costs, levels, memory_bytes=40 * 2**30 / 10)
