@@ -123,6 +123,14 @@ class StageEvaluator:
         return (static + chain.workspace(i, j)
                 + ctx.inflight * (chain.saved[j] - chain.saved[i]))
 
+    def floor_bytes(self, i: int, j: int, s: int) -> float:
+        """Peak memory no choice of the stage goes below: its static bytes, workspace and
+        every layer's saved bytes once (kept k x, swapped c x, recomputed once; checkpoints
+        only add). It grows as the stage takes more layers."""
+        chain, ctx = self.chain, self.contexts[s]
+        return (self.keep_all_bytes(i, j, s)
+                - (ctx.inflight - 1) * (chain.saved[j] - chain.saved[i]))
+
     def context_key(self, s: int) -> tuple[object, ...]:
         """What problem(i, j, s) depends on besides i and j: contexts with equal keys (all of
         GPipe's stages with as many replicas, say) pose the same problem for the same layers."""
@@ -161,7 +169,7 @@ class StageEvaluator:
             return base, True
         saved = chain.saved[j] - chain.saved[i]
         k, c = ctx.inflight, ctx.swap_buffers
-        if k <= 1 or need > (k - 1) * saved:
+        if k <= 1 or need > (k - 1) * saved:  # the floor (``floor_bytes``) does not fit
             return math.inf, True
         fwd, bwd = chain.fwd[j] - chain.fwd[i], chain.bwd[j] - chain.bwd[i]
         free_swap = _free_swap_bytes(fwd, bwd, ctx)

@@ -60,6 +60,7 @@ from pipestudio.planner.coarsen import plan_on_backbone
 from pipestudio.planner.memopt import KEEP, StageChoice, StageProblem, solve_exact
 from pipestudio.planner.memopt_bounded import lower_bound_ms, solve_bounded
 from pipestudio.planner.memopt_greedy import solve_capuchin, solve_greedy
+from pipestudio.planner.planners.optimal_band import Band
 from pipestudio.planner.planners.optimal_program import (
     EXACT_MAX_LAYERS,
     DeviceLayout,
@@ -191,9 +192,11 @@ def optimal(request: PlanRequest) -> PlannerOutput:
     stages = StageEvaluator(chain, layout.contexts)
     links = link_costs(request, chain, num_devices)
     search = _Search(stages)
-    program = Program(chain, stages, links, layout)
-    best, back = _first_pass(program, search, _upper_bound(chain, stages, links, layout))
-    if math.isinf(best[-1][-1]):
+    band = Band.of(stages, layout)
+    program = Program(chain, stages, links, layout, band)
+    if band.feasible:
+        best, back = _first_pass(program, search, _upper_bound(chain, stages, links, layout))
+    if not band.feasible or math.isinf(best[-1][-1]):
         kind = "straight pipeline" if request.straight else "pipeline"
         raise InfeasibleError(
             f"no {kind} on {num_devices} devices fits the device memory, even recomputing or "

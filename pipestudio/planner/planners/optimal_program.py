@@ -9,10 +9,14 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipestudio.planner.chain_model import ChainCosts, StageEvaluator
 from pipestudio.planner.request import PlanRequest
 from pipestudio.planner.stage_model import StageContext, stage_context
+
+if TYPE_CHECKING:  # optimal_band.py imports this module
+    from pipestudio.planner.planners.optimal_band import Band
 
 #: Stages with at most this many layers get the exact subproblem (3^12 policy choices).
 EXACT_MAX_LAYERS = 12
@@ -62,8 +66,9 @@ class Program:
     """best(d, j) and its back-pointers (start, replicas) for one way of valuing stages."""
 
     def __init__(self, chain: ChainCosts, stages: StageEvaluator, links: list[list[float]],
-                 layout: DeviceLayout) -> None:
+                 layout: DeviceLayout, band: "Band") -> None:
         self.chain, self.stages, self.links, self.layout = chain, stages, links, layout
+        self.band = band
         self.base = [f + b for f, b in zip(chain.fwd, chain.bwd, strict=True)]  # prefix sums
         #: Whether a gallop skipped starts on its assumption: then the answer is not proven.
         self.assumed = False
@@ -71,12 +76,15 @@ class Program:
     def ends(self, d: int, limit: float) -> range:
         """The ends j of a prefix on d devices that can be part of a plan within ``limit``:
         a stage on r devices computes at most r x limit, so the prefix at most d x limit and
-        the rest at most (D - d) x limit; each stage takes a layer."""
-        base, layout = self.base, self.layout
+        the rest at most (D - d) x limit; each stage takes a layer; and the memory band
+        (``optimal_band``) holds j."""
+        base, layout, band = self.base, self.layout, self.band
         count, rest = len(base) - 1, layout.num_devices - d
         after = rest * limit if rest else 0.0  # inf x 0 would be nan
-        first = max(layout.min_stages[d], bisect.bisect_left(base, base[count] - after))
-        last = min(count - layout.min_stages[rest], bisect.bisect_right(base, d * limit) - 1)
+        first = max(layout.min_stages[d], bisect.bisect_left(base, base[count] - after),
+                    band.lo[d])
+        last = min(count - layout.min_stages[rest], bisect.bisect_right(base, d * limit) - 1,
+                   band.hi[d])
         return range(first, last + 1)
 
     def run(self, upper: float, stage_value: StageValue, *, gallop: bool) -> Table:
@@ -102,7 +110,8 @@ class Program:
                         break
                     lowest, highest = reach[d - r]
                     scan = _Scan(self, stage_value, best[d - r], d - r, r, j, current)
-                    scan.search(max(lowest, 0), min(highest, j - 1), gallop=gallop)
+                    lowest = max(lowest, self.band.first_start(scan.c, j))
+                    scan.search(lowest, min(highest, j - 1), gallop=gallop)
                     if scan.start >= 0:
                         current, found = scan.current, (scan.start, r)
                 if found[0] >= 0:
