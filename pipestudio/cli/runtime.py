@@ -1,6 +1,8 @@
-"""Commands that run PyTorch: profile (torch is imported only when one of them runs)."""
+"""Commands that run PyTorch: profile, train (torch is imported only when one of them runs)."""
 
 import argparse
+import os
+import sys
 from typing import Any
 
 _Formatter = argparse.RawDescriptionHelpFormatter
@@ -45,6 +47,7 @@ def add_commands(commands: Any) -> None:
     parser.add_argument("-o", "--output", metavar="PROFILE",
                         help="where to write the profile JSON (default: stdout)")
     parser.set_defaults(handler=_profile)
+    _add_train(commands)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -61,4 +64,88 @@ def _profile(args: argparse.Namespace) -> int:
                             repeats=args.repeats, dtype=getattr(torch, args.dtype),
                             optimizer=args.optimizer, threads=args.threads)
     write_document(profile, args.output)
+    return 0
+
+
+_TRAIN_HELP = """\
+Train a model with a plan: one process per stage replica on this machine (rank order:
+stage 0's replicas, then stage 1's...), or, under torchrun (RANK and WORLD_SIZE set), as
+one rank of a job torchrun started. gloo on CPU, NCCL between GPUs.
+
+examples:
+  pipestudio plan-template mlp.json --stages 2 --microbatches 4 --schedule 1f1b -o plan.json
+  pipestudio train --plan plan.json --model mlp --steps 20 --metrics m.jsonl --trace t.json
+  torchrun --standalone --nproc-per-node 2 -m pipestudio train --plan plan.json --model mlp \\
+      --steps 20
+"""
+
+
+def _add_train(commands: Any) -> None:
+    parser = commands.add_parser(
+        "train", formatter_class=_Formatter, description=_TRAIN_HELP,
+        help="train a model with a plan on pipeline workers (torch.distributed)")
+    parser.add_argument("--plan", required=True, metavar="PLAN", help="the plan JSON")
+    parser.add_argument("--model", required=True, metavar="NAME|MODULE:FACTORY",
+                        help="a built-in model or a factory to import")
+    parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a keyword argument of the model's factory (repeatable)")
+    parser.add_argument("--steps", type=int, required=True, metavar="N",
+                        help="train until step N (counted from the start when resuming)")
+    parser.add_argument("--lr", type=float, metavar="LR",
+                        help="learning rate (default: the optimizer's, 0.01 sgd, 1e-3 adam)")
+    parser.add_argument("--threads-per-rank", type=int, metavar="T",
+                        help="torch CPU threads per process (default: cores / processes)")
+    parser.add_argument("--metrics", metavar="FILE.jsonl", help="append every event here")
+    parser.add_argument("--trace", metavar="FILE.json",
+                        help="write a Chrome trace of the measured timeline")
+    parser.add_argument("--checkpoint-dir", metavar="DIR", help="save checkpoints here")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                        help="save every K steps as well as at the end (default: at the end)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in --checkpoint-dir")
+    parser.add_argument("--seed", type=int, metavar="S",
+                        help="the model factory's seed and torch's (default: the factory's)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="auto: CUDA when available (default)")
+    parser.add_argument("--timeout", type=float, default=20.0, metavar="SECONDS",
+                        help="longest wait for a peer before the job fails (default 20)")
+    parser.set_defaults(handler=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pipestudio.planner import Plan, load_document
+    from pipestudio.runtime.engine import EngineConfig, launch, train_from_env
+    from pipestudio.runtime.models import parse_model_args
+
+    config = EngineConfig(
+        plan=load_document(Plan, args.plan), model=args.model,
+        model_args=parse_model_args(args.model_arg), steps=args.steps, lr=args.lr,
+        threads_per_rank=args.threads_per_rank, metrics_path=args.metrics,
+        trace_path=args.trace, checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every, resume=args.resume, seed=args.seed,
+        device=args.device, timeout_s=args.timeout)
+    config.check()
+    last_stage = config.plan.num_stages - 1
+
+    def progress(event: dict[str, Any]) -> None:
+        if event["type"] == "step" and event["stage"] == last_stage and event["replica"] == 0:
+            print(f"step {event['step']}: loss {event.get('loss', float('nan')):.4f} "
+                  f"({event['end_ms'] - event['start_ms']:.1f} ms on the last stage)",
+                  file=sys.stderr)
+
+    run = train_from_env if "RANK" in os.environ else launch
+    result = run(config, progress)
+    if not result.ok:
+        for line in result.message.splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 1
+    if result.summary is not None:
+        summary = result.summary
+        print(f"trained steps {summary['steps'][0] if summary['steps'] else args.steps}.."
+              f"{args.steps - 1}: {summary['step_time_ms']:.1f} ms/step, "
+              f"{summary['samples_per_s']:.1f} samples/s, bubble "
+              f"{summary['bubble_fraction']:.0%}", file=sys.stderr)
+        for path in (args.metrics, args.trace):
+            if path:
+                print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -1,0 +1,107 @@
+"""Checkpoints: every stage replica's state at a flushed step boundary, to resume exactly.
+
+Layout of ``DIR``::
+
+    DIR/latest.json                     {"step": S, "path": "step-0000S", ...}
+    DIR/step-0000S/stage{s}-replica{r}.pt
+
+Each rank writes its own file (``torch.save`` to a temporary name, then an atomic rename):
+the stage's parameters and buffers, the optimizer state, the next step (the data position:
+micro-batch ``step * num_microbatches`` comes next) and the random states of torch (CPU
+and CUDA) and of Python. Rank 0 writes ``latest.json`` once every rank has written its
+file, then removes the previous step's directory, so a crash at any moment leaves a
+complete checkpoint behind. ``latest.json`` also records the plan and the model, and a
+resume that differs in either is refused. Synchronous schedules are flushed after every
+step; a ``pipedream`` stream is cut at every checkpoint (``ops.segments``), so no
+micro-batch is in flight and no stashed weight version needs saving.
+"""
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipestudio.planner.plan import Plan
+from pipestudio.runtime.engine.errors import EngineError
+
+
+def _step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def save_rank(root: str, step: int, stage_idx: int, replica: int, module: nn.Module,
+              optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:
+    folder = _step_dir(Path(root), step)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {
+        "step": step,
+        "model": module.state_dict(),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "python_rng": random.getstate(),
+    }
+    path = folder / f"stage{stage_idx}-replica{replica}.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def publish(root: str, step: int, plan: Plan, model: str, model_args: dict[str, str]) -> None:
+    """Rank 0, once every rank has saved ``step``: point ``latest.json`` at it."""
+    root_path = Path(root)
+    previous = read_latest(root)
+    meta = {"step": step, "path": _step_dir(root_path, step).name, "model": model,
+            "model_args": model_args, "plan": json.loads(plan.to_json()),
+            "saved_at": time.time()}
+    tmp = root_path / "latest.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    tmp.replace(root_path / "latest.json")
+    if previous is not None and previous["step"] != step:
+        shutil.rmtree(root_path / previous["path"], ignore_errors=True)
+
+
+def read_latest(root: str) -> dict[str, Any] | None:
+    path = Path(root) / "latest.json"
+    if not path.exists():
+        return None
+    meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return meta
+
+
+def check_compatible(root: str, plan: Plan, model: str, model_args: dict[str, str]) -> int:
+    """The step the checkpoint in ``root`` resumes at (0 when there is none)."""
+    meta = read_latest(root)
+    if meta is None:
+        return 0
+    if meta["model"] != model or meta["model_args"] != model_args:
+        raise EngineError(f"the checkpoint in {root} is of model {meta['model']!r} "
+                          f"{meta['model_args']}, not {model!r} {model_args}")
+    if meta["plan"] != json.loads(plan.to_json()):
+        raise EngineError(f"the checkpoint in {root} was made with another plan; resume "
+                          "with the plan it was made with")
+    step: int = meta["step"]
+    return step
+
+
+def load_rank(root: str, stage_idx: int, replica: int, module: nn.Module,
+              optimizer: torch.optim.Optimizer | None, device: torch.device) -> int:
+    """Restore this rank's state; the step to continue at."""
+    meta = read_latest(root)
+    assert meta is not None
+    path = Path(root) / meta["path"] / f"stage{stage_idx}-replica{replica}.pt"
+    state = torch.load(path, map_location=device, weights_only=False)
+    module.load_state_dict(state["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"].cpu())
+    if state["cuda_rng"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
+    random.setstate(state["python_rng"])
+    step: int = state["step"]
+    return step

@@ -1,0 +1,67 @@
+"""What a training run needs: the plan, the model, how long, and where results go."""
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipestudio.planner.plan import Plan
+from pipestudio.runtime.engine.errors import EngineError
+from pipestudio.runtime.engine.ops import Op
+from pipestudio.runtime.models import MODELS, ModelSpec, load_model
+from pipestudio.runtime.models.loading import import_factory
+
+#: Called by every rank before each of its ops with (rank, op); tests use it to kill or
+#: stall a rank at a chosen point. It must be picklable (a module-level function).
+OpHook = Callable[[int, Op], None]
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class EngineConfig:
+    """A training run. ``steps`` counts from the start of training, so a resumed run with
+    the same ``steps`` finishes the job; ``checkpoint_every`` 0 saves at the end only."""
+
+    plan: Plan
+    model: str
+    model_args: dict[str, str] = field(default_factory=dict)
+    steps: int = 1
+    lr: float | None = None
+    threads_per_rank: int | None = None
+    metrics_path: str | None = None
+    trace_path: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    seed: int | None = None
+    device: str = "auto"
+    timeout_s: float = 20.0
+    before_op: OpHook | None = None
+
+    def check(self) -> None:
+        """Raise ``EngineError`` naming the first bad setting."""
+        for name, value, low in (("steps", self.steps, 1), ("checkpoint_every",
+                                 self.checkpoint_every, 0)):
+            if value < low:
+                raise EngineError(f"{name} must be >= {low}, got {value}")
+        if self.threads_per_rank is not None and self.threads_per_rank < 1:
+            raise EngineError(f"threads per rank must be >= 1, got {self.threads_per_rank}")
+        if self.lr is not None and not self.lr > 0:
+            raise EngineError(f"the learning rate must be > 0, got {self.lr}")
+        if self.timeout_s <= 0:
+            raise EngineError(f"the timeout must be > 0 seconds, got {self.timeout_s}")
+        if self.device not in DEVICES:
+            raise EngineError(f"device {self.device!r} is unknown; expected one of "
+                              f"{', '.join(DEVICES)}")
+        if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
+            raise EngineError("--resume and --checkpoint-every need --checkpoint-dir")
+
+
+def build_model(config: EngineConfig) -> ModelSpec:
+    """The model with the run's arguments; ``seed`` goes to a factory that takes one."""
+    args = dict(config.model_args)
+    if config.seed is not None and "seed" not in args:
+        factory = (MODELS[config.model] if config.model in MODELS
+                   else import_factory(config.model))
+        if "seed" in inspect.signature(factory).parameters:
+            args["seed"] = str(config.seed)
+    return load_model(config.model, args)

@@ -1,0 +1,110 @@
+"""A rank from start to end: join the job, train, gather the timelines, leave.
+
+Each rank builds the whole model from the factory with the run's seed, so every rank
+starts from the same weights, and keeps its stage's layers. After training, rank 0
+gathers every worker's measured timeline (one ``gather_object`` over gloo, once, so it
+costs the run nothing while it trains), publishes the ``summary`` event and writes the
+Chrome trace. A rank that fails records why in the store for the others (``faults.py``)
+and publishes an ``error`` event before it raises.
+"""
+
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipestudio.planner.trace import write_chrome_trace
+from pipestudio.runtime.engine import checkpoint as ckpt
+from pipestudio.runtime.engine.config import EngineConfig, build_model
+from pipestudio.runtime.engine.errors import WorkerFailure
+from pipestudio.runtime.engine.faults import Watchdog
+from pipestudio.runtime.engine.layout import EngineLayout
+from pipestudio.runtime.engine.measured import measured_result, summary_event
+from pipestudio.runtime.engine.metrics import EventSink
+from pipestudio.runtime.engine.rendezvous import StoreAddress, join, leave
+from pipestudio.runtime.engine.worker import Worker
+
+
+def default_threads(ranks_here: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(ranks_here, 1))
+
+
+def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: EventSink,
+             ranks_here: int) -> dict[str, Any] | None:
+    """Train as ``rank``; rank 0 returns the ``summary`` event, the others None."""
+    torch.set_num_threads(config.threads_per_rank or default_threads(ranks_here))
+    if config.seed is not None:
+        torch.manual_seed(config.seed)
+    spec = build_model(config)
+    layout = EngineLayout(config.plan, spec.name, spec.layer_names, spec.graph_inputs())
+    ctx = join(layout, rank, address, config.device, config.timeout_s)
+    watchdog = Watchdog(address, rank, layout.world_size, layout.describe, config.timeout_s)
+    stage_idx, replica = layout.worker(rank)
+    try:
+        worker = Worker(config, spec, layout, ctx, watchdog, sink)
+        start_step = _resume(config, worker)
+        sink({"type": "start", "rank": rank, "stage": stage_idx, "replica": replica,
+              "host": socket.gethostname(), "device": str(ctx.device),
+              "threads": torch.get_num_threads(), "world_size": layout.world_size,
+              "schedule": config.plan.schedule, "start_step": start_step,
+              "steps": config.steps, "time_ms": ctx.clock.now_ms()})
+        worker.train(start_step)
+        summary = _gather(config, worker, list(range(start_step, config.steps)))
+        watchdog.finish()
+        return summary
+    except BaseException as exc:
+        if isinstance(exc, WorkerFailure):
+            message = str(exc)
+            root = exc.root_rank
+        else:
+            message = f"{layout.describe(rank)} failed: {type(exc).__name__}: {exc}"
+            root = rank
+            watchdog.record_failure(rank, message)
+        sink({"type": "error", "rank": rank, "stage": stage_idx, "replica": replica,
+              "root_rank": root, "message": message})
+        raise
+    finally:
+        leave()
+
+
+def _resume(config: EngineConfig, worker: Worker) -> int:
+    if not (config.resume and config.checkpoint_dir):
+        return 0
+    if ckpt.check_compatible(config.checkpoint_dir, config.plan, config.model,
+                             config.model_args) == 0:
+        return 0
+    return ckpt.load_rank(config.checkpoint_dir, worker.stage_idx, worker.replica,
+                          worker.stage.module, worker.optimizer, worker.ctx.device)
+
+
+def _report(worker: Worker) -> dict[str, Any]:
+    optimizer_bytes = 0
+    if worker.optimizer is not None:
+        optimizer_bytes = sum(t.numel() * t.element_size()
+                              for state in worker.optimizer.state.values()
+                              for t in state.values() if torch.is_tensor(t) and t.dim() > 0)
+    return {"stage": worker.stage_idx, "replica": worker.replica,
+            "timeline": worker.recorder.timeline, "steps": worker.recorder.steps,
+            "memory": worker.recorder.memory, "max_weight_versions": worker.max_versions,
+            "param_bytes": sum(p.numel() * p.element_size()
+                               for p in worker.stage.params.values()),
+            "optimizer_bytes": optimizer_bytes}
+
+
+def _gather(config: EngineConfig, worker: Worker, steps: list[int]) -> dict[str, Any] | None:
+    rank = worker.ctx.rank
+    reports: list[Any] | None = [None] * worker.ctx.world_size if rank == 0 else None
+    worker.watchdog.doing("gathering the timelines at rank 0")
+    try:
+        dist.gather_object(_report(worker), reports, dst=0)
+    except Exception as exc:
+        raise worker.watchdog.failure("gathering the timelines", None, exc) from exc
+    if reports is None:
+        return None
+    summary = summary_event(config.plan, reports, steps)
+    worker.recorder.sink(summary)
+    if config.trace_path and steps:
+        write_chrome_trace(measured_result(config.plan, reports, steps), config.trace_path)
+    return summary

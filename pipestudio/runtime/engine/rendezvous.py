@@ -1,0 +1,145 @@
+"""Joining the job: the store, the process groups, the device and the shared clock of a rank.
+
+Every rank connects to one ``torch.distributed.TCPStore``: the one the local launcher
+bound on port 0 (so no port is ever fixed), or under torchrun the one its environment
+names (``MASTER_ADDR``/``MASTER_PORT``; the elastic agent's store when it offers one, else
+rank 0's). The default process group is gloo: it carries control, the final gathering of
+timelines, and every transfer on CPU. On CUDA each rank takes the GPU
+``plan device % local GPUs``; transfers between ranks on different GPUs go over NCCL
+(one group for activations and one for gradients, so that the two directions between a pair
+of GPUs never wait on each other's order), and between two ranks that share a GPU they are
+staged through host memory over gloo, because NCCL cannot connect a GPU to itself. Each
+replicated stage gets its own group for the all-reduce of its gradients: NCCL when its
+replicas are on different GPUs, gloo otherwise. Every group has the job's timeout.
+"""
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from pipestudio.runtime.engine.clock import Clock
+from pipestudio.runtime.engine.errors import EngineError
+from pipestudio.runtime.engine.layout import EngineLayout
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    host: str
+    port: int
+    is_master: bool = False
+    prefix: str = "pipestudio"
+
+
+@dataclass
+class Groups:
+    """The process groups a rank uses besides the default (gloo) one."""
+
+    activation: dist.ProcessGroup | None = None
+    gradient: dist.ProcessGroup | None = None
+    replicas: dist.ProcessGroup | None = None
+    replicas_on_cpu: bool = True
+    nccl_peers: set[int] = field(default_factory=set)
+
+
+@dataclass
+class RankContext:
+    """What a rank knows about the job once it has joined."""
+
+    rank: int
+    world_size: int
+    address: StoreAddress
+    store: dist.Store
+    device: torch.device
+    groups: Groups
+    clock: Clock
+    placement: list[tuple[str, str]]
+    timeout_s: float
+
+
+def address_from_env() -> StoreAddress:
+    """The store torchrun's environment names (see the module docstring)."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    try:
+        return StoreAddress(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                            is_master=not agent and os.environ["RANK"] == "0",
+                            prefix=f"pipestudio/{restart}")
+    except KeyError as exc:
+        raise EngineError(f"RANK is set but {exc.args[0]} is not: run under torchrun, or "
+                          "without RANK to let pipestudio start the processes") from None
+
+
+def connect(address: StoreAddress, world_size: int, timeout_s: float) -> dist.Store:
+    store = dist.TCPStore(address.host, address.port, world_size, address.is_master,
+                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    return dist.PrefixStore(address.prefix, store)
+
+
+def choose_device(layout: EngineLayout, rank: int, device: str) -> torch.device:
+    """CPU, or the CUDA device ``plan device % local GPUs`` (``device`` auto|cpu|cuda)."""
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise EngineError(f"device {device!r} was asked for but CUDA is not available "
+                          f"(torch {torch.__version__})")
+    stage_idx, replica = layout.worker(rank)
+    plan_device = layout.plan.worker_devices()[stage_idx][replica]
+    return torch.device("cuda", plan_device % torch.cuda.device_count())
+
+
+def join(layout: EngineLayout, rank: int, address: StoreAddress, device_kind: str,
+         timeout_s: float) -> RankContext:
+    """Connect, create the process groups, agree on the clock (module docstring)."""
+    world_size = layout.world_size
+    timeout = timedelta(seconds=timeout_s)
+    store = connect(address, world_size, timeout_s)
+    device = choose_device(layout, rank, device_kind)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
+                            world_size=world_size, timeout=timeout)
+    placement: list[tuple[str, str]] = [("", "")] * world_size
+    dist.all_gather_object(placement, (socket.gethostname(), str(device)))
+    groups = _make_groups(layout, rank, placement, timeout)
+    if rank == 0:
+        store.set("t0", repr(time.time()))
+    clock = Clock(float(store.get("t0").decode()))
+    return RankContext(rank, world_size, address, store, device, groups, clock, placement,
+                       timeout_s)
+
+
+def _make_groups(layout: EngineLayout, rank: int, placement: list[tuple[str, str]],
+                 timeout: timedelta) -> Groups:
+    """Every rank creates every group, in the same order, as torch.distributed requires."""
+    on_cuda = [device.startswith("cuda") for _, device in placement]
+    groups = Groups()
+    if all(on_cuda):
+        pairs = {(src, dst) for stage in layout.stages for t in stage.sends
+                 for src in layout.stage_ranks(t.src_stage)
+                 for dst in layout.stage_ranks(t.dst_stage)}
+        nccl_pairs = {pair for pair in pairs if placement[pair[0]] != placement[pair[1]]}
+        if nccl_pairs:
+            groups.activation = dist.new_group(backend="nccl", timeout=timeout)
+            groups.gradient = dist.new_group(backend="nccl", timeout=timeout)
+            groups.nccl_peers = {b for a, b in nccl_pairs if a == rank}
+            groups.nccl_peers |= {a for a, b in nccl_pairs if b == rank}
+    for stage_idx in range(layout.plan.num_stages):
+        ranks = layout.stage_ranks(stage_idx)
+        if len(ranks) == 1:
+            continue
+        members = [placement[r] for r in ranks]
+        nccl = all(on_cuda[r] for r in ranks) and len(set(members)) == len(members)
+        group = dist.new_group(ranks, timeout=timeout, backend="nccl" if nccl else "gloo")
+        if rank in ranks:
+            groups.replicas, groups.replicas_on_cpu = group, not nccl
+    return groups
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,180 @@
+"""One stage's layers: the forward of a micro-batch under the plan's memory policies, and its
+backward with the gradients that came back.
+
+Layers run in model order on the tensors they read: received ones (leaves that ask for a
+gradient when they are floating point), the data (drawn locally), and outputs of earlier
+layers of the stage. Each layer runs on the weights it is given: the live parameters
+(synchronous schedules) or a stashed version (``weights.py``), through
+``torch.func.functional_call``, so a recomputation during the backward runs on the same
+version as the forward did.
+
+Policies (``pipestudio.planner.costs``): ``keep`` layers run as they are; each run of
+consecutive ``recompute`` layers runs under ``torch.utils.checkpoint`` (non-reentrant), which
+keeps only the run's inputs and repeats its forward during the backward (GPipe's
+rematerialization); ``swap`` layers run inside the ``SwapSpace``'s saved-tensor hooks.
+
+The backward uses ``torch.autograd.grad`` towards the weights and received inputs, so the
+gradients of micro-batches that share one stashed version never mix; the caller adds them
+into the live parameters' ``.grad``.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint
+
+from pipestudio.runtime.engine.layout import DATA, StageIO
+from pipestudio.runtime.engine.metrics import Recorder
+from pipestudio.runtime.engine.swap import SwapSpace
+from pipestudio.runtime.engine.weights import trainable
+
+
+@dataclass
+class ForwardState:
+    """What the backward of a micro-batch needs from its forward."""
+
+    microbatch: int
+    step: int
+    inputs: dict[str, Tensor]
+    outputs: dict[str, Tensor]
+    loss: Tensor | None
+    weights: Mapping[str, Tensor]
+
+
+class StageRunner:
+    """Forward and backward of one stage (see the module docstring)."""
+
+    def __init__(self, layers: Mapping[str, nn.Module], io: StageIO,
+                 graph_inputs: Mapping[str, Sequence[str]], loss_fn: Callable[..., Tensor],
+                 num_microbatches: int, device: torch.device, swap: SwapSpace,
+                 recorder: Recorder) -> None:
+        self.io, self.names = io, list(io.layers)
+        self.module = nn.ModuleList([layers[name] for name in self.names]).to(device)
+        self.inputs = {name: list(graph_inputs[name]) for name in self.names}
+        self.loss_fn, self.num_microbatches = loss_fn, num_microbatches
+        self.swap, self.recorder = swap, recorder
+        self.params = dict(self.module.named_parameters())
+        self._layer_keys = [[key for key in self.params if key.split(".", 1)[0] == str(pos)]
+                            for pos in range(len(self.names))]
+        self.blocks = _split_blocks(self.names, io.policies)
+        self._needed = self._needed_after_blocks()
+
+    def _needed_after_blocks(self) -> list[set[str]]:
+        """Names each block must hand on: read later in the stage, sent, or the output."""
+        keep_to_end = {t.layer for t in self.io.sends}
+        if self.io.has_loss:
+            keep_to_end.add(self.names[-1])
+        needed = []
+        for idx in range(len(self.blocks)):
+            later = {src for _, positions in self.blocks[idx + 1:] for pos in positions
+                     for src in self.inputs[self.names[pos]]}
+            needed.append(later | keep_to_end)
+        return needed
+
+    def _call(self, pos: int, args: list[Tensor], weights: Mapping[str, Tensor]) -> Tensor:
+        module = self.module[pos]
+        if weights is self.params:
+            return module(*args)
+        prefix = len(str(pos)) + 1
+        return functional_call(module, {key[prefix:]: weights[key]
+                                        for key in self._layer_keys[pos]}, tuple(args))
+
+    def static_storages(self, weights: Mapping[str, Tensor]) -> set[int]:
+        tensors = [*weights.values(), *self.module.buffers()]
+        return {tensor.untyped_storage().data_ptr() for tensor in tensors}
+
+    def forward(self, microbatch: int, step: int, received: dict[str, Tensor],
+                data: Tensor | None, targets: Tensor | None,
+                weights: Mapping[str, Tensor]) -> ForwardState:
+        acts: dict[str, Tensor] = dict(received)
+        if data is not None:
+            acts[DATA] = data
+        static = self.static_storages(weights) if "swap" in self.io.policies.values() else set()
+        for idx, (policy, positions) in enumerate(self.blocks):
+            if policy == "recompute":
+                self._recompute_block(idx, acts, weights, microbatch, step)
+            else:
+                name = self.names[positions[0]]
+                args = [acts[src] for src in self.inputs[name]]
+                if policy == "swap":
+                    with self.swap.saving(microbatch, static):
+                        acts[name] = self._call(positions[0], args, weights)
+                else:
+                    acts[name] = self._call(positions[0], args, weights)
+            for name in [name for name in acts if name not in self._needed[idx]]:
+                del acts[name]
+        loss = None
+        if self.io.has_loss:
+            assert targets is not None
+            loss = self.loss_fn(acts[self.names[-1]], targets) / self.num_microbatches
+        outputs = {t.layer: acts[t.layer] for t in self.io.sends}
+        return ForwardState(microbatch, step, received, outputs, loss, weights)
+
+    def _recompute_block(self, idx: int, acts: dict[str, Tensor],
+                         weights: Mapping[str, Tensor], microbatch: int, step: int) -> None:
+        positions = self.blocks[idx][1]
+        made = {self.names[pos] for pos in positions}
+        outside = sorted({src for pos in positions for src in self.inputs[self.names[pos]]
+                          if src not in made})
+        handed_on = [self.names[pos] for pos in positions if self.names[pos] in
+                     self._needed[idx]]
+        calls = [0]
+
+        def run(*args: Tensor) -> tuple[Tensor, ...]:
+            calls[0] += 1
+            start = self.recorder.marker.mark() if calls[0] > 1 else None
+            try:
+                local = dict(zip(outside, args, strict=True))
+                for pos in positions:
+                    name = self.names[pos]
+                    local[name] = self._call(pos, [local[src] for src in self.inputs[name]],
+                                             weights)
+                return tuple(local[name] for name in handed_on)
+            finally:
+                if start is not None:
+                    self.recorder.span("recompute", microbatch, step, start,
+                                       self.recorder.marker.mark())
+
+        results = checkpoint(run, *[acts[src] for src in outside], use_reentrant=False)
+        acts.update(zip(handed_on, results, strict=True))
+
+    def backward(self, state: ForwardState, grads: Mapping[str, Tensor]
+                 ) -> tuple[dict[str, Tensor | None], dict[str, Tensor]]:
+        """Gradients of the weights (by parameter name) and of the received inputs."""
+        roots: list[Tensor] = []
+        root_grads: list[Tensor | None] = []
+        if state.loss is not None:
+            roots.append(state.loss)
+            root_grads.append(None)
+        for layer, grad in grads.items():
+            if state.outputs[layer].requires_grad:
+                roots.append(state.outputs[layer])
+                root_grads.append(grad)
+        wrt = trainable(state.weights)
+        leaves = [(name, leaf) for name, leaf in state.inputs.items() if leaf.requires_grad]
+        results: Sequence[Tensor | None] = [None] * (len(wrt) + len(leaves))
+        if roots and (wrt or leaves):
+            results = torch.autograd.grad(roots, [t for _, t in wrt] + [t for _, t in leaves],
+                                          root_grads, allow_unused=True)
+        weight_grads = {name: grad for (name, _), grad in zip(wrt, results, strict=False)}
+        input_grads = {name: torch.zeros_like(state.inputs[name]) for name in state.inputs
+                       if state.inputs[name].is_floating_point()}
+        for (name, _), grad in zip(leaves, results[len(wrt):], strict=True):
+            if grad is not None:
+                input_grads[name] = grad
+        return weight_grads, input_grads
+
+
+def _split_blocks(names: list[str], policies: Mapping[str, str]) -> list[tuple[str, list[int]]]:
+    """Consecutive recompute layers form one block; every other layer is a block alone."""
+    blocks: list[tuple[str, list[int]]] = []
+    for pos, name in enumerate(names):
+        policy = policies[name]
+        if policy == "recompute" and blocks and blocks[-1][0] == "recompute":
+            blocks[-1][1].append(pos)
+        else:
+            blocks.append((policy, [pos]))
+    return blocks

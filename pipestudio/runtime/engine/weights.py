@@ -1,0 +1,114 @@
+"""Weight stashing and vertical sync for the ``pipedream`` schedule (PipeDream §3.3).
+
+A stage updates its weights after every backward, so micro-batches in flight were run
+forward on older weights. Weight stashing keeps, for each of them, the version its forward
+used, and its backward computes the gradient with that same version; the gradient is then
+applied to the latest weights. With vertical sync every stage runs micro-batch ``mb`` on
+the version that stage 0 used for it (``ops.first_stage_versions``), so a stage also keeps
+versions older than the ones in flight until the last forward that needs them.
+
+Versions are counted in micro-batches whose gradients they include (``applied``): a stage
+of ``r`` replicas adds ``r`` per update (one all-reduced round). A version is a detached copy
+of the trainable parameters, shared by every micro-batch that uses it and dropped when none
+in flight or to come needs it. Synchronous schedules do not use this class: they run every
+micro-batch of a step on the live parameters.
+"""
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+
+class WeightVersions:
+    """The weight versions of one pipedream worker over a segment (see the module docstring)."""
+
+    def __init__(self, params: Mapping[str, nn.Parameter], replicas: int, applied: int,
+                 forwards: Iterable[int], first_stage_versions: Mapping[int, int] | None
+                 ) -> None:
+        self.params = dict(params)
+        self.replicas = replicas
+        self.first_applied = applied
+        self.applied = applied
+        self.required = first_stage_versions
+        self.forwards_left = deque(forwards)
+        self.stashes: dict[int, dict[str, Tensor]] = {}
+        self.inflight: dict[int, int] = {}
+
+    def _ideal(self, microbatch: int) -> int:
+        """The version micro-batch ``microbatch``'s forward runs on."""
+        if self.required is None or self.required[microbatch] >= self.applied:
+            return self.applied
+        wanted = self.required[microbatch]
+        return self.first_applied + self.replicas * ((wanted - self.first_applied)
+                                                     // self.replicas)
+
+    def _snapshot(self) -> dict[str, Tensor]:
+        return {name: param.detach().clone().requires_grad_(True) if param.requires_grad
+                else param for name, param in self.params.items()}
+
+    def for_forward(self, microbatch: int) -> dict[str, Tensor]:
+        """The weights micro-batch ``microbatch`` runs forward (and later backward) on."""
+        assert self.forwards_left and self.forwards_left[0] == microbatch, microbatch
+        self.forwards_left.popleft()
+        version = self._ideal(microbatch)
+        if version == self.applied and version not in self.stashes:
+            self.stashes[version] = self._snapshot()
+        assert version in self.stashes, f"weight version {version} was not kept"
+        self.inflight[microbatch] = version
+        return self.stashes[version]
+
+    def for_backward(self, microbatch: int) -> dict[str, Tensor]:
+        return self.stashes[self.inflight[microbatch]]
+
+    def release(self, microbatch: int) -> None:
+        """The backward of ``microbatch`` is done: its version may go."""
+        del self.inflight[microbatch]
+        self._collect()
+
+    def before_update(self) -> None:
+        """Keep the live version if a forward to come runs on it (vertical sync)."""
+        if self.applied in self.stashes:
+            return
+        for microbatch in self.forwards_left:
+            version = self._ideal(microbatch)
+            if version == self.applied:
+                self.stashes[version] = self._snapshot()
+            if version >= self.applied:
+                return
+
+    def after_update(self) -> None:
+        self.applied += self.replicas
+        self._collect()
+
+    def _collect(self) -> None:
+        keep = set(self.inflight.values())
+        oldest_to_come = (self._ideal(self.forwards_left[0]) if self.forwards_left
+                          else self.applied + 1)
+        for version in list(self.stashes):
+            if version not in keep and version < oldest_to_come:
+                del self.stashes[version]
+
+    @property
+    def num_versions(self) -> int:
+        """Versions held besides the live parameters."""
+        return len(self.stashes)
+
+
+def trainable(weights: Mapping[str, Tensor]) -> list[tuple[str, Tensor]]:
+    return [(name, tensor) for name, tensor in weights.items() if tensor.requires_grad]
+
+
+@torch.no_grad()
+def set_gradients(params: Mapping[str, nn.Parameter], grads: Mapping[str, Tensor | None],
+                  *, accumulate: bool) -> None:
+    """Put ``grads`` into the live parameters' ``.grad`` (adding to it when ``accumulate``)."""
+    for name, grad in grads.items():
+        if grad is None:
+            continue
+        param = params[name]
+        if param.grad is None or not accumulate:
+            param.grad = grad.detach()
+        else:
+            param.grad.add_(grad)

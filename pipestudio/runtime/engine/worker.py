@@ -1,0 +1,253 @@
+"""One rank's training loop: runs its worker's ops in schedule order (``ops.py``).
+
+Before each op the worker posts the receives of its next two compute ops, so their tensors
+arrive while it computes (and, when the next op is a backward with swapped tensors, starts
+fetching them: the schedule knows what comes next). A forward waits for its inputs, runs
+the stage and sends its outputs; a backward waits for the gradients of what it sent, runs
+autograd and sends the gradients of what it received; an all-reduce sums the replicas'
+gradients; an update steps the optimizer. Under ``pipedream`` the forward and backward run
+on stashed weight versions (``weights.py``). When a step's last op is done the worker
+publishes the step's ops and metrics.
+"""
+
+import time
+from collections import Counter
+
+import torch
+from torch import Tensor
+
+from pipestudio.runtime.engine import checkpoint as ckpt
+from pipestudio.runtime.engine.clock import Marker
+from pipestudio.runtime.engine.config import EngineConfig
+from pipestudio.runtime.engine.faults import Watchdog
+from pipestudio.runtime.engine.layout import EngineLayout
+from pipestudio.runtime.engine.metrics import EventSink, Recorder
+from pipestudio.runtime.engine.ops import Op, first_stage_versions, segments, worker_ops
+from pipestudio.runtime.engine.rendezvous import RankContext
+from pipestudio.runtime.engine.replicas import allreduce_gradients
+from pipestudio.runtime.engine.stage import ForwardState, StageRunner
+from pipestudio.runtime.engine.swap import SwapSpace
+from pipestudio.runtime.engine.transport import ACTIVATION, GRADIENT, Pending, Transport
+from pipestudio.runtime.engine.weights import WeightVersions, set_gradients
+from pipestudio.runtime.models import ModelSpec
+from pipestudio.runtime.optimizers import make_optimizer
+
+_LOOKAHEAD = 2
+
+
+class Worker:
+    """The training loop of one rank (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, spec: ModelSpec, layout: EngineLayout,
+                 ctx: RankContext, watchdog: Watchdog, sink: EventSink) -> None:
+        self.config, self.spec, self.layout, self.ctx = config, spec, layout, ctx
+        self.plan = layout.plan
+        self.watchdog = watchdog
+        self.stage_idx, self.replica = layout.worker(ctx.rank)
+        self.io = layout.stages[self.stage_idx]
+        self.recorder = Recorder(self.stage_idx, self.replica, Marker(ctx.clock, ctx.device),
+                                 sink, self.plan.num_microbatches * self.plan.microbatch_size)
+        self.swap = SwapSpace(ctx.device)
+        self.stage = StageRunner(dict(spec.layers), self.io, spec.graph_inputs(), spec.loss,
+                                 self.plan.num_microbatches, ctx.device, self.swap,
+                                 self.recorder)
+        self.optimizer = self._make_optimizer()
+        self.transport = Transport(ctx, layout, self.recorder, watchdog)
+        self.states: dict[int, ForwardState] = {}
+        self.posted: dict[tuple[str, int], list[tuple[str, Pending]]] = {}
+        self.versions: WeightVersions | None = None
+        self.max_versions = 0
+
+    def _make_optimizer(self) -> torch.optim.Optimizer | None:
+        params = [p for p in self.stage.params.values() if p.requires_grad]
+        if not params:
+            return None
+        optimizer = make_optimizer(self.plan.optimizer, params)
+        if self.config.lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = self.config.lr
+        return optimizer
+
+    def train(self, start_step: int) -> None:
+        every = self.config.checkpoint_every
+        for first, count in segments(self.plan, start_step, self.config.steps, every):
+            self.run_segment(first, count)
+            end = first + count
+            if self.config.checkpoint_dir and (end == self.config.steps
+                                               or (every and end % every == 0)):
+                self.save(end)
+
+    def run_segment(self, first_step: int, num_steps: int) -> None:
+        ops = worker_ops(self.plan, self.stage_idx, self.replica, first_step, num_steps)
+        if self.plan.schedule == "pipedream":
+            required = (first_stage_versions(self.plan, first_step, num_steps)
+                        if self.plan.vertical_sync else None)
+            self.versions = WeightVersions(
+                self.stage.params, self.layout.replicas(self.stage_idx),
+                first_step * self.plan.num_microbatches,
+                [op.microbatch for op in ops if op.kind == "forward"], required)
+        left = Counter(op.step for op in ops)
+        for idx, op in enumerate(ops):
+            self._prepare(ops, idx)
+            self.watchdog.doing(_describe(op))
+            if self.config.before_op is not None:
+                self.config.before_op(self.ctx.rank, op)
+            self._run(op)
+            self.transport.reap()
+            left[op.step] -= 1
+            if left[op.step] == 0:
+                if self.plan.schedule != "pipedream":
+                    self.transport.drain()
+                self.recorder.finish_step(op.step)
+        self.transport.drain()
+        self.recorder.flush()
+
+    def _prepare(self, ops: list[Op], idx: int) -> None:
+        """Post the receives of the next compute ops; prefetch swapped tensors."""
+        ahead = [op for op in ops[idx:] if op.kind in ("forward", "backward")][:_LOOKAHEAD]
+        for op in ahead:
+            assert op.microbatch is not None
+            if op.kind == "forward":
+                self._post(ACTIVATION, op.microbatch, self.io.receives)
+            elif op.microbatch in self.states:
+                self._post(GRADIENT, op.microbatch, self._float_sends())
+        following = ops[idx + 1] if idx + 1 < len(ops) else None
+        if following is not None and following.kind == "backward":
+            assert following.microbatch is not None
+            self._swap_in(following.microbatch, following.step)
+
+    def _float_sends(self) -> list:  # type: ignore[type-arg]
+        return [t for t in self.io.sends if self.transport.shape(t.layer)[0].is_floating_point]
+
+    def _post(self, direction: str, microbatch: int, transfers: list) -> None:  # type: ignore[type-arg]
+        key = (direction, microbatch)
+        if key not in self.posted:
+            self.posted[key] = [(t.layer, self.transport.post(direction, t, microbatch))
+                                for t in transfers]
+
+    def _received(self, direction: str, microbatch: int) -> list[tuple[str, Tensor]]:
+        pending = self.posted.pop((direction, microbatch), [])
+        return [(layer, self.transport.wait(p)) for layer, p in pending]
+
+    def _run(self, op: Op) -> None:
+        if hasattr(self.spec, "apply_step"):
+            self.spec.apply_step(op.step)
+        if op.kind == "forward":
+            assert op.microbatch is not None
+            self._forward(op.microbatch, op.step)
+        elif op.kind == "backward":
+            assert op.microbatch is not None
+            self._backward(op.microbatch, op.step)
+        elif op.kind == "allreduce":
+            self._allreduce(op)
+        else:
+            self._update(op)
+
+    def _forward(self, mb: int, step: int) -> None:
+        self._post(ACTIVATION, mb, self.io.receives)
+        received = {layer: tensor.requires_grad_(tensor.is_floating_point())
+                    for layer, tensor in self._received(ACTIVATION, mb)}
+        data = targets = None
+        if self.io.reads_data or self.io.has_loss:
+            data, targets = self.spec.sample(self.plan.microbatch_size, mb)
+            data, targets = data.to(self.ctx.device), targets.to(self.ctx.device)
+        weights = self.stage.params if self.versions is None else self.versions.for_forward(mb)
+        if self.versions is not None:
+            self.max_versions = max(self.max_versions, self.versions.num_versions)
+        self.watchdog.doing(f"the forward of micro-batch {mb} (step {step})")
+        record = self.recorder.start("forward", mb, step)
+        state = self.stage.forward(mb, step, received, data if self.io.reads_data else None,
+                                   targets, weights)
+        self.recorder.stop(record)
+        if state.loss is not None:
+            self.recorder.add_loss(step, state.loss)
+        for transfer in self.io.sends:
+            self.transport.send(ACTIVATION, transfer, mb, state.outputs[transfer.layer], step)
+        self.states[mb] = state
+        self._swap_out(mb, step)
+
+    def _backward(self, mb: int, step: int) -> None:
+        self._post(GRADIENT, mb, self._float_sends())
+        grads: dict[str, Tensor] = {}
+        for layer, grad in self._received(GRADIENT, mb):
+            grads[layer] = grads[layer] + grad if layer in grads else grad
+        state = self.states.pop(mb)
+        self.watchdog.doing(f"the backward of micro-batch {mb} (step {step})")
+        record = self.recorder.start("backward", mb, step)
+        weight_grads, input_grads = self.stage.backward(state, grads)
+        self.recorder.stop(record)
+        set_gradients(self.stage.params, weight_grads, accumulate=self.versions is None)
+        for transfer in self.io.receives:
+            if transfer.layer in input_grads:
+                self.transport.send(GRADIENT, transfer, mb, input_grads[transfer.layer], step)
+        self.swap.release(mb)
+        if self.versions is not None:
+            self.versions.release(mb)
+
+    def _allreduce(self, op: Op) -> None:
+        group = self.ctx.groups.replicas
+        assert group is not None
+        record = self.recorder.start("allreduce", op.microbatch, op.step)
+        what = (f"the all-reduce of stage {self.stage_idx}'s gradients (step {op.step}"
+                + ("" if op.microbatch is None else f", micro-batch {op.microbatch}") + ")")
+        staged = self.ctx.groups.replicas_on_cpu and self.ctx.device.type == "cuda"
+        allreduce_gradients(self.stage.params, group, staged, self.ctx.timeout_s,
+                            self.watchdog, what)
+        self.recorder.stop(record)
+
+    def _update(self, op: Op) -> None:
+        self.watchdog.doing(f"the update of step {op.step}")
+        record = self.recorder.start("update", op.microbatch, op.step)
+        if self.versions is not None:
+            self.versions.before_update()
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.versions is not None:
+            self.versions.after_update()
+        self.recorder.stop(record)
+
+    def _swap_out(self, mb: int, step: int) -> None:
+        num_bytes = self.swap.num_bytes(mb)
+        if not num_bytes:
+            return
+        events = self.swap.swap_out(mb)
+        now = self.recorder.marker.mark()
+        start, end = events if events is not None else (now, now)
+        self.recorder.span("swap_out", mb, step, start, end, num_bytes)
+
+    def _swap_in(self, mb: int, step: int) -> None:
+        num_bytes = self.swap.num_bytes(mb)
+        if not num_bytes or mb not in self.states:
+            return
+        events = self.swap.swap_in(mb)
+        if events is None and self.swap.moves:
+            return  # already fetched
+        now = self.recorder.marker.mark()
+        start, end = events if events is not None else (now, now)
+        self.recorder.span("swap_in", mb, step, start, end, num_bytes)
+
+    def save(self, step: int) -> None:
+        """Write this rank's checkpoint; rank 0 publishes it once every rank has."""
+        root = self.config.checkpoint_dir
+        assert root is not None
+        ckpt.save_rank(root, step, self.stage_idx, self.replica, self.stage.module,
+                       self.optimizer, self.ctx.device)
+        self.ctx.store.add(f"checkpoint/{step}", 1)
+        if self.ctx.rank == 0:
+            self.watchdog.doing(f"waiting for every rank's checkpoint of step {step}")
+            deadline = time.time() + self.ctx.timeout_s
+            while self.ctx.store.add(f"checkpoint/{step}", 0) < self.ctx.world_size:
+                if time.time() > deadline:
+                    raise self.watchdog.failure(f"waiting for the checkpoint of step {step}",
+                                                None, TimeoutError(step))
+                time.sleep(0.05)
+            ckpt.publish(root, step, self.plan, self.config.model, self.config.model_args)
+        self.recorder.sink({"type": "checkpoint", "stage": self.stage_idx,
+                            "replica": self.replica, "step": step, "dir": root})
+
+
+def _describe(op: Op) -> str:
+    if op.microbatch is None:
+        return f"the {op.kind} of step {op.step}"
+    return f"the {op.kind} of micro-batch {op.microbatch} (step {op.step})"

@@ -1,0 +1,52 @@
+"""``pipestudio train`` on a plan made by ``pipestudio plan``: metrics and a trace come out."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipestudio.cli import main
+from pipestudio.planner.result import OpKind
+
+TINY_MLP = ["--model", "mlp", "--model-arg", "layers=2", "--model-arg", "width=32",
+            "--model-arg", "in_features=16"]
+
+
+def test_profile_plan_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile, plan = str(tmp_path / "profile.json"), str(tmp_path / "plan.json")
+    metrics, trace = tmp_path / "metrics.jsonl", tmp_path / "trace.json"
+    assert main(["profile", *TINY_MLP, "--microbatch-size", "2", "--repeats", "1",
+                 "--warmup", "1", "--threads", "1", "-o", profile]) == 0
+    assert main(["plan", profile, "--algorithm", "balance-time", "--stages", "2",
+                 "--microbatches", "4", "--schedule", "1f1b", "-o", plan]) == 0
+    capsys.readouterr()
+    status = main(["train", "--plan", plan, *TINY_MLP, "--steps", "3", "--threads-per-rank",
+                   "1", "--metrics", str(metrics), "--trace", str(trace)])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "step 2: loss" in err and f"wrote {trace}" in err
+    events = [json.loads(line) for line in metrics.read_text().splitlines()]
+    kinds = {event["type"] for event in events}
+    assert {"start", "op", "step", "memory", "summary"} <= kinds
+    ops = [event for event in events if event["type"] == "op"]
+    assert {op["op"] for op in ops} <= set(OpKind.__args__)  # type: ignore[attr-defined]
+    assert {(op["stage"], op["op"]) for op in ops} >= {
+        (0, "forward"), (0, "backward"), (0, "update"), (0, "send_activation"),
+        (1, "forward"), (1, "backward"), (1, "send_gradient")}
+    assert all(op["end_ms"] >= op["start_ms"] for op in ops)
+    summary = next(event for event in events if event["type"] == "summary")
+    assert summary["steps"] == [0, 1, 2] and all(loss > 0 for loss in summary["loss"])
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {"forward 0", "backward 3", "memory", "process_name"} <= names
+
+
+def test_a_plan_for_another_model_exits_2(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"format": "pipestudio.plan", "version": 1, "model": "gpt",
+                                "schedule": "gpipe", "num_microbatches": 2,
+                                "microbatch_size": 1, "stages": [{"layers": ["head"]}]}))
+    assert main(["train", "--plan", str(plan), *TINY_MLP, "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["error: the plan is for model 'gpt' but the model built is "
+                                "'mlp'"]

@@ -1,0 +1,46 @@
+"""The engine on CUDA: swap really moves tensors, timings come from CUDA events, workers that
+share a GPU exchange tensors through host memory over gloo (``-m gpu``)."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.runtime.engine.helpers import (
+    builder,
+    final_params,
+    make_plan,
+    max_relative_difference,
+    run,
+)
+from tests.runtime.engine.reference import train_single
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
+def test_cuda_policies_change_nothing(schedule: str, tmp_path: Path) -> None:
+    stages = [["block0"], ["block1", "head"]]
+    policies = {"block0": "swap", "block1": "recompute", "head": "swap"}
+    mixed = make_plan("mlp", stages, schedule, replicas=[2, 1], policies=policies)
+    kept = make_plan("mlp", stages, schedule, replicas=[2, 1])
+    events: list[dict[str, Any]] = []
+    result = run(mixed, "mlp", 3, tmp_path / "mixed", events.append, device="cuda",
+                 start_method="spawn", timeout_s=60.0)
+    assert result.ok, result.message
+    assert run(kept, "mlp", 3, tmp_path / "kept", device="cuda", start_method="spawn",
+               timeout_s=60.0).ok
+    names = builder("mlp")().layer_names
+    got = final_params(tmp_path / "mixed", mixed, names)
+    assert max_relative_difference(got, final_params(tmp_path / "kept", kept, names)) <= 1e-6
+    if schedule == "1f1b":
+        assert max_relative_difference(got, train_single(builder("mlp"), mixed, 3)) <= 1e-4
+    starts = [e for e in events if e["type"] == "start"]
+    assert {e["device"] for e in starts} == {"cuda:0"}
+    swaps = [e for e in events if e["type"] == "op" and e["op"].startswith("swap")]
+    assert {e["op"] for e in swaps} == {"swap_out", "swap_in"}
+    assert all(e["bytes"] > 0 and e["end_ms"] > e["start_ms"] for e in swaps)
+    memory = [e for e in events if e["type"] == "memory"]
+    assert memory and all(e["allocated_bytes"] > 0 for e in memory)
