@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[runtime,dev]"
+	$(PY) -m pip install --quiet -e ".[runtime,backend,dashboard,dev]"
 	touch $(STAMP)
 
 test: $(STAMP) lint
