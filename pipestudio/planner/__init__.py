@@ -9,6 +9,7 @@ from pipestudio.planner.documents import DocumentError, load_document, parse_doc
 from pipestudio.planner.errors import (
     ClusterError,
     ImportFormatError,
+    InfeasibleError,
     PlanError,
     PlannerError,
     ProfileError,
@@ -27,6 +28,7 @@ __all__ = [
     "DocumentError",
     "Edge",
     "ImportFormatError",
+    "InfeasibleError",
     "Layer",
     "Level",
     "Plan",
