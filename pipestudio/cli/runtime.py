@@ -11,6 +11,7 @@ _Formatter = argparse.RawDescriptionHelpFormatter
 #: import torch (a test keeps the two equal).
 BUILTIN_MODELS: tuple[str, ...] = ("dynamic", "gpt", "mlp", "resnet", "unet")
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+GRANULARITIES: tuple[str, ...] = ("layer", "op")
 
 
 def add_commands(commands: Any) -> None:
@@ -22,9 +23,15 @@ def add_commands(commands: Any) -> None:
                     "bytes (and workspace on CUDA).\nTimes are medians of --repeats runs after "
                     "--warmup runs.\n\nBuilt-in models: " + ", ".join(BUILTIN_MODELS) + ". "
                     "Your own: MODULE:FACTORY or FILE.py:FACTORY,\na function returning a "
-                    "pipestudio.runtime.models.ModelSpec (docs/runtime.md).\n\nexample:\n"
+                    "pipestudio.runtime.models.ModelSpec (docs/runtime.md).\n\n"
+                    "--granularity op traces every layer with torch.fx and measures each tensor "
+                    "operator\n(block0.attn.qkv, block0.add...) as a layer, with edges, so "
+                    "planners can cut inside a\nlayer (DawnPiper); train such a plan with "
+                    "`pipestudio train --granularity op`.\n\nexamples:\n"
                     "  pipestudio profile --model gpt --model-arg layers=8 --microbatch-size 8 "
-                    "-o gpt.json")
+                    "-o gpt.json\n"
+                    "  pipestudio profile --model gpt --microbatch-size 8 --granularity op "
+                    "-o gpt-ops.json")
     parser.add_argument("--model", required=True, metavar="NAME|MODULE:FACTORY",
                         help="a built-in model or a factory to import")
     parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -44,6 +51,9 @@ def add_commands(commands: Any) -> None:
                         help="CPU threads for torch (default: torch's own choice)")
     parser.add_argument("--optimizer", default="adam", choices=("sgd", "momentum", "adam"),
                         help="optimizer whose update is timed (default adam)")
+    parser.add_argument("--granularity", default="layer", choices=GRANULARITIES,
+                        help="layer: the model's layers (default); op: every tensor operator "
+                             "of a torch.fx trace")
     parser.add_argument("-o", "--output", metavar="PROFILE",
                         help="where to write the profile JSON (default: stdout)")
     parser.set_defaults(handler=_profile)
@@ -62,7 +72,8 @@ def _profile(args: argparse.Namespace) -> int:
     spec = load_model(args.model, parse_model_args(args.model_arg))
     profile = profile_model(spec, args.microbatch_size, device, warmup=args.warmup,
                             repeats=args.repeats, dtype=getattr(torch, args.dtype),
-                            optimizer=args.optimizer, threads=args.threads)
+                            optimizer=args.optimizer, threads=args.threads,
+                            granularity=args.granularity)
     write_document(profile, args.output)
     return 0
 
@@ -70,13 +81,16 @@ def _profile(args: argparse.Namespace) -> int:
 _TRAIN_HELP = """\
 Train a model with a plan: one process per stage replica on this machine (rank order:
 stage 0's replicas, then stage 1's...), or, under torchrun (RANK and WORLD_SIZE set), as
-one rank of a job torchrun started. gloo on CPU, NCCL between GPUs.
+one rank of a job torchrun started. gloo on CPU, NCCL between GPUs. A plan made from an
+operator-level profile (profile --granularity op) needs --granularity op here.
 
 examples:
   pipestudio plan-template mlp.json --stages 2 --microbatches 4 --schedule 1f1b -o plan.json
   pipestudio train --plan plan.json --model mlp --steps 20 --metrics m.jsonl --trace t.json
   torchrun --standalone --nproc-per-node 2 -m pipestudio train --plan plan.json --model mlp \\
       --steps 20
+  pipestudio train --plan ops-plan.json --model gpt --steps 20 --granularity op
+  pipestudio train --plan plan.json --model resnet --steps 20 --deferred-batchnorm
 """
 
 
@@ -109,6 +123,14 @@ def _add_train(commands: Any) -> None:
                         help="auto: CUDA when available (default)")
     parser.add_argument("--timeout", type=float, default=20.0, metavar="SECONDS",
                         help="longest wait for a peer before the job fails (default 20)")
+    parser.add_argument("--granularity", default="layer", choices=GRANULARITIES,
+                        help="op: the plan's layers are tensor operators, from a profile made "
+                             "with --granularity op (default: layer)")
+    parser.add_argument("--deferred-batchnorm", action="store_true",
+                        help="BatchNorm running statistics over all micro-batches of a step, "
+                             "as training on the whole mini-batch (torchgpipe); default: "
+                             "updated per micro-batch")
+    _add_repartition(parser)
     parser.set_defaults(handler=_train)
 
 
@@ -123,7 +145,8 @@ def _train(args: argparse.Namespace) -> int:
         threads_per_rank=args.threads_per_rank, metrics_path=args.metrics,
         trace_path=args.trace, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume, seed=args.seed,
-        device=args.device, timeout_s=args.timeout)
+        device=args.device, timeout_s=args.timeout, granularity=args.granularity,
+        deferred_batchnorm=args.deferred_batchnorm, repartition=_repartition(args))
     config.check()
     last_stage = config.plan.num_stages - 1
 
@@ -149,3 +172,33 @@ def _train(args: argparse.Namespace) -> int:
             if path:
                 print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _add_repartition(parser: Any) -> None:
+    group = parser.add_argument_group("live repartition (docs/runtime.md)")
+    group.add_argument("--migrate", action="append", default=[], metavar="STEP:LAYER@STAGE,..",
+                       help="move layers so that step STEP runs on the new partition, e.g. "
+                            "4:block2@1,block5@3 (repeatable)")
+    group.add_argument("--repartition-every", type=int, default=0, metavar="N",
+                       help="run the online planner on every N steps' measurements")
+    mode = group.add_mutually_exclusive_group()
+    mode.add_argument("--auto-repartition", action="store_true",
+                      help="apply worthwhile proposals at once")
+    mode.add_argument("--hold-proposals", action="store_true",
+                      help="hold proposals for approval through --control-dir (default)")
+    group.add_argument("--control-dir", metavar="DIR",
+                       help="command channel: commands/, status/, proposals/ (JSON files)")
+    group.add_argument("--min-gain", type=float, default=0.05, metavar="FRACTION",
+                       help="least step-time gain a proposal must bring (default 0.05)")
+    group.add_argument("--replan-cluster", metavar="CLUSTER",
+                       help="cluster JSON the online planner simulates on (default: none)")
+
+
+def _repartition(args: argparse.Namespace) -> Any:
+    from pipestudio.runtime.engine.repartition import RepartitionConfig, parse_migration
+
+    return RepartitionConfig(
+        migrations=[parse_migration(text) for text in args.migrate],
+        control_dir=args.control_dir, every=args.repartition_every,
+        auto=args.auto_repartition, min_gain_fraction=args.min_gain,
+        cluster_path=args.replan_cluster)

@@ -10,6 +10,11 @@ measured, and dropped; its output is kept only until its last reader has been me
 So a model that does not fit one device whole can still be profiled on it, and the user's
 modules are never moved, trained or touched: BatchNorm's running statistics change only
 in the copies. Data is micro-batch 0 of ``spec.sample``.
+
+With ``granularity="op"`` the spec is first cut into its tensor operators (``fx_ops.py``,
+DawnPiper's fine-grained graph) and every operator is measured as a layer, so a planner can
+cut inside what the model calls a layer; what an operator saves of its inputs is charged
+to the operator that made them (``profiler_ops.py``).
 """
 
 import copy
@@ -27,10 +32,13 @@ from pipestudio.runtime.activation_memory import (
 )
 from pipestudio.runtime.devices import describe_device, resolve_device
 from pipestudio.runtime.errors import SettingsError
+from pipestudio.runtime.fx_ops import op_description, op_kind, op_spec
 from pipestudio.runtime.models.spec import DATA, ModelSpec
 from pipestudio.runtime.optimizers import OPTIMIZERS, make_optimizer
+from pipestudio.runtime.profiler_ops import SavedInputs
 from pipestudio.runtime.timing import median_ms, nothing
 
+GRANULARITIES: tuple[str, ...] = ("layer", "op")
 _CUDA_WORKSPACE = ("peak of torch.cuda.max_memory_allocated over a forward and backward, less "
                    "what was allocated before and the output and saved bytes")
 
@@ -44,18 +52,27 @@ class ProfileSettings:
     warmup: int
     repeats: int
     optimizer: str
+    granularity: str = "layer"
 
 
 def profile_model(spec: ModelSpec, microbatch_size: int, device: str | torch.device = "cpu",
                   warmup: int = 2, repeats: int = 5, dtype: torch.dtype = torch.float32, *,
-                  optimizer: str = "adam", threads: int | None = None) -> Profile:
+                  optimizer: str = "adam", threads: int | None = None,
+                  granularity: str = "layer") -> Profile:
     """Measure every layer of ``spec`` at ``microbatch_size`` samples per micro-batch.
 
     Times are medians of ``repeats`` runs after ``warmup`` runs. ``threads`` sets torch's
     CPU thread count for the measurement (restored afterwards); None leaves it as it is.
+    ``granularity="op"`` measures every tensor operator instead (``fx_ops.op_spec``).
     """
     _check_settings(microbatch_size, warmup, repeats, optimizer, threads)
-    settings = ProfileSettings(resolve_device(device), dtype, warmup, repeats, optimizer)
+    if granularity not in GRANULARITIES:
+        raise SettingsError(f"granularity {granularity!r} is unknown; expected one of "
+                            f"{', '.join(GRANULARITIES)}")
+    if granularity == "op":
+        spec = op_spec(spec, microbatch_size)
+    settings = ProfileSettings(resolve_device(device), dtype, warmup, repeats, optimizer,
+                               granularity)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -85,17 +102,20 @@ def profile_layers(spec: ModelSpec, data: Tensor, settings: ProfileSettings) -> 
     readers_left = Counter(src for sources in graph.values() for src in sources)
     activations: dict[str, Tensor] = {DATA: data}
     measured: list[Layer] = []
+    saved_inputs = SavedInputs(data) if settings.granularity == "op" else None
     for layer_name, module in spec.layers:
         inputs = [_layer_input(activations[src], src) for src in graph[layer_name]]
         layer = copy.deepcopy(module).to(device=settings.device, dtype=settings.dtype).train()
         result, output = profile_layer(layer_name, layer, inputs, settings)
         measured.append(result)
         activations[layer_name] = output.detach()
+        if saved_inputs is not None:
+            saved_inputs.record(layer_name, layer, inputs, activations[layer_name])
         for src in graph[layer_name]:
             readers_left[src] -= 1
             if readers_left[src] == 0:
                 del activations[src]
-    return measured
+    return measured if saved_inputs is None else saved_inputs.charged(measured)
 
 
 def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
@@ -112,7 +132,7 @@ def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
             saved_bytes=saved_bytes)
     result = Layer(
         name=layer_name,
-        kind=type(layer).__name__,
+        kind=op_kind(layer) or type(layer).__name__,
         fwd_ms=fwd_ms,
         bwd_ms=bwd_ms,
         param_bytes=sum(tensor_bytes(p) for p in layer.parameters()),
@@ -120,7 +140,7 @@ def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
         output_bytes=output_bytes,
         workspace_bytes=workspace_bytes,
         update_ms=_measure_update(layer, settings),
-        description=describe_module(layer),
+        description=op_description(layer) or describe_module(layer),
     )
     return result, output
 
@@ -191,6 +211,7 @@ def _metadata(spec: ModelSpec, settings: ProfileSettings) -> dict[str, str | int
         "statistic": "median",
         "timer": "torch.cuda.Event" if on_cuda else "time.perf_counter",
         "optimizer": settings.optimizer,
+        "granularity": settings.granularity,
         "grad_output": "ones",
         "workspace_bytes": _CUDA_WORKSPACE if on_cuda else "not measured on CPU: reported as 0",
     }

@@ -1,12 +1,22 @@
-"""What a training run needs: the plan, the model, how long, and where results go."""
+"""What a training run needs: the plan, the model, how long, and where results go.
+
+``build_model`` turns the run's model into what the plan's stages hold: with
+``granularity="op"`` the model cut into tensor operators (``runtime/fx_ops.py``), so a plan
+made from an operator-level profile names its layers; with ``deferred_batchnorm`` every
+BatchNorm tracks running statistics over a stage replica's micro-batches of a step
+(``runtime/batchnorm.py``).
+"""
 
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipestudio.planner.plan import Plan
+from pipestudio.runtime.batchnorm import defer_batchnorm
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.ops import Op
+from pipestudio.runtime.engine.repartition import RepartitionConfig, check_replicas
+from pipestudio.runtime.fx_ops import op_spec
 from pipestudio.runtime.models import MODELS, ModelSpec, load_model
 from pipestudio.runtime.models.loading import import_factory
 
@@ -14,6 +24,7 @@ from pipestudio.runtime.models.loading import import_factory
 #: stall a rank at a chosen point. It must be picklable (a module-level function).
 OpHook = Callable[[int, Op], None]
 DEVICES = ("auto", "cpu", "cuda")
+GRANULARITIES = ("layer", "op")
 
 
 @dataclass
@@ -36,6 +47,9 @@ class EngineConfig:
     device: str = "auto"
     timeout_s: float = 20.0
     before_op: OpHook | None = None
+    repartition: RepartitionConfig | None = None
+    granularity: str = "layer"
+    deferred_batchnorm: bool = False
 
     def check(self) -> None:
         """Raise ``EngineError`` naming the first bad setting."""
@@ -52,16 +66,37 @@ class EngineConfig:
         if self.device not in DEVICES:
             raise EngineError(f"device {self.device!r} is unknown; expected one of "
                               f"{', '.join(DEVICES)}")
+        if self.granularity not in GRANULARITIES:
+            raise EngineError(f"granularity {self.granularity!r} is unknown; expected one of "
+                              f"{', '.join(GRANULARITIES)}")
         if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
             raise EngineError("--resume and --checkpoint-every need --checkpoint-dir")
+        if self.repartition is not None:
+            self.repartition.check()
+            if self.repartition.enabled:
+                check_replicas(self.plan)
 
 
 def build_model(config: EngineConfig) -> ModelSpec:
-    """The model with the run's arguments; ``seed`` goes to a factory that takes one."""
+    """The model with the run's arguments (``seed`` goes to a factory that takes one), at
+    the run's granularity and with its BatchNorm setting (module docstring)."""
     args = dict(config.model_args)
     if config.seed is not None and "seed" not in args:
         factory = (MODELS[config.model] if config.model in MODELS
                    else import_factory(config.model))
         if "seed" in inspect.signature(factory).parameters:
             args["seed"] = str(config.seed)
-    return load_model(config.model, args)
+    spec = load_model(config.model, args)
+    if config.granularity == "op":
+        spec = op_spec(spec, config.plan.microbatch_size)
+    if config.deferred_batchnorm:
+        _defer_batchnorm(spec, config.plan)
+    return spec
+
+
+def _defer_batchnorm(spec: ModelSpec, plan: Plan) -> None:
+    """Each replica of a stage runs ``num_microbatches / replicas`` micro-batches a step."""
+    replicas = {name: stage.replicas for stage in plan.stages for name in stage.layers}
+    spec.layers = [(name, defer_batchnorm(module, plan.num_microbatches
+                                          // replicas.get(name, 1)))
+                   for name, module in spec.layers]

@@ -119,8 +119,11 @@ def _stage_of_layers(plan: Plan, layer_names: Sequence[str],
     for stage_idx, stage in enumerate(plan.stages):
         for name in stage.layers:
             if name not in layer_index:
+                hint = ("; a plan made from an operator-level profile runs with --granularity "
+                        "op" if "." in name and all("." not in known for known in layer_names)
+                        else "")
                 raise EngineError(f"stage {stage_idx} names layer {name!r}, which the model "
-                                  f"does not have (its layers: {', '.join(layer_names)})")
+                                  f"does not have (its layers: {', '.join(layer_names)}){hint}")
             if name in stage_of:
                 raise EngineError(f"layer {name!r} is in stage {stage_of[name]} and in stage "
                                   f"{stage_idx}")

@@ -18,6 +18,7 @@ gradients of micro-batches that share one stashed version never mix; the caller 
 into the live parameters' ``.grad``.
 """
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
+from pipestudio.runtime.batchnorm import recomputation
 from pipestudio.runtime.engine.layout import DATA, StageIO
 from pipestudio.runtime.engine.metrics import Recorder
 from pipestudio.runtime.engine.swap import SwapSpace
@@ -126,12 +128,15 @@ class StageRunner:
         def run(*args: Tensor) -> tuple[Tensor, ...]:
             calls[0] += 1
             start = self.recorder.marker.mark() if calls[0] > 1 else None
+            # a recomputation must not count twice in deferred BatchNorm's statistics
+            again = recomputation() if calls[0] > 1 else contextlib.nullcontext()
             try:
                 local = dict(zip(outside, args, strict=True))
-                for pos in positions:
-                    name = self.names[pos]
-                    local[name] = self._call(pos, [local[src] for src in self.inputs[name]],
-                                             weights)
+                with again:
+                    for pos in positions:
+                        name = self.names[pos]
+                        local[name] = self._call(pos, [local[src] for src in
+                                                       self.inputs[name]], weights)
                 return tuple(local[name] for name in handed_on)
             finally:
                 if start is not None:

@@ -12,10 +12,17 @@ of ``r`` replicas adds ``r`` per update (one all-reduced round). A version is a 
 of the trainable parameters, shared by every micro-batch that uses it and dropped when none
 in flight or to come needs it. Synchronous schedules do not use this class: they run every
 micro-batch of a step on the live parameters.
+
+Parameters are named ``layer.param`` so that a version outlives a change of the stage's
+layers (live repartition, ``transition.py``): ``params`` is the worker's dict of the
+parameters it owns, which a hand-off grows or shrinks; ``on_snapshot(version)`` runs before
+the live parameters are copied as ``version`` (a layer arriving at that version must have
+arrived), and ``fetch(version, names)`` supplies the parameters of ``version`` that this
+stage did not make itself (a layer whose old stage made that version).
 """
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -24,10 +31,14 @@ from torch import Tensor, nn
 class WeightVersions:
     """The weight versions of one pipedream worker over a segment (see the module docstring)."""
 
-    def __init__(self, params: Mapping[str, nn.Parameter], replicas: int, applied: int,
-                 forwards: Iterable[int], first_stage_versions: Mapping[int, int] | None
+    def __init__(self, params: dict[str, nn.Parameter], replicas: int, applied: int,
+                 forwards: Iterable[int], first_stage_versions: Mapping[int, int] | None,
+                 on_snapshot: Callable[[int], None] | None = None,
+                 fetch: Callable[[int, list[str]], Mapping[str, Tensor]] | None = None
                  ) -> None:
-        self.params = dict(params)
+        self.params = params
+        self.on_snapshot = on_snapshot
+        self.fetch = fetch
         self.replicas = replicas
         self.first_applied = applied
         self.applied = applied
@@ -45,19 +56,28 @@ class WeightVersions:
                                                      // self.replicas)
 
     def _snapshot(self) -> dict[str, Tensor]:
+        if self.on_snapshot is not None:
+            self.on_snapshot(self.applied)
         return {name: param.detach().clone().requires_grad_(True) if param.requires_grad
                 else param for name, param in self.params.items()}
 
-    def for_forward(self, microbatch: int) -> dict[str, Tensor]:
-        """The weights micro-batch ``microbatch`` runs forward (and later backward) on."""
+    def for_forward(self, microbatch: int, names: Sequence[str] | None = None
+                    ) -> dict[str, Tensor]:
+        """The weights micro-batch ``microbatch`` runs forward (and later backward) on;
+        ``names`` are the parameters it needs (default: those the stage owns)."""
         assert self.forwards_left and self.forwards_left[0] == microbatch, microbatch
         self.forwards_left.popleft()
         version = self._ideal(microbatch)
         if version == self.applied and version not in self.stashes:
             self.stashes[version] = self._snapshot()
         assert version in self.stashes, f"weight version {version} was not kept"
+        stash = self.stashes[version]
+        missing = [name for name in names or () if name not in stash]
+        if missing:
+            assert self.fetch is not None, f"parameters {missing} of version {version}"
+            stash.update(self.fetch(version, missing))
         self.inflight[microbatch] = version
-        return self.stashes[version]
+        return stash
 
     def for_backward(self, microbatch: int) -> dict[str, Tensor]:
         return self.stashes[self.inflight[microbatch]]

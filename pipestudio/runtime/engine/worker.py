@@ -8,6 +8,11 @@ autograd and sends the gradients of what it received; an all-reduce sums the rep
 gradients; an update steps the optimizer. Under ``pipedream`` the forward and backward run
 on stashed weight versions (``weights.py``). When a step's last op is done the worker
 publishes the step's ops and metrics.
+
+Live repartition (``live.py``): each micro-batch runs on the partition in effect for it, so
+the stage's layers, the tensors it receives and sends, and its optimizer may change between
+two micro-batches; before the worker first touches an op of a step it learns the
+migrations announced for it, and its updates release the layer state due to move.
 """
 
 import time
@@ -19,8 +24,11 @@ from torch import Tensor
 from pipestudio.runtime.engine import checkpoint as ckpt
 from pipestudio.runtime.engine.clock import Marker
 from pipestudio.runtime.engine.config import EngineConfig
+from pipestudio.runtime.engine.control import ControlClient
 from pipestudio.runtime.engine.faults import Watchdog
-from pipestudio.runtime.engine.layout import EngineLayout
+from pipestudio.runtime.engine.layout import EngineLayout, StageIO
+from pipestudio.runtime.engine.live import LiveRepartition
+from pipestudio.runtime.engine.meter import LayerMeter
 from pipestudio.runtime.engine.metrics import EventSink, Recorder
 from pipestudio.runtime.engine.ops import Op, first_stage_versions, segments, worker_ops
 from pipestudio.runtime.engine.rendezvous import RankContext
@@ -51,15 +59,21 @@ class Worker:
         self.stage = StageRunner(dict(spec.layers), self.io, spec.graph_inputs(), spec.loss,
                                  self.plan.num_microbatches, ctx.device, self.swap,
                                  self.recorder)
-        self.optimizer = self._make_optimizer()
+        self.optimizer = self.make_optimizer([p for p in self.stage.params.values()
+                                              if p.requires_grad])
         self.transport = Transport(ctx, layout, self.recorder, watchdog)
         self.states: dict[int, ForwardState] = {}
         self.posted: dict[tuple[str, int], list[tuple[str, Pending]]] = {}
         self.versions: WeightVersions | None = None
         self.max_versions = 0
+        enabled = config.repartition is not None and config.repartition.enabled
+        self.control = (ControlClient(config, spec, ctx.rank, ctx.world_size, ctx.store,
+                                      self.recorder.sink) if enabled else None)
+        control = self.control
+        self.live = LiveRepartition(self, control)
+        self.meter = LayerMeter(spec.layers) if control is not None and control.measures else None
 
-    def _make_optimizer(self) -> torch.optim.Optimizer | None:
-        params = [p for p in self.stage.params.values() if p.requires_grad]
+    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
         if not params:
             return None
         optimizer = make_optimizer(self.plan.optimizer, params)
@@ -68,14 +82,19 @@ class Worker:
                 group["lr"] = self.config.lr
         return optimizer
 
+    def io_for(self, microbatch: int) -> StageIO:
+        return self.live.partition(microbatch).io
+
     def train(self, start_step: int) -> None:
         every = self.config.checkpoint_every
+        self.live.start(start_step)
         for first, count in segments(self.plan, start_step, self.config.steps, every):
             self.run_segment(first, count)
             end = first + count
             if self.config.checkpoint_dir and (end == self.config.steps
                                                or (every and end % every == 0)):
                 self.save(end)
+        self.live.finish()
 
     def run_segment(self, first_step: int, num_steps: int) -> None:
         ops = worker_ops(self.plan, self.stage_idx, self.replica, first_step, num_steps)
@@ -83,11 +102,13 @@ class Worker:
             required = (first_stage_versions(self.plan, first_step, num_steps)
                         if self.plan.vertical_sync else None)
             self.versions = WeightVersions(
-                self.stage.params, self.layout.replicas(self.stage_idx),
+                self.live.owned, self.layout.replicas(self.stage_idx),
                 first_step * self.plan.num_microbatches,
-                [op.microbatch for op in ops if op.kind == "forward"], required)
+                [op.microbatch for op in ops if op.kind == "forward"], required,
+                self.live.ensure_arrived, self.live.fetch)
         left = Counter(op.step for op in ops)
         for idx, op in enumerate(ops):
+            self.live.learn_until(max(o.step for o in ops[idx:idx + 3 * _LOOKAHEAD]))
             self._prepare(ops, idx)
             self.watchdog.doing(_describe(op))
             if self.config.before_op is not None:
@@ -99,6 +120,8 @@ class Worker:
                 if self.plan.schedule != "pipedream":
                     self.transport.drain()
                 self.recorder.finish_step(op.step)
+                if self.control is not None:
+                    self.control.after_step(op.step, self.recorder, self.meter)
         self.transport.drain()
         self.recorder.flush()
 
@@ -108,16 +131,17 @@ class Worker:
         for op in ahead:
             assert op.microbatch is not None
             if op.kind == "forward":
-                self._post(ACTIVATION, op.microbatch, self.io.receives)
+                self._post(ACTIVATION, op.microbatch, self.io_for(op.microbatch).receives)
             elif op.microbatch in self.states:
-                self._post(GRADIENT, op.microbatch, self._float_sends())
+                self._post(GRADIENT, op.microbatch, self._float_sends(op.microbatch))
         following = ops[idx + 1] if idx + 1 < len(ops) else None
         if following is not None and following.kind == "backward":
             assert following.microbatch is not None
             self._swap_in(following.microbatch, following.step)
 
-    def _float_sends(self) -> list:  # type: ignore[type-arg]
-        return [t for t in self.io.sends if self.transport.shape(t.layer)[0].is_floating_point]
+    def _float_sends(self, microbatch: int) -> list:  # type: ignore[type-arg]
+        return [t for t in self.io_for(microbatch).sends
+                if self.transport.shape(t.layer)[0].is_floating_point]
 
     def _post(self, direction: str, microbatch: int, transfers: list) -> None:  # type: ignore[type-arg]
         key = (direction, microbatch)
@@ -144,40 +168,51 @@ class Worker:
             self._update(op)
 
     def _forward(self, mb: int, step: int) -> None:
-        self._post(ACTIVATION, mb, self.io.receives)
+        part = self.live.partition(mb)
+        io = part.io
+        self._post(ACTIVATION, mb, io.receives)
         received = {layer: tensor.requires_grad_(tensor.is_floating_point())
                     for layer, tensor in self._received(ACTIVATION, mb)}
         data = targets = None
-        if self.io.reads_data or self.io.has_loss:
+        if io.reads_data or io.has_loss:
             data, targets = self.spec.sample(self.plan.microbatch_size, mb)
             data, targets = data.to(self.ctx.device), targets.to(self.ctx.device)
-        weights = self.stage.params if self.versions is None else self.versions.for_forward(mb)
-        if self.versions is not None:
+        if self.versions is None:
+            self.live.ensure_arrived(mb)
+            weights = part.runner.params
+        else:
+            weights = part.positional(self.versions.for_forward(
+                mb, [full for _, full in part.keys]))
             self.max_versions = max(self.max_versions, self.versions.num_versions)
         self.watchdog.doing(f"the forward of micro-batch {mb} (step {step})")
         record = self.recorder.start("forward", mb, step)
-        state = self.stage.forward(mb, step, received, data if self.io.reads_data else None,
-                                   targets, weights)
+        if self.meter is not None:
+            self.meter.arm(True)
+        state = part.runner.forward(mb, step, received, data if io.reads_data else None,
+                                    targets, weights)
+        if self.meter is not None:
+            self.meter.arm(False)
         self.recorder.stop(record)
         if state.loss is not None:
             self.recorder.add_loss(step, state.loss)
-        for transfer in self.io.sends:
+        for transfer in io.sends:
             self.transport.send(ACTIVATION, transfer, mb, state.outputs[transfer.layer], step)
         self.states[mb] = state
         self._swap_out(mb, step)
 
     def _backward(self, mb: int, step: int) -> None:
-        self._post(GRADIENT, mb, self._float_sends())
+        part = self.live.partition(mb)
+        self._post(GRADIENT, mb, self._float_sends(mb))
         grads: dict[str, Tensor] = {}
         for layer, grad in self._received(GRADIENT, mb):
             grads[layer] = grads[layer] + grad if layer in grads else grad
         state = self.states.pop(mb)
         self.watchdog.doing(f"the backward of micro-batch {mb} (step {step})")
         record = self.recorder.start("backward", mb, step)
-        weight_grads, input_grads = self.stage.backward(state, grads)
+        weight_grads, input_grads = part.runner.backward(state, grads)
         self.recorder.stop(record)
-        set_gradients(self.stage.params, weight_grads, accumulate=self.versions is None)
-        for transfer in self.io.receives:
+        set_gradients(part.runner.params, weight_grads, accumulate=self.versions is None)
+        for transfer in part.io.receives:
             if transfer.layer in input_grads:
                 self.transport.send(GRADIENT, transfer, mb, input_grads[transfer.layer], step)
         self.swap.release(mb)
@@ -199,6 +234,8 @@ class Worker:
         self.watchdog.doing(f"the update of step {op.step}")
         record = self.recorder.start("update", op.microbatch, op.step)
         if self.versions is not None:
+            assert op.microbatch is not None
+            self.live.ensure_arrived(op.microbatch)
             self.versions.before_update()
         if self.optimizer is not None:
             self.optimizer.step()
@@ -206,6 +243,9 @@ class Worker:
         if self.versions is not None:
             self.versions.after_update()
         self.recorder.stop(record)
+        num_mb = self.plan.num_microbatches
+        self.live.after_update(op.microbatch + 1 if op.microbatch is not None
+                               else (op.step + 1) * num_mb)
 
     def _swap_out(self, mb: int, step: int) -> None:
         num_bytes = self.swap.num_bytes(mb)
@@ -231,7 +271,10 @@ class Worker:
         """Write this rank's checkpoint; rank 0 publishes it once every rank has."""
         root = self.config.checkpoint_dir
         assert root is not None
-        ckpt.save_rank(root, step, self.stage_idx, self.replica, self.stage.module,
+        first_mb = step * self.plan.num_microbatches
+        self.live.ensure_arrived(first_mb)
+        part = self.live.partition(first_mb)
+        ckpt.save_rank(root, step, self.stage_idx, self.replica, part.runner.module,
                        self.optimizer, self.ctx.device)
         self.ctx.store.add(f"checkpoint/{step}", 1)
         if self.ctx.rank == 0:
@@ -242,7 +285,7 @@ class Worker:
                     raise self.watchdog.failure(f"waiting for the checkpoint of step {step}",
                                                 None, TimeoutError(step))
                 time.sleep(0.05)
-            ckpt.publish(root, step, self.plan, self.config.model, self.config.model_args)
+            ckpt.publish(root, step, part.plan, self.config.model, self.config.model_args)
         self.recorder.sink({"type": "checkpoint", "stage": self.stage_idx,
                             "replica": self.replica, "step": step, "dir": root})
 

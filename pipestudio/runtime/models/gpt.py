@@ -39,11 +39,12 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(width, width)
 
     def forward(self, x: Tensor) -> Tensor:
-        batch, seq, width = x.shape
-        q, k, v = (t.view(batch, seq, self.heads, width // self.heads).transpose(1, 2)
-                   for t in self.qkv(x).split(width, dim=2))
+        # Written without reading shapes or iterating a tensor, so torch.fx can trace it
+        # (``--granularity op``): (batch, seq, width) -> (batch, heads, seq, width / heads).
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        q, k, v = (t.unflatten(2, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
+        return self.proj(y.transpose(1, 2).flatten(2))
 
 
 class Block(nn.Module):

@@ -1,0 +1,157 @@
+"""Live migration changes nothing a run computes: same parameters, same ranks, every step once.
+
+Each case moves layers at two steps, in both directions and at several boundaries,
+including stages' first and last layers. Synchronous schedules and ``pipedream`` with
+vertical sync must end exactly where the run without migration ends. Plain ``pipedream``
+gives a moved layer the staleness of the stage that runs it, so it is held to a sequential
+emulation of weight stashing with per-micro-batch partitions (written here, apart from the
+engine), which without migrations equals the engine's reference (``reference.py``).
+"""
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from pipestudio.planner import Plan
+from pipestudio.planner.schedule import BACKWARD, worker_order
+from pipestudio.runtime.engine import EngineConfig, launch
+from pipestudio.runtime.engine.repartition import (
+    RepartitionConfig,
+    ScriptedMigration,
+    new_plan,
+)
+from pipestudio.runtime.models import DATA, MODELS, ModelSpec
+from pipestudio.runtime.optimizers import make_optimizer
+from tests.runtime.engine.helpers import final_params, make_plan, max_relative_difference
+from tests.runtime.engine.reference import train_pipedream
+
+STEPS = 6
+MODEL_ARGS = {"layers": 6, "width": 16, "in_features": 8, "out_features": 4}
+NAMES = [f"block{i}" for i in range(6)] + ["head"]
+#: stages, then two migrations (step, moves): each moves a stage's first or last layer,
+#: one boundary upstream and another downstream.
+CASES: dict[int, tuple[list[list[str]], list[tuple[int, tuple[tuple[str, int], ...]]]]] = {
+    3: ([NAMES[0:2], NAMES[2:5], NAMES[5:7]],
+        [(2, (("block1", 1), ("block4", 2))), (4, (("block1", 0), ("block3", 2)))]),
+    4: ([NAMES[0:2], NAMES[2:4], NAMES[4:6], NAMES[6:7]],
+        [(2, (("block2", 0), ("block5", 3))),
+         (4, (("block1", 1), ("block2", 1), ("block5", 2)))]),
+}
+
+
+def build() -> ModelSpec:
+    return MODELS["mlp"](**MODEL_ARGS)
+
+
+def _run(plan: Plan, folder: Path, migrations: list[ScriptedMigration] | None,
+         events: list[dict[str, Any]]) -> None:
+    repartition = RepartitionConfig(migrations=migrations) if migrations else None
+    config = EngineConfig(plan=plan, model="mlp", steps=STEPS, threads_per_rank=1,
+                          model_args={k: str(v) for k, v in MODEL_ARGS.items()},
+                          checkpoint_dir=str(folder), timeout_s=20.0, repartition=repartition)
+    result = launch(config, events.append, start_method="fork")
+    assert result.ok, result.message
+
+
+def _plans(plan: Plan, migrations: list[tuple[int, tuple[tuple[str, int], ...]]]
+           ) -> list[tuple[int, Plan]]:
+    """(first step, plan) of each partition of the run."""
+    result = [(0, plan)]
+    for step, moves in migrations:
+        result.append((step, new_plan(result[-1][1], moves, NAMES)))
+    return result
+
+
+@pytest.mark.parametrize("num_stages", [3, 4])
+@pytest.mark.parametrize("schedule,vertical_sync", [("gpipe", False), ("1f1b", False),
+                                                    ("pipedream", True), ("pipedream", False)])
+def test_migrations_change_nothing(num_stages: int, schedule: str, vertical_sync: bool,
+                                   tmp_path: Path) -> None:
+    stages, moves = CASES[num_stages]
+    plan = make_plan("mlp", stages, schedule, vertical_sync=vertical_sync)
+    scripted = [ScriptedMigration(step, m) for step, m in moves]
+    migrated: list[dict[str, Any]] = []
+    _run(plan, tmp_path / "migrated", scripted, migrated)
+    partitions = _plans(plan, moves)
+    got = final_params(tmp_path / "migrated", partitions[-1][1], NAMES)
+
+    # Every step ran once on every stage, by the same processes throughout.
+    done = [(e["stage"], e["step"]) for e in migrated if e["type"] == "step"]
+    assert sorted(done) == sorted((s, t) for s in range(num_stages) for t in range(STEPS))
+    assert len({e["rank"] for e in migrated if e["type"] == "start"}) == num_stages
+    scheduled = [e for e in migrated if e["type"] == "migration" and e["phase"] == "scheduled"]
+    assert [e["step"] for e in scheduled] == [step for step, _ in moves]
+    finished = [e for e in migrated if e["type"] == "migration" and e["phase"] == "done"]
+    moved = {name for _, m in moves for name, _ in m}
+    assert {n for e in finished for n in e["layers_in"]} == moved
+    assert all(e["received_bytes"] > 0 for e in finished if e["layers_in"])
+
+    if schedule == "pipedream" and not vertical_sync:
+        expected = emulate_pipedream(build, partitions, plan, STEPS * plan.num_microbatches)
+    else:
+        baseline: list[dict[str, Any]] = []
+        _run(plan, tmp_path / "plain", None, baseline)
+        expected = final_params(tmp_path / "plain", plan, NAMES)
+    assert max_relative_difference(got, expected) <= 1e-6
+    if schedule == "pipedream" and not vertical_sync:
+        unmigrated = emulate_pipedream(build, [(0, plan)], plan, STEPS * plan.num_microbatches)
+        assert max_relative_difference(got, unmigrated) > 1e-6  # staleness did change
+
+
+def _forward_versions(plan: Plan, stage_idx: int, num_mb: int) -> dict[int, int]:
+    """Micro-batches whose gradients stage ``stage_idx`` applied before each forward."""
+    applied, result = 0, {}
+    for kind, mb in worker_order("pipedream", list(range(num_mb)),
+                                 plan.warmup_forwards(stage_idx)):
+        if kind == BACKWARD:
+            applied += 1
+        else:
+            result[mb] = applied
+    return result
+
+
+def emulate_pipedream(build_spec: Any, partitions: list[tuple[int, Plan]], plan: Plan,
+                      num_mb: int) -> dict[str, Tensor]:
+    """Weight stashing, one micro-batch at a time: micro-batch ``mb`` runs each layer on that
+    layer's parameters after the gradients of the first ``V`` micro-batches, ``V`` counted
+    on the stage that runs the layer for ``mb`` (stage 0's count with vertical sync)."""
+    spec = build_spec()
+    versions = [_forward_versions(plan, s, num_mb) for s in range(plan.num_stages)]
+    history = {name: [{k: v.detach().clone() for k, v in module.named_parameters()}]
+               for name, module in spec.layers}
+    optimizers = {name: make_optimizer(plan.optimizer, list(module.parameters()))
+                  for name, module in spec.layers}
+    inputs = spec.graph_inputs()
+    for mb in range(num_mb):
+        part = [p for first, p in partitions if first * plan.num_microbatches <= mb][-1]
+        stage_of = {n: i for i, stage in enumerate(part.stages) for n in stage.layers}
+        weights: dict[str, dict[str, Tensor]] = {}
+        for name, _ in spec.layers:
+            stage_idx = 0 if plan.vertical_sync else stage_of[name]
+            weights[name] = {k: v.clone().requires_grad_(True)
+                             for k, v in history[name][versions[stage_idx][mb]].items()}
+        data, targets = spec.sample(plan.microbatch_size, mb)
+        acts: dict[str, Tensor] = {DATA: data}
+        for name, module in spec.layers:
+            acts[name] = torch.func.functional_call(module, weights[name],
+                                                    tuple(acts[s] for s in inputs[name]))
+        loss = spec.loss(acts[NAMES[-1]], targets) / plan.num_microbatches
+        loss.backward()
+        for name, module in spec.layers:
+            for key, param in module.named_parameters():
+                param.grad = weights[name][key].grad
+            optimizers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
+            history[name].append({k: v.detach().clone() for k, v in module.named_parameters()})
+    return {f"{name}.{k}": v.detach() for name, module in spec.layers
+            for k, v in module.named_parameters()}
+
+
+def test_emulation_without_migration_equals_the_reference() -> None:
+    plan = make_plan("mlp", CASES[3][0], "pipedream")
+    got = emulate_pipedream(build, [(0, plan)], plan, 3 * plan.num_microbatches)
+    assert max_relative_difference(got, train_pipedream(partial(build), plan, 3)) <= 1e-6
