@@ -5,7 +5,7 @@ import sys
 from collections.abc import Sequence
 
 from pipestudio import __version__
-from pipestudio.cli import planning, plans, replan, runtime
+from pipestudio.cli import planning, plans, replan, runtime, server
 from pipestudio.planner.errors import PlannerError
 
 DESCRIPTION = """\
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     plans.add_commands(commands)
     replan.add_commands(commands)
     runtime.add_commands(commands)
+    server.add_commands(commands)
     return parser
 
 

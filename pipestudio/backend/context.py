@@ -1,0 +1,69 @@
+"""What one running backend holds: settings, database, hub, ingest and the watchdog task."""
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from anyio import to_thread
+
+from pipestudio.backend.db import Database
+from pipestudio.backend.hub import Hub
+from pipestudio.backend.ingest import Ingestor
+from pipestudio.backend.services import workers
+from pipestudio.backend.services.messages import Actions
+from pipestudio.backend.settings import Settings
+
+log = logging.getLogger("pipestudio.backend")
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    db: Database
+    hub: Hub = field(default_factory=Hub)
+    ingestor: Ingestor | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        self.hub.loop = asyncio.get_running_loop()
+        self.hub.started = time.monotonic()
+        self.ingestor = Ingestor(self.db, self.hub)
+        self.ingestor.start()
+        self.tasks.append(asyncio.create_task(self._watch(), name="pipestudio-watchdog"))
+
+    async def stop(self) -> None:
+        if self.ingestor is not None:
+            await self.ingestor.stop()
+        for task in self.tasks:
+            task.cancel()
+        for link in list(self.hub.links.values()):
+            try:
+                await link.socket.close(code=1012)
+            except Exception as exc:
+                log.info("closing worker %s: %s", link.worker_id, exc)
+        self.db.dispose()
+
+    async def perform(self, actions: Actions) -> None:
+        for run_id, message in actions.to_watchers:
+            self.hub.publish(run_id, message)
+        for worker_id, message in actions.to_workers:
+            await self.hub.send(worker_id, message)
+
+    async def _watch(self) -> None:
+        """Every second: persist heartbeats, mark silent workers offline, fail their runs."""
+        timeout_s = self.settings.worker_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            seen = {w: link.last_seen for w, link in self.hub.links.items()}
+            try:
+                actions = await to_thread.run_sync(self._check, seen, timeout_s)
+            except Exception:
+                log.exception("the worker watchdog failed; retrying")
+                continue
+            await self.perform(actions)
+
+    def _check(self, seen: dict[str, float], timeout_s: float) -> Actions:
+        with self.db.session() as session:
+            workers.touch(session, seen)
+            return workers.check_silence(session, self.hub, timeout_s)

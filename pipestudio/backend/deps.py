@@ -1,0 +1,43 @@
+"""What routes depend on: the application context, a database session, the API token."""
+
+import secrets
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from pipestudio.backend.context import AppContext
+
+_bearer = HTTPBearer(auto_error=False, description="The API token (PIPESTUDIO_API_TOKEN).")
+
+
+def get_context(request: Request) -> AppContext:
+    context: AppContext = request.app.state.context
+    return context
+
+
+ContextDep = Annotated[AppContext, Depends(get_context)]
+
+
+def get_session(context: ContextDep) -> Iterator[Session]:
+    with context.db.session() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def require_token(context: ContextDep, credentials: Annotated[
+        HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    """Mutating calls carry ``Authorization: Bearer <API token>``."""
+    token = context.settings.api_token
+    if credentials is None or token is None or not secrets.compare_digest(
+            credentials.credentials.encode(), token.encode()):
+        raise HTTPException(401, "a valid API token is required: send "
+                                 "'Authorization: Bearer <token>'",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+Authorized = Depends(require_token)

@@ -1,0 +1,48 @@
+"""The API's errors and how each becomes an HTTP answer: 404, 409, 413 or 422, never 500
+for bad input. A planner's ``ValueError`` is a mistake in the input and answers 422."""
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+
+class NotFoundError(LookupError):
+    """No item of this kind has this id."""
+
+    def __init__(self, kind: str, item_id: object) -> None:
+        super().__init__(f"{kind} {item_id} does not exist")
+
+
+class ConflictError(RuntimeError):
+    """The request contradicts what is stored (deleting a profile a plan uses...)."""
+
+
+class InputError(ValueError):
+    """A field's value is refused; ``field`` is its path in the request body."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _location(exc: ValueError) -> list[str | int]:
+    if isinstance(exc, InputError):
+        parts = [int(p) if p.isdigit() else p for p in exc.field.split(".") if p]
+        return parts if parts and parts[0] in ("query", "path") else ["body", *parts]
+    return ["body"]
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    async def not_found(_request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    async def conflict(_request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    async def bad_value(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ValueError)
+        return JSONResponse({"detail": [{"loc": _location(exc), "msg": str(exc),
+                                         "type": "value_error"}]}, status_code=422)
+
+    app.add_exception_handler(NotFoundError, not_found)
+    app.add_exception_handler(ConflictError, conflict)
+    app.add_exception_handler(ValueError, bad_value)

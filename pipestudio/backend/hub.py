@@ -1,0 +1,95 @@
+"""The websocket switchboard: connected workers, dashboards watching runs, and sending to
+either from the event loop or from a request's thread."""
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.websockets import WebSocket
+
+log = logging.getLogger("pipestudio.backend")
+_WATCHER_QUEUE = 10_000
+
+
+@dataclass
+class WorkerLink:
+    """One worker's connection; sends are serialized by a lock."""
+
+    worker_id: str
+    socket: WebSocket
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_seen: float = field(default_factory=time.monotonic)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        async with self.lock:
+            await self.socket.send_text(json.dumps(message))
+
+
+class Hub:
+    def __init__(self) -> None:
+        self.links: dict[str, WorkerLink] = {}
+        self.watchers: dict[int, set[asyncio.Queue[dict[str, Any] | None]]] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.started = time.monotonic()
+        self.disconnected: dict[str, float] = {}
+
+    def attach(self, link: WorkerLink) -> WorkerLink | None:
+        """Register a connection; returns the one it replaces, if any."""
+        old = self.links.get(link.worker_id)
+        self.links[link.worker_id] = link
+        self.disconnected.pop(link.worker_id, None)
+        return old
+
+    def detach(self, link: WorkerLink) -> None:
+        if self.links.get(link.worker_id) is link:
+            del self.links[link.worker_id]
+            self.disconnected[link.worker_id] = time.monotonic()
+
+    def silent_since(self, worker_id: str) -> float:
+        """Monotonic time the worker was last heard from (server start if never)."""
+        link = self.links.get(worker_id)
+        if link is not None:
+            return link.last_seen
+        return self.disconnected.get(worker_id, self.started)
+
+    async def send(self, worker_id: str, message: dict[str, Any]) -> bool:
+        link = self.links.get(worker_id)
+        if link is None:
+            return False
+        try:
+            await link.send(message)
+        except Exception as exc:  # a dead socket: the receive loop will detach it
+            log.info("sending to worker %s failed: %s", worker_id, exc)
+            return False
+        return True
+
+    def send_from_thread(self, worker_id: str, message: dict[str, Any]) -> bool:
+        assert self.loop is not None
+        future = asyncio.run_coroutine_threadsafe(self.send(worker_id, message), self.loop)
+        return future.result(timeout=10)
+
+    def watch(self, run_id: int) -> "asyncio.Queue[dict[str, Any] | None]":
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(_WATCHER_QUEUE)
+        self.watchers.setdefault(run_id, set()).add(queue)
+        return queue
+
+    def unwatch(self, run_id: int, queue: "asyncio.Queue[dict[str, Any] | None]") -> None:
+        self.watchers.get(run_id, set()).discard(queue)
+
+    def publish(self, run_id: int, message: dict[str, Any]) -> None:
+        """Hand ``message`` to every dashboard watching ``run_id``; a dashboard too slow to
+        keep up is disconnected (it reconnects and reads the gap over REST)."""
+        for queue in list(self.watchers.get(run_id, ())):
+            try:
+                queue.put_nowait(message)
+            except asyncio.QueueFull:
+                self.unwatch(run_id, queue)
+                queue._queue.clear()  # type: ignore[attr-defined]
+                queue.put_nowait(None)
+
+    def publish_from_thread(self, run_id: int, message: dict[str, Any]) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self.publish, run_id, message)

@@ -1,0 +1,155 @@
+"""Storing workers' numbered messages: one writer, group commits, acks after the commit.
+
+The websocket handlers only enqueue. One task takes whatever is queued (up to
+``_MAX_BATCH`` messages), stores it in one transaction in a thread, then acks each message
+to its worker and hands metrics and events to the dashboards. Group commit keeps the
+per-message cost of a commit (an fsync on SQLite, a round trip on PostgreSQL) shared by
+every worker, and one writer is all SQLite allows anyway. A message is applied only when
+its ``seq`` is the worker's ``last_seq + 1`` (``protocol.py``).
+"""
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from anyio import to_thread
+from sqlalchemy import insert
+from sqlalchemy.orm import Session
+
+from pipestudio.backend import models
+from pipestudio.backend.db import Database
+from pipestudio.backend.hub import Hub
+from pipestudio.backend.services import messages
+from pipestudio.backend.services.messages import Actions
+
+log = logging.getLogger("pipestudio.backend")
+_MAX_BATCH = 2000
+
+
+@dataclass
+class Item:
+    worker_id: str
+    message: dict[str, Any]
+    verdict: str = "pending"  # stored | repeat | gap
+
+
+class Ingestor:
+    def __init__(self, db: Database, hub: Hub) -> None:
+        self.db, self.hub = db, hub
+        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name="pipestudio-ingest")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            while not self.queue.empty() and not self.task.done():
+                await asyncio.sleep(0.01)
+            self.task.cancel()
+
+    def submit(self, worker_id: str, message: dict[str, Any]) -> None:
+        self.queue.put_nowait(Item(worker_id, message))
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            while not self.queue.empty() and len(batch) < _MAX_BATCH:
+                batch.append(self.queue.get_nowait())
+            try:
+                actions = await to_thread.run_sync(self._store, batch)
+            except Exception:
+                log.exception("storing %d worker messages failed; their workers reconnect "
+                              "and resend", len(batch))
+                await self._close({item.worker_id for item in batch})
+                continue
+            await self._after(batch, actions)
+
+    def _store(self, batch: list[Item]) -> Actions:
+        actions = Actions()
+        with self.db.session() as session, session.no_autoflush:
+            workers: dict[str, models.Worker | None] = {}
+            for item in batch:
+                if item.worker_id not in workers:
+                    workers[item.worker_id] = session.get(models.Worker, item.worker_id)
+                worker = workers[item.worker_id]
+                seq = item.message.get("seq")
+                if worker is None or not isinstance(seq, int) or seq > worker.last_seq + 1:
+                    item.verdict = "gap"
+                    continue
+                if seq <= worker.last_seq:
+                    item.verdict = "repeat"
+                    continue
+                worker.last_seq = seq
+                item.verdict = "stored"
+                actions.extend(apply_message(session, item.worker_id, item.message))
+            if actions.metric_rows:
+                session.execute(insert(models.Metric), actions.metric_rows)
+        return actions
+
+    async def _after(self, batch: list[Item], actions: Actions) -> None:
+        """Publish, then ack: one cumulative ack per worker (its highest number)."""
+        gaps = {item.worker_id for item in batch if item.verdict == "gap"}
+        for run_id, message in _merged(actions.to_watchers):
+            self.hub.publish(run_id, message)
+        highest: dict[str, int] = {}
+        for item in batch:
+            if item.verdict in ("stored", "repeat") and item.worker_id not in gaps:
+                highest[item.worker_id] = max(highest.get(item.worker_id, 0),
+                                              item.message["seq"])
+        for worker_id, seq in highest.items():
+            await self.hub.send(worker_id, {"type": "ack", "seq": seq})
+        for worker_id, message in actions.to_workers:
+            await self.hub.send(worker_id, message)
+        if gaps:
+            log.warning("messages out of order from %s; closing to resync", sorted(gaps))
+            await self._close(gaps)
+
+    async def _close(self, worker_ids: set[str]) -> None:
+        for worker_id in worker_ids:
+            link = self.hub.links.get(worker_id)
+            if link is not None:
+                try:
+                    await link.socket.close(code=4409)
+                except Exception as exc:
+                    log.info("closing worker %s: %s", worker_id, exc)
+
+
+def _merged(messages: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
+    """One ``metrics`` message per run per batch (others as they are, in order)."""
+    merged: list[tuple[int, dict[str, Any]]] = []
+    metrics: dict[int, dict[str, Any]] = {}
+    for run_id, message in messages:
+        if message["type"] != "metrics":
+            merged.append((run_id, message))
+        elif run_id in metrics:
+            metrics[run_id]["events"].extend(message["events"])
+        else:
+            metrics[run_id] = {**message, "events": list(message["events"])}
+            merged.append((run_id, metrics[run_id]))
+    return merged
+
+
+def apply_message(session: Session, worker_id: str, message: dict[str, Any]) -> Actions:
+    """One numbered message (``protocol.py``); one about an unknown run is dropped."""
+    run_id = message.get("run_id")
+    run = session.get(models.Run, run_id) if isinstance(run_id, int) else None
+    if run is None:
+        log.info("worker %s sent %s for unknown run %r", worker_id, message.get("type"),
+                 run_id)
+        return Actions()
+    kind = message.get("type")
+    if kind == "events":
+        events = [e for e in message.get("events", []) if isinstance(e, dict)]
+        return messages.apply_events(session, worker_id, run, events)
+    if kind == "store":
+        return messages.apply_store(session, run, str(message.get("host")),
+                                    int(message.get("port", 0)))
+    if kind == "run_state":
+        return messages.apply_run_state(session, worker_id, run, str(message.get("state")),
+                                        message.get("message"))
+    if kind == "command_result":
+        return messages.apply_command_result(session, worker_id, run, message)
+    log.info("worker %s sent unknown message type %r", worker_id, kind)
+    return Actions()

@@ -1,0 +1,31 @@
+"""Applying the Alembic migrations that ship inside the package (``migrations/``)."""
+
+from pathlib import Path
+
+from alembic.config import Config
+from sqlalchemy import Engine
+
+from alembic import command
+
+HERE = Path(__file__).resolve().parent
+
+
+def alembic_config() -> Config:
+    config = Config(str(HERE / "alembic.ini"))
+    config.set_main_option("script_location", str(HERE / "migrations"))
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the database to ``revision`` (all of it by default)."""
+    config = alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def downgrade(engine: Engine, revision: str = "base") -> None:
+    config = alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)

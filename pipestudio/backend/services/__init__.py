@@ -1,0 +1,1 @@
+"""Services: what the API does, between the routes (HTTP) and the repositories (SQL)."""

@@ -1,0 +1,127 @@
+"""Making plans with the planner package: by a planner, by hand, or from a document; and
+simulating them. Every planner error is the user's input and becomes a 422."""
+
+import itertools
+from typing import Any
+
+from pipestudio.backend.errors import InputError
+from pipestudio.backend.schemas.plans import (
+    ManualPlan,
+    PlannerParameters,
+    PlannerRequest,
+    PlanSource,
+    PlanSummary,
+)
+from pipestudio.planner import Cluster, Plan, PlannerError, Profile, SimResult, simulate
+from pipestudio.planner.documents import parse_document
+from pipestudio.planner.plan import resolve_plan
+from pipestudio.planner.planners import PLANNERS
+from pipestudio.planner.request import (
+    PlanOutcome,
+    PlanRequest,
+    memory_only_cluster,
+    run_planner,
+)
+
+
+def planner_request(profile: Profile, cluster: Cluster | None, params: PlannerParameters
+                    ) -> PlanRequest:
+    if cluster is None and params.device_memory_bytes is not None:
+        if params.num_stages is None:
+            raise InputError("num_stages", "device_memory_bytes needs num_stages (the number "
+                                           "of devices)")
+        cluster = memory_only_cluster(params.num_stages, params.device_memory_bytes)
+    try:
+        return PlanRequest(profile=profile, num_microbatches=params.num_microbatches,
+                           schedule=params.schedule, num_stages=params.num_stages,
+                           microbatch_size=params.microbatch_size, optimizer=params.optimizer,
+                           cluster=cluster, straight=params.straight)
+    except PlannerError as exc:
+        raise InputError("num_stages", str(exc)) from None
+
+
+def check_algorithm(name: str, field: str) -> None:
+    if name not in PLANNERS:
+        raise InputError(field, f"planner {name!r} is unknown; expected one of "
+                                f"{', '.join(PLANNERS)}")
+
+
+def ask_planner(profile: Profile, cluster: Cluster | None, request: PlannerRequest
+                ) -> PlanOutcome:
+    check_algorithm(request.algorithm, "planner.algorithm")
+    return run_planner(request.algorithm, PLANNERS[request.algorithm],
+                       planner_request(profile, cluster, request), with_timeline=False)
+
+
+def manual_plan(profile: Profile, manual: ManualPlan, *, field: str = "manual",
+                provenance: dict[str, Any] | None = None) -> Plan:
+    """Stages cut at ``boundaries`` (layer indices where stages 1.. start)."""
+    cuts = [0, *manual.boundaries, profile.num_layers]
+    if any(b <= a for a, b in itertools.pairwise(cuts)):
+        raise InputError(f"{field}.boundaries",
+                         f"boundaries {manual.boundaries} must rise strictly between 1 and "
+                         f"{profile.num_layers - 1} (the profile has {profile.num_layers} "
+                         "layers)")
+    names = [layer.name for layer in profile.layers]
+    document = {
+        "model": profile.model, "schedule": manual.schedule,
+        "num_microbatches": manual.num_microbatches,
+        "microbatch_size": manual.microbatch_size or profile.microbatch_size,
+        "optimizer": manual.optimizer, "policies": manual.policies,
+        "stages": [{"layers": names[a:b]} for a, b in itertools.pairwise(cuts)],
+        "provenance": provenance or {"planner": "manual"},
+    }
+    return checked_plan(profile, document, f"{field}")
+
+
+def checked_plan(profile: Profile, document: dict[str, Any], field: str) -> Plan:
+    """``document`` as a Plan that places every layer of ``profile``."""
+    try:
+        plan = parse_document(Plan, document, source="plan")
+        resolve_plan(plan, profile)
+    except PlannerError as exc:
+        raise InputError(field, str(exc)) from None
+    return plan
+
+
+def boundaries_of(plan: Plan, profile: Profile) -> list[int]:
+    index = profile.layer_index
+    return [min(index[name] for name in stage.layers) for stage in plan.stages[1:]]
+
+
+def plan_from_source(profile: Profile, cluster: Cluster | None, source: PlanSource,
+                     author: str) -> tuple[Plan, str, dict[str, Any]]:
+    """The plan a request describes, the planner that made it and its parameters."""
+    if source.planner is not None:
+        outcome = ask_planner(profile, cluster, source.planner)
+        if outcome.plan is None:
+            raise InputError("planner", f"{source.planner.algorithm}: {outcome.error}")
+        parameters = {**source.planner.model_dump(exclude={"algorithm"}),
+                      "planner_ms": outcome.planner_ms, "objective_ms": outcome.objective_ms}
+        plan = outcome.plan.model_copy(update={"provenance": {
+            **outcome.plan.provenance, "author": author}})
+        return plan, source.planner.algorithm, parameters
+    if source.manual is not None:
+        plan = manual_plan(profile, source.manual,
+                           provenance={"planner": "manual", "author": author})
+        return plan, "manual", source.manual.model_dump()
+    assert source.plan is not None
+    plan = checked_plan(profile, source.plan, "plan")
+    return plan, str(plan.provenance.get("planner", "document")), {}
+
+
+def run_simulation(profile: Profile, plan: Plan, cluster: Cluster | None, *,
+                   steps: int = 2, with_timeline: bool = True) -> SimResult:
+    try:
+        return simulate(profile, plan, cluster, num_steps=steps, with_timeline=with_timeline)
+    except PlannerError as exc:
+        raise InputError("plan", str(exc)) from None
+
+
+def summarize(result: SimResult) -> PlanSummary:
+    return PlanSummary(
+        step_time_ms=result.step_time_ms, samples_per_s=result.samples_per_s,
+        bubble_fraction=result.bubble_fraction, fits=result.fits,
+        stage_busy_ms=[stage.busy_ms for stage in result.stages],
+        stage_peak_bytes=[stage.peak_bytes for stage in result.stages],
+        stage_device_memory_bytes=[stage.device_memory_bytes for stage in result.stages])

@@ -1,0 +1,141 @@
+"""Plans in the store: create, edit while draft, approve, simulate, compare.
+
+States: ``draft`` (editable) -> ``approved`` (may be launched; back to draft to edit) ->
+``launched`` (a run used it; frozen). Provenance: the planner, its parameters, who.
+"""
+
+
+from sqlalchemy.orm import Session
+
+from pipestudio.backend import models
+from pipestudio.backend.errors import ConflictError
+from pipestudio.backend.repositories import Clusters, Plans, Profiles, Runs
+from pipestudio.backend.schemas.plans import (
+    CompareRequest,
+    CompareRow,
+    ManualPlan,
+    PlanCreate,
+    PlanUpdate,
+    PreviewRequest,
+)
+from pipestudio.backend.services import planning
+from pipestudio.planner import Cluster, Plan, Profile, SimResult
+from pipestudio.planner.planners import PLANNERS
+from pipestudio.planner.request import run_planner
+
+
+def documents(session: Session, profile_id: int, cluster_id: int | None
+              ) -> tuple[Profile, Cluster | None]:
+    profile = Profile.model_validate(Profiles(session).get(profile_id).document)
+    cluster = (None if cluster_id is None
+               else Cluster.model_validate(Clusters(session).get(cluster_id).document))
+    return profile, cluster
+
+def _store(session: Session, row: models.Plan, plan: Plan, profile: Profile,
+           cluster: Cluster | None) -> models.Plan:
+    result = planning.run_simulation(profile, plan, cluster, with_timeline=False)
+    row.document = plan.model_dump(mode="json")
+    row.summary = planning.summarize(result).model_dump()
+    row.updated_at = models.utcnow()
+    return Plans(session).add(row)
+
+def create_plan(session: Session, data: PlanCreate) -> models.Plan:
+    profile, cluster = documents(session, data.profile_id, data.cluster_id)
+    plan, planner, parameters = planning.plan_from_source(profile, cluster, data, data.author)
+    row = models.Plan(name=data.name or f"{profile.model} {planner} {plan.num_stages} stages",
+                      profile_id=data.profile_id, cluster_id=data.cluster_id, state="draft",
+                      planner=planner, parameters=parameters, created_by=data.author,
+                      document={})
+    return _store(session, row, plan, profile, cluster)
+
+def _edited(plan: Plan, profile: Profile, data: PlanUpdate) -> Plan | None:
+    if data.plan is not None:
+        return planning.checked_plan(profile, data.plan, "plan")
+    shape = ("boundaries", "policies", "num_microbatches", "schedule", "microbatch_size")
+    if all(getattr(data, field) is None for field in shape):
+        return None
+    manual = ManualPlan(
+        boundaries=(data.boundaries if data.boundaries is not None
+                    else planning.boundaries_of(plan, profile)),
+        num_microbatches=data.num_microbatches or plan.num_microbatches,
+        schedule=data.schedule or plan.schedule,
+        microbatch_size=data.microbatch_size or plan.microbatch_size,
+        optimizer=plan.optimizer,
+        policies=data.policies if data.policies is not None else plan.policies)
+    if data.boundaries is None and any(stage.replicas > 1 for stage in plan.stages):
+        document = plan.model_dump(mode="json") | {
+            "policies": manual.policies, "num_microbatches": manual.num_microbatches,
+            "schedule": manual.schedule, "microbatch_size": manual.microbatch_size}
+        return planning.checked_plan(profile, document, "plan")
+    return planning.manual_plan(profile, manual, field="", provenance={
+        **plan.provenance, "edited_by": data.author})
+
+def update_plan(session: Session, plan_id: int, data: PlanUpdate) -> models.Plan:
+    row = Plans(session).get(plan_id)
+    if row.state == "launched":
+        raise ConflictError(f"plan {plan_id} was launched and cannot change; copy it to a "
+                            "new plan instead")
+    profile, cluster = documents(session, row.profile_id, row.cluster_id)
+    edited = _edited(Plan.model_validate(row.document), profile, data)
+    if edited is not None:
+        if row.state != "draft" and data.state != "draft":
+            raise ConflictError(f"plan {plan_id} is {row.state}; set state 'draft' to edit it")
+        row.state = "draft"
+        row.approved_at = None
+        _store(session, row, edited, profile, cluster)
+    if data.name is not None:
+        row.name = data.name
+    if data.state is not None and data.state != row.state:
+        row.state = data.state
+        row.approved_at = models.utcnow() if data.state == "approved" else None
+    row.updated_at = models.utcnow()
+    session.flush()
+    return row
+
+def delete_plan(session: Session, plan_id: int) -> None:
+    row = Plans(session).get(plan_id)
+    if Runs(session).runs_of_plan(plan_id):
+        raise ConflictError(f"plan {plan_id} has runs and is kept as their record")
+    Plans(session).delete(row)
+
+def simulate_plan(session: Session, plan_id: int, steps: int, with_timeline: bool
+                  ) -> SimResult:
+    row = Plans(session).get(plan_id)
+    profile, cluster = documents(session, row.profile_id, row.cluster_id)
+    return planning.run_simulation(profile, Plan.model_validate(row.document), cluster,
+                                   steps=steps, with_timeline=with_timeline)
+
+def preview(session: Session, data: PreviewRequest) -> SimResult:
+    profile, cluster = documents(session, data.profile_id, data.cluster_id)
+    plan, _, _ = planning.plan_from_source(profile, cluster, data, "preview")
+    return planning.run_simulation(profile, plan, cluster, steps=data.steps,
+                                   with_timeline=data.with_timeline)
+
+def compare(session: Session, data: CompareRequest) -> list[CompareRow]:
+    """Every planner (or those named) on one request; optionally stored as drafts."""
+    names = data.algorithms or list(PLANNERS)
+    for idx, name in enumerate(names):
+        planning.check_algorithm(name, f"algorithms.{idx}")
+    profile, cluster = documents(session, data.profile_id, data.cluster_id)
+    request = planning.planner_request(profile, cluster, data)
+    rows = []
+    for name in names:
+        outcome = run_planner(name, PLANNERS[name], request, with_timeline=False)
+        plan_id = None
+        if data.save and outcome.plan is not None:
+            plan_id = create_plan(session, PlanCreate(
+                profile_id=data.profile_id, cluster_id=data.cluster_id, author=data.author,
+                plan=outcome.plan.model_dump(mode="json"))).id
+        summary = None if outcome.result is None else planning.summarize(outcome.result)
+        rows.append(CompareRow(
+            algorithm=name, plan_id=plan_id, summary=summary,
+            plan=None if outcome.plan is None else outcome.plan.model_dump(mode="json"),
+            planner_ms=outcome.planner_ms, objective_ms=outcome.objective_ms,
+            error=outcome.error, min_memory_bytes=outcome.min_memory_bytes))
+    return rows
+
+def plan_for_launch(session: Session, plan_id: int) -> tuple[models.Plan, Plan]:
+    row = Plans(session).get(plan_id)
+    if row.state == "draft":
+        raise ConflictError(f"plan {plan_id} is a draft; approve it before launching")
+    return row, Plan.model_validate(row.document)

@@ -1,0 +1,88 @@
+"""Proposals: the online planner's repartitions of a running job, approved or rejected.
+
+A proposal is made from an observed profile (``planner.replan.evaluate_replan`` on the
+run's plan and cluster) or received whole. Approval sends a ``migrate`` command with the
+new plan and the moves to the worker holding rank 0, whose engine coordinates every
+repartition (``runtime/engine/control.py``); its answer decides whether the proposal was
+``applied`` or ``failed`` (``messages.apply_command_result``), and the engine's own
+``migration`` events record each rank's part.
+"""
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from pipestudio.backend import models
+from pipestudio.backend.errors import ConflictError, InputError
+from pipestudio.backend.repositories import Plans, Proposals, Runs
+from pipestudio.backend.schemas.proposals import ProposalCreate
+from pipestudio.backend.services.plans import documents
+from pipestudio.backend.services.runs import Send, command
+from pipestudio.planner import Plan, PlannerError, Profile, parse_document
+from pipestudio.planner.proposal import Proposal
+from pipestudio.planner.replan import evaluate_replan
+
+
+def _evaluate(session: Session, run: models.Run, data: ProposalCreate) -> Proposal:
+    plan_row = Plans(session).get(run.plan_id)
+    plan = Plan.model_validate(plan_row.document)
+    if data.proposal is not None:
+        try:
+            proposal = parse_document(Proposal, data.proposal, source="proposal")
+        except PlannerError as exc:
+            raise InputError("proposal", str(exc)) from None
+        if proposal.model != plan.model:
+            raise InputError("proposal", f"the proposal is for model {proposal.model!r} but "
+                                         f"run {run.id} trains {plan.model!r}")
+        return proposal
+    _, cluster = documents(session, plan_row.profile_id, plan_row.cluster_id)
+    try:
+        observed = parse_document(Profile, data.observed_profile, source="observed_profile")
+        return evaluate_replan(plan, observed, cluster, payback_steps=data.payback_steps,
+                               min_gain_fraction=data.min_gain_fraction)
+    except PlannerError as exc:
+        raise InputError("observed_profile", str(exc)) from None
+
+
+def create_proposal(session: Session, data: ProposalCreate) -> models.Proposal:
+    run = Runs(session).get(data.run_id)
+    proposal = _evaluate(session, run, data)
+    return Proposals(session).add(models.Proposal(
+        run_id=run.id, state="pending", document=proposal.model_dump(mode="json"),
+        worthwhile=proposal.worthwhile, gain_ms=proposal.gain_ms, created_by=data.author))
+
+
+def _pending(session: Session, proposal_id: int) -> models.Proposal:
+    row = Proposals(session).get(proposal_id)
+    if row.state != "pending":
+        raise ConflictError(f"proposal {proposal_id} is already {row.state}")
+    return row
+
+
+def reject(session: Session, proposal_id: int, author: str) -> models.Proposal:
+    row = _pending(session, proposal_id)
+    row.state, row.decided_by, row.decided_at = "rejected", author, models.utcnow()
+    return row
+
+
+def approve(session: Session, proposal_id: int, author: str, send: Send) -> models.Proposal:
+    """Approve and send the migration to rank 0's worker (the run must be running)."""
+    row = _pending(session, proposal_id)
+    run = Runs(session).get(row.run_id)
+    if run.state != "running":
+        raise ConflictError(f"run {run.id} is {run.state}; only a running job migrates")
+    if not row.document.get("moves") and not row.document.get("policy_changes"):
+        raise ConflictError(f"proposal {proposal_id} changes nothing")
+    row.state, row.decided_by, row.decided_at = "approved", author, models.utcnow()
+    payload: dict[str, Any] = {"proposal_id": row.id, "new_plan": row.document["new_plan"],
+                               "moves": row.document["moves"],
+                               "policy_changes": row.document["policy_changes"]}
+    session.add(models.Event(run_id=run.id, kind="migration_requested", data=payload,
+                             message=f"proposal {row.id} approved by {author}"))
+    session.commit()
+    coordinator = Runs(session).ranks(run.id)[0].worker_id
+    if not send(coordinator, command(run, "migrate", payload)):
+        row.state = "failed"
+        row.outcome = f"worker {coordinator} (rank 0) could not be reached"
+        session.commit()
+    return row

@@ -1,0 +1,42 @@
+"""The backend's configuration, read from ``PIPESTUDIO_*`` environment variables."""
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = f"sqlite:///{Path('.pipestudio') / 'pipestudio.db'}"
+
+
+class Settings(BaseSettings):
+    """Every setting has an environment variable: ``database_url`` is
+    ``PIPESTUDIO_DATABASE_URL`` and so on. ``cors_origins`` reads a comma-separated list."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPESTUDIO_", extra="ignore")
+
+    database_url: str = Field(
+        DEFAULT_DATABASE_URL,
+        description="SQLAlchemy URL: sqlite:///FILE or postgresql://USER@HOST/DB (psycopg 3).")
+    api_token: str | None = Field(
+        None, description="Bearer token of mutating API calls; None = a random one per start.")
+    worker_token: str | None = Field(
+        None, description="Token workers present on /ws/worker; None = the API token.")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Origins allowed to call the API from a browser.")
+    max_upload_bytes: int = Field(32 * 2**20, ge=1, description="Largest request body.")
+    worker_timeout_s: float = Field(
+        10.0, gt=0, description="A worker silent this long is offline; its runs fail.")
+    heartbeat_s: float = Field(2.0, gt=0, description="How often workers send heartbeats.")
+    migrate_on_start: bool = Field(True, description="Apply Alembic migrations on start.")
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [origin.strip() for origin in value.split(",") if origin.strip()]
+        return value
+
+    @property
+    def effective_worker_token(self) -> str | None:
+        return self.worker_token or self.api_token

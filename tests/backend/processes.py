@@ -1,0 +1,70 @@
+"""Real processes for end-to-end tests: ``pipestudio serve`` and ``pipestudio worker``."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.backend.conftest import API_TOKEN, WORKER_TOKEN
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_MLP = {"layers": "2", "width": "32", "in_features": "16", "out_features": "5"}
+
+
+def _env(database_url: str) -> dict[str, str]:
+    return {**os.environ, "PIPESTUDIO_DATABASE_URL": database_url,
+            "PIPESTUDIO_API_TOKEN": API_TOKEN, "PIPESTUDIO_WORKER_TOKEN": WORKER_TOKEN,
+            "PIPESTUDIO_WORKER_TIMEOUT_S": "6", "PYTHONUNBUFFERED": "1"}
+
+
+def start_backend(database_url: str, log: Path, port: int = 0) -> tuple[subprocess.Popen[bytes],
+                                                                        str]:
+    """``pipestudio serve`` on ``port`` (0: any free one); its process and URL."""
+    handle = log.open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipestudio", "serve", "--port", str(port)],
+        cwd=ROOT, env=_env(database_url), stdout=handle, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        found = re.findall(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
+        if found:
+            url = found[-1]
+            try:
+                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
+                    return process, url
+            except httpx.TransportError:
+                pass
+        assert process.poll() is None, f"the backend exited:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"the backend did not start:\n{log.read_text()}"
+        time.sleep(0.2)
+
+
+def start_worker(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipestudio", "worker", "--server", url, "--token",
+         WORKER_TOKEN, "--name", name, "--slots", "1", "--device", "cpu"],
+        cwd=ROOT, env=_env(""), stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(interval_s)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

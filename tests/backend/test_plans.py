@@ -1,0 +1,108 @@
+"""/api/plans: every way of making a plan, simulate, compare, edit, states, provenance."""
+
+from fastapi.testclient import TestClient
+
+from tests.backend.conftest import AUTH, add_plan, add_profile
+
+
+def _cluster(client: TestClient, num_devices: int = 2, memory: int | None = None) -> int:
+    levels = [{"name": "node", "size": num_devices, "bandwidth_gbps": 10.0}]
+    devices = [{"name": f"d{i}", "memory_bytes": memory} for i in range(num_devices)]
+    response = client.post("/api/clusters", headers=AUTH, json={
+        "name": "pair", "cluster": {"levels": levels, "devices": devices}})
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def test_planner_plan_with_provenance_and_summary(client: TestClient) -> None:
+    profile_id = add_profile(client)
+    cluster_id = _cluster(client)
+    response = client.post("/api/plans", headers=AUTH, json={
+        "profile_id": profile_id, "cluster_id": cluster_id, "author": "ada",
+        "planner": {"algorithm": "balance-time", "num_stages": 2, "num_microbatches": 4,
+                    "schedule": "1f1b"}})
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert (plan["planner"], plan["created_by"], plan["state"]) == ("balance-time", "ada",
+                                                                    "draft")
+    assert plan["parameters"]["num_stages"] == 2 and plan["parameters"]["planner_ms"] >= 0
+    assert plan["document"]["provenance"]["author"] == "ada"
+    assert plan["summary"]["step_time_ms"] > 0 and len(plan["summary"]["stage_busy_ms"]) == 2
+    result = client.post(f"/api/plans/{plan['id']}/simulate", json={"steps": 2}).json()
+    assert result["format"] == "pipestudio.simresult"
+    assert abs(result["step_time_ms"] - plan["summary"]["step_time_ms"]) < 1e-9
+    assert result["timeline"]
+    conflict = client.delete(f"/api/clusters/{cluster_id}", headers=AUTH)
+    assert conflict.status_code == 409
+
+
+def test_manual_plan_edit_and_states(client: TestClient) -> None:
+    profile_id = add_profile(client)
+    plan = add_plan(client, profile_id, [1])
+    assert [len(s["layers"]) for s in plan["document"]["stages"]] == [1, 3]
+    edited = client.patch(f"/api/plans/{plan['id']}", headers=AUTH, json={
+        "boundaries": [3], "policies": {"layer0": "recompute"}}).json()
+    assert [len(s["layers"]) for s in edited["document"]["stages"]] == [3, 1]
+    assert edited["document"]["policies"]["layer0"] == "recompute"
+    assert edited["summary"]["step_time_ms"] != plan["summary"]["step_time_ms"]
+    approved = client.post(f"/api/plans/{plan['id']}/approve", headers=AUTH).json()
+    assert approved["state"] == "approved" and approved["approved_at"]
+    refused = client.patch(f"/api/plans/{plan['id']}", headers=AUTH, json={"boundaries": [2]})
+    assert refused.status_code == 409
+    back = client.patch(f"/api/plans/{plan['id']}", headers=AUTH,
+                        json={"boundaries": [2], "state": "draft"}).json()
+    assert back["state"] == "draft" and back["approved_at"] is None
+
+
+def test_document_plan_preview_and_bad_input(client: TestClient) -> None:
+    profile_id = add_profile(client)
+    document = add_plan(client, profile_id, [2])["document"]
+    stored = client.post("/api/plans", headers=AUTH,
+                         json={"profile_id": profile_id, "plan": document})
+    assert stored.status_code == 201
+    preview = client.post("/api/plans/simulate", json={
+        "profile_id": profile_id, "manual": {"boundaries": [2], "num_microbatches": 4,
+                                             "schedule": "1f1b"}, "with_timeline": False})
+    assert preview.status_code == 200 and preview.json()["timeline"] == []
+    overlap = {**document, "stages": [{"layers": ["layer0", "layer1"]},
+                                      {"layers": ["layer1", "layer2", "layer3"]}]}
+    response = client.post("/api/plans", headers=AUTH,
+                           json={"profile_id": profile_id, "plan": overlap})
+    assert response.status_code == 422
+    assert "overlapping stages: layer 'layer1'" in response.json()["detail"][0]["msg"]
+    both = client.post("/api/plans", headers=AUTH, json={
+        "profile_id": profile_id, "plan": document,
+        "manual": {"boundaries": [1], "num_microbatches": 2, "schedule": "gpipe"}})
+    assert both.status_code == 422 and "exactly one" in both.text
+    unknown = client.post("/api/plans", headers=AUTH, json={
+        "profile_id": profile_id, "planner": {"algorithm": "magic", "num_microbatches": 2,
+                                              "schedule": "gpipe"}})
+    assert unknown.status_code == 422
+    assert unknown.json()["detail"][0]["loc"] == ["body", "planner", "algorithm"]
+    assert client.post("/api/plans", headers=AUTH, json={
+        "profile_id": 404, "plan": document}).status_code == 404
+
+
+def test_infeasible_planner_request_is_422(client: TestClient) -> None:
+    profile_id = add_profile(client)
+    response = client.post("/api/plans", headers=AUTH, json={
+        "profile_id": profile_id, "planner": {
+            "algorithm": "optimal", "num_stages": 2, "num_microbatches": 4,
+            "schedule": "gpipe", "device_memory_bytes": 10}})
+    assert response.status_code == 422
+    assert "memory" in response.json()["detail"][0]["msg"]
+
+
+def test_compare_runs_every_planner_and_saves(client: TestClient) -> None:
+    profile_id = add_profile(client)
+    response = client.post("/api/plans/compare", headers=AUTH, json={
+        "profile_id": profile_id, "num_stages": 2, "num_microbatches": 4,
+        "schedule": "gpipe", "algorithms": ["uniform", "optimal"], "save": True})
+    assert response.status_code == 200, response.text
+    rows = response.json()["rows"]
+    assert [row["algorithm"] for row in rows] == ["uniform", "optimal"]
+    optimal, uniform = rows[1]["summary"], rows[0]["summary"]
+    assert optimal["step_time_ms"] <= uniform["step_time_ms"]
+    stored = client.get("/api/plans", params={"profile_id": profile_id}).json()
+    assert stored["count"] == 2
+    assert {p["id"] for p in stored["data"]} == {row["plan_id"] for row in rows}
