@@ -31,8 +31,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix pipestudio tests bench
 	$(VENV)/bin/ruff format pipestudio tests bench
 
+# make demo ARGS="--port 8080" (or --no-workers, --state-dir DIR): python -m pipestudio.demo --help
 demo: $(STAMP)
-	$(PY) -m pipestudio.demo
+	$(PY) -m pipestudio.demo $(ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
