@@ -180,13 +180,6 @@ class Seeder:
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.client.request(method, path, **kwargs)
-        for _ in range(20):
-            # A document created by the previous call may not be committed yet when its
-            # answer arrives (the session closes after the response); ask again shortly.
-            if response.status_code != 404:
-                break
-            time.sleep(0.1)
-            response = self.client.request(method, path, **kwargs)
         if response.status_code >= 400:
             raise DemoError(f"{method} /api{path} answered {response.status_code}: "
                             f"{response.text[:500]}")
@@ -284,8 +277,8 @@ def start(args: argparse.Namespace, group: ProcessGroup, token: str) -> tuple[st
     online = wait_for_workers(group, url, num_workers) if num_workers else 0
     lines.append(f"{online} of {num_workers} CPU workers online")
     if not dashboard_served(url):
-        lines.append(f"WARNING: {url}/ serves no dashboard; this `pipestudio serve` does not "
-                     "mount it")
+        lines.append(f"WARNING: {url}/ serves no dashboard; install the `dashboard` extra "
+                     f"(see {group.log_dir / 'serve.log'})")
     return url, lines
 
 

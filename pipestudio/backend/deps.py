@@ -22,11 +22,15 @@ ContextDep = Annotated[AppContext, Depends(get_context)]
 
 
 def get_session(context: ContextDep) -> Iterator[Session]:
+    """A session committed when the route returns, before its answer is sent: a client
+    that reads right after a 201 finds what it created (``scope="function"``; the default
+    scope would commit only after the response, racing the client's next request). A
+    commit that fails then answers through the error handlers like any route error."""
     with context.db.session() as session:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def require_token(context: ContextDep, credentials: Annotated[

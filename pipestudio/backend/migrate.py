@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-from alembic.config import Config
-from sqlalchemy import Engine
-
 from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine
 
 HERE = Path(__file__).resolve().parent
 
@@ -29,3 +29,9 @@ def downgrade(engine: Engine, revision: str = "base") -> None:
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.downgrade(config, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at; None for a database never migrated."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()

@@ -1,19 +1,24 @@
 """The backend's configuration, read from ``PIPESTUDIO_*`` environment variables."""
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = f"sqlite:///{Path('.pipestudio') / 'pipestudio.db'}"
+ENV_PREFIX = "PIPESTUDIO_"
+
+
+class SettingsError(ValueError):
+    """A ``PIPESTUDIO_*`` variable (or a command-line override) holds a refused value."""
 
 
 class Settings(BaseSettings):
     """Every setting has an environment variable: ``database_url`` is
     ``PIPESTUDIO_DATABASE_URL`` and so on. ``cors_origins`` reads a comma-separated list."""
 
-    model_config = SettingsConfigDict(env_prefix="PIPESTUDIO_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     database_url: str = Field(
         DEFAULT_DATABASE_URL,
@@ -40,3 +45,19 @@ class Settings(BaseSettings):
     @property
     def effective_worker_token(self) -> str | None:
         return self.worker_token or self.api_token
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """The settings from the environment with ``overrides`` (from command-line options)
+    applied; a refused value raises ``SettingsError`` naming the variable (or the option)
+    and the reason, in one line."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        reasons = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            name = (f"--{field.replace('_', '-')}" if field in overrides
+                    else f"{ENV_PREFIX}{field.upper()}")
+            reasons.append(f"{name}={error.get('input')!r}: {error['msg']}")
+        raise SettingsError("; ".join(reasons)) from None

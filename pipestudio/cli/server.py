@@ -1,4 +1,5 @@
-"""Commands that run services: ``serve`` (the backend) and ``worker`` (a worker agent).
+"""Commands that run services: ``serve`` (the backend with the dashboard), ``worker`` (a
+worker agent) and ``db upgrade`` (the schema migration a deployment runs once).
 
 Web and torch packages are imported only when one of them runs, so the rest of the
 command line starts fast and works without them.
@@ -6,18 +7,21 @@ command line starts fast and works without them.
 
 import argparse
 import os
+import secrets
 import socket
 import sys
 from typing import Any
 
 _Formatter = argparse.RawDescriptionHelpFormatter
+#: Addresses that mean "every interface": the dashboard reaches its backend on loopback.
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 _SERVE_HELP = """\
-Run the backend: the REST API under /api/, OpenAPI at /openapi.json, websockets at
-/ws/worker and /ws/runs/{id}. Settings come from PIPESTUDIO_* environment variables
-(docs/backend.md); the options below override them. Without PIPESTUDIO_API_TOKEN a
-random API token is made and printed; workers use PIPESTUDIO_WORKER_TOKEN, or the API
-token when that is unset.
+Run the backend and the dashboard in one process: the dashboard at /, the REST API under
+/api/, OpenAPI at /openapi.json, websockets at /ws/worker and /ws/runs/{id}. Settings come
+from PIPESTUDIO_* environment variables (docs/backend.md); the options below override
+them. Without PIPESTUDIO_API_TOKEN a random API token is made and printed; workers use
+PIPESTUDIO_WORKER_TOKEN, or the API token when that is unset.
 
 example:
   pipestudio serve --port 8000 --database-url postgresql://postgres@127.0.0.1/pipestudio
@@ -32,17 +36,33 @@ example:
   pipestudio worker --server http://127.0.0.1:8000 --token TOKEN --slots 2 --device cpu
 """
 
+_DB_HELP = """\
+Bring the database to the newest schema revision (Alembic upgrade head) and exit; a
+database already there is left as it is. The database is PIPESTUDIO_DATABASE_URL's,
+or --database-url's. `pipestudio serve` does the same on start unless
+PIPESTUDIO_MIGRATE_ON_START=false (as in docker-compose.yml, whose one-shot `migrate`
+service runs this command).
+
+example:
+  pipestudio db upgrade --database-url postgresql://postgres@127.0.0.1/pipestudio
+"""
+
+_DB_GROUP_HELP = """\
+Manage the backend's database schema (PIPESTUDIO_DATABASE_URL, or --database-url).
+
+actions:
+  pipestudio db upgrade [--database-url URL]   migrate to the newest schema revision
+"""
+
 
 def add_commands(commands: Any) -> None:
     parser = commands.add_parser("serve", formatter_class=_Formatter, description=_SERVE_HELP,
-                                 help="run the backend (REST API and websockets)")
+                                 help="run the backend and the dashboard")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000,
                         help="port to listen on; 0 picks a free one (default 8000)")
-    parser.add_argument("--database-url", metavar="URL",
-                        help="sqlite:///FILE or postgresql://USER@HOST/DB "
-                             "(default: PIPESTUDIO_DATABASE_URL, else .pipestudio/pipestudio.db)")
+    _database_url_option(parser)
     parser.set_defaults(handler=_serve)
 
     parser = commands.add_parser("worker", formatter_class=_Formatter,
@@ -56,11 +76,68 @@ def add_commands(commands: Any) -> None:
     parser.add_argument("--slots", type=int, metavar="N",
                         help="ranks this worker runs at once (default: one per device)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="devices to advertise; auto: CUDA when available (default)")
+                        help="devices to advertise; auto: CUDA when available, else the "
+                             "CPU; cuda: refused where no GPU is usable (default auto)")
     parser.add_argument("--advertise-host", metavar="ADDRESS",
                         help="address peers dial for the run's store (default: this "
                              "machine's address on the route to the server)")
     parser.set_defaults(handler=_worker)
+
+    parser = commands.add_parser("db", formatter_class=_Formatter, description=_DB_GROUP_HELP,
+                                 help="manage the backend's database schema")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    upgrade = actions.add_parser("upgrade", formatter_class=_Formatter, description=_DB_HELP,
+                                 help="migrate the database to the newest schema")
+    _database_url_option(upgrade)
+    upgrade.set_defaults(handler=_db_upgrade)
+
+
+def _database_url_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database-url", metavar="URL",
+                        help="sqlite:///FILE or postgresql://USER@HOST/DB "
+                             "(default: PIPESTUDIO_DATABASE_URL, else .pipestudio/pipestudio.db)")
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    """The backend's settings, or ``None`` after printing why they are refused."""
+    from pipestudio.backend.settings import SettingsError, load_settings
+
+    overrides = {"database_url": args.database_url} if args.database_url else {}
+    try:
+        return load_settings(**overrides)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _listen(host: str, port: int) -> socket.socket | None:
+    """A socket bound to ``host:port`` (port 0: one the OS picks), so that the dashboard
+    learns the real port before the server starts; ``None`` after printing why not."""
+    if not 0 <= port <= 65535:
+        print(f"error: --port must be 0..65535, got {port}", file=sys.stderr)
+        return None
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        print(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return None
+    return listener
+
+
+def _dashboard(url: str, token: str) -> Any:
+    """The dashboard's WSGI app talking to the backend at ``url``; ``None`` when the
+    dashboard's packages are not installed (the API is then served alone)."""
+    try:
+        from pipestudio.dashboard.app import create_dashboard
+    except ImportError as exc:
+        print(f"warning: no dashboard ({exc}); install the `dashboard` extra to serve it "
+              "at /", file=sys.stderr, flush=True)
+        return None
+    return create_dashboard(url, token).server
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -68,32 +145,64 @@ def _serve(args: argparse.Namespace) -> int:
 
     from pipestudio.backend.app import create_app
     from pipestudio.backend.db import DatabaseUrlError
-    from pipestudio.backend.settings import Settings
 
-    overrides = {"database_url": args.database_url} if args.database_url else {}
-    settings = Settings(**overrides)
-    try:
-        app = create_app(settings)
-    except DatabaseUrlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    settings = _settings(args)
+    if settings is None:
         return 2
-    settings = app.state.settings
-    listener = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((args.host, args.port))
-    except OSError as exc:
-        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}",
-              file=sys.stderr)
+    if settings.api_token is None:
+        settings = settings.model_copy(update={"api_token": secrets.token_urlsafe(24)})
+    listener = _listen(args.host, args.port)
+    if listener is None:
         return 2
     port = listener.getsockname()[1]
-    print(f"PipeStudio backend on http://{args.host}:{port} (database "
-          f"{app.state.context.db.dialect})", flush=True)
+    local = _WILDCARDS.get(args.host, args.host)
+    dashboard = _dashboard(f"http://{f'[{local}]' if ':' in local else local}:{port}",
+                           settings.api_token)
+    try:
+        app = create_app(settings, dashboard=dashboard)
+    except DatabaseUrlError as exc:
+        listener.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"PipeStudio backend on http://{shown}:{port} (database "
+          f"{app.state.context.db.dialect}; dashboard "
+          f"{'at /' if dashboard is not None else 'not installed'})", flush=True)
     if "PIPESTUDIO_API_TOKEN" not in os.environ:
         print(f"API token: {settings.api_token}", flush=True)
     config = uvicorn.Config(app, log_level="warning", ws_max_size=2**26,
                             ws_per_message_deflate=False)
     uvicorn.Server(config).run(sockets=[listener])
+    return 0
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from pipestudio.backend.db import DatabaseUrlError, make_engine, normalize_url
+    from pipestudio.backend.migrate import current_revision, upgrade
+
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    try:
+        engine = make_engine(settings.database_url)
+        shown = normalize_url(settings.database_url).render_as_string(hide_password=True)
+    except DatabaseUrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        before = current_revision(engine)
+        upgrade(engine)
+        after = current_revision(engine)
+    except SQLAlchemyError as exc:
+        reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
+        print(f"error: cannot migrate {shown}: {reason}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    change = "already at" if before == after else f"upgraded from {before or 'empty'} to"
+    print(f"database {shown}: {change} revision {after}", flush=True)
     return 0
 
 
@@ -103,6 +212,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     from pipestudio.runtime.agent.agent import Agent
     from pipestudio.runtime.agent.connection import AgentAuthError
+    from pipestudio.runtime.agent.devices import DeviceError
 
     token = args.token or os.environ.get("PIPESTUDIO_WORKER_TOKEN")
     if not token:
@@ -112,8 +222,12 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"error: --slots must be >= 0, got {args.slots}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    agent = Agent(args.server, token, name=args.name, slots=args.slots, device=args.device,
-                  advertise_host=args.advertise_host)
+    try:
+        agent = Agent(args.server, token, name=args.name, slots=args.slots,
+                      device=args.device, advertise_host=args.advertise_host)
+    except DeviceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"worker {agent.name}: {len(agent.devices)} device(s), {agent.slots} slot(s), "
           f"serving {args.server}", flush=True)
     try:

@@ -8,18 +8,20 @@ from contextlib import contextmanager
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
 from pipestudio.backend.app import create_app
 from pipestudio.backend.settings import Settings
 
 
 @contextmanager
-def live_backend(settings: Settings) -> Iterator[str]:
-    """Serve the backend until the block ends; yields its base URL."""
+def live_backend(settings: Settings, app: FastAPI | None = None) -> Iterator[str]:
+    """Serve the backend (``app``, else one made from ``settings``) until the block ends;
+    yields its base URL."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app or create_app(settings), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -67,8 +67,7 @@ def test_services_are_wired_as_deployed(services: dict[str, dict[str, Any]]) -> 
     migrate, backend = services["migrate"], services["backend"]
     assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
     assert migrate["restart"] == "no"
-    assert migrate["command"][:2] == ["alembic", "-c"] and migrate["command"][-2:] == [
-        "upgrade", "head"]
+    assert migrate["command"] == ["pipestudio", "db", "upgrade"]
     assert backend["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
     assert backend["command"][:2] == ["pipestudio", "serve"]
     assert backend["environment"]["PIPESTUDIO_MIGRATE_ON_START"] == "false"

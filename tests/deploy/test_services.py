@@ -1,6 +1,7 @@
 """Every service of docker-compose.yml runs outside Docker with the same command and
 environment: the migration, then the backend (migrations off, as in Compose) and its health
-check, then the CPU and GPU workers registering with it.
+check, then the CPU workers registering with it, and the GPU worker registering where a
+GPU is usable and refusing to start where none is.
 
 Only what cannot be the same on a test machine changes: the database URL (a temporary
 SQLite file, or a fresh PostgreSQL database), the backend's address (127.0.0.1 and a port
@@ -63,6 +64,7 @@ def backend(database_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     argv, env = service("migrate", database_url)
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{' '.join(argv)}:\n{done.stderr}"
+    assert "upgraded from empty to revision" in done.stdout, done.stdout
     argv, env = service("backend", database_url)
     argv = replace_option(replace_option(argv, "--host", "127.0.0.1"), "--port", "0")
     log = tmp_path / "backend.log"
@@ -113,6 +115,8 @@ def test_migrate_then_serve(backend: dict[str, Any]) -> None:
         "Authorization": f"Bearer {TOKENS['PIPESTUDIO_API_TOKEN']}"})
     assert created.status_code == 201, created.text
     assert "API token:" not in backend["log"].read_text(), "the token came from the env"
+    page = httpx.get(f"{url}/", timeout=30)
+    assert page.status_code == 200 and "_dash-config" in page.text, "the dashboard is at /"
 
 
 def wait_health(url: str) -> dict[str, Any]:
@@ -128,28 +132,50 @@ def wait_health(url: str) -> dict[str, Any]:
         time.sleep(0.2)
 
 
+def start_service(name: str, url: str, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A worker service, dialing ``url`` instead of the Compose network's backend."""
+    argv, env = service(name, "")
+    argv = [url if part == COMPOSE_URL else part for part in argv]
+    with (tmp_path / f"{name}.log").open("wb") as out:
+        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_healthcheck_and_workers(backend: dict[str, Any], tmp_path: Path) -> None:
+    """The CPU workers register; the GPU worker registers its GPUs where torch sees one and
+    otherwise refuses to start (it must not advertise the CPU as a GPU worker)."""
     url = backend["url"]
     spec = load(TOKENS)["services"]["backend"]["healthcheck"]["test"]
     check = [part.replace("http://127.0.0.1:8000", url) for part in spec[1:]]
     assert subprocess.run(check, timeout=30).returncode == 0, "the backend's health check"
-    workers = []
-    for name in ("worker-cpu-0", "worker-cpu-1", "worker-gpu"):
-        argv, env = service(name, backend["database_url"])
-        argv = [url if part == COMPOSE_URL else part for part in argv]
-        with (tmp_path / f"{name}.log").open("wb") as out:
-            workers.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out,
-                                            stderr=subprocess.STDOUT))
+    names = ["worker-cpu-0", "worker-cpu-1", "worker-gpu"]
+    if not gpu_here():
+        gpu = start_service("worker-gpu", url, tmp_path)
+        assert gpu.wait(120) == 2, (tmp_path / "worker-gpu.log").read_text()
+        assert "error: --device cuda: no usable CUDA device" in (
+            tmp_path / "worker-gpu.log").read_text()
+        names.remove("worker-gpu")
+    workers = {name: start_service(name, url, tmp_path) for name in names}
     try:
         deadline = time.monotonic() + 120
-        while (online := wait_health(url)["workers_online"]) < 3:
-            for name, worker in zip(("cpu-0", "cpu-1", "gpu"), workers, strict=True):
-                assert worker.poll() is None, (tmp_path / f"worker-{name}.log").read_text()
-            assert time.monotonic() < deadline, f"{online} of 3 workers registered"
+        while (online := wait_health(url)["workers_online"]) < len(workers):
+            for name, worker in workers.items():
+                assert worker.poll() is None, (tmp_path / f"{name}.log").read_text()
+            assert time.monotonic() < deadline, f"{online} of {len(workers)} workers registered"
             time.sleep(0.5)
         listed = httpx.get(f"{url}/api/workers", timeout=10).json()["data"]
-        assert {w["name"] for w in listed} == {"cpu-0", "cpu-1", "gpu-0"}
+        expected = {"cpu-0", "cpu-1", "gpu-0"} if "worker-gpu" in workers else {"cpu-0",
+                                                                                 "cpu-1"}
+        assert {w["name"] for w in listed} == expected
+        kinds = {w["name"]: {d["kind"] for d in w["devices"]} for w in listed}
+        assert kinds.get("gpu-0", {"cuda"}) == {"cuda"} and kinds["cpu-0"] == {"cpu"}
     finally:
-        for worker in workers:
+        for worker in workers.values():
             stop(worker)
+
+
+def gpu_here() -> bool:
+    """Whether torch sees a CUDA device here (asked in a child: the tests import no torch)."""
+    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                          capture_output=True, text=True, timeout=120)
+    return done.stdout.strip() == "True"

@@ -6,10 +6,28 @@ from typing import Any
 
 import torch
 
+DEVICE_KINDS = ("auto", "cpu", "cuda")
+
+
+class DeviceError(ValueError):
+    """The devices asked for are not on this machine (``cuda`` without a usable GPU)."""
+
 
 def local_devices(kind: str = "auto") -> list[dict[str, Any]]:
-    """Every CUDA device (name, memory), or the CPU (cores, memory) when there is none or
-    ``kind`` is ``cpu``."""
+    """Every CUDA device (name, memory) for ``cuda``, the CPU (cores, memory) for ``cpu``;
+    ``auto`` is ``cuda`` when a GPU is usable, else ``cpu``. ``cuda`` on a machine without
+    one raises ``DeviceError``: a GPU worker must never quietly train on the CPU."""
+    if kind not in DEVICE_KINDS:
+        raise DeviceError(f"device kind {kind!r}: expected one of {', '.join(DEVICE_KINDS)}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        built = (f"torch {torch.__version__} built with CUDA {torch.version.cuda}"
+                 if torch.version.cuda else f"torch {torch.__version__} built without CUDA")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            built += f", CUDA_VISIBLE_DEVICES={visible!r}"
+        raise DeviceError(f"--device cuda: no usable CUDA device on this machine ({built}); "
+                          "use --device cpu, or --device auto (the GPUs when there are any, "
+                          "else the CPU)")
     if kind != "cpu" and torch.cuda.is_available():
         return [{"kind": "cuda", "index": idx, "name": torch.cuda.get_device_name(idx),
                  "memory_bytes": torch.cuda.get_device_properties(idx).total_memory}
