@@ -5,11 +5,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: Runtime benchmarks (they start processes and train; minutes each on 2 cores).
+RUNTIME = ("runtime_vs_torch.py", "runtime_fidelity.py")
 
 
 def main() -> int:
     failed = []
-    for script in sorted(HERE.glob("bench_*.py")):
+    for script in [*sorted(HERE.glob("bench_*.py")), *(HERE / name for name in RUNTIME)]:
         print(f"\n=== {script.name} ===", flush=True)
         if subprocess.run([sys.executable, str(script)]).returncode:
             failed.append(script.name)

@@ -89,6 +89,8 @@ class Recorder:
         self.samples_per_step = samples_per_step
         self.pending: list[OpRecord] = []
         self.timeline: list[Event] = []
+        self._unfinished: dict[int, list[Event]] = {}  # ops of steps not yet finished
+        self._last_finished = -1  # steps finish in order
         self.steps: list[Event] = []
         self.memory: list[Event] = []
         self.losses: dict[int, list[torch.Tensor]] = {}
@@ -126,13 +128,19 @@ class Recorder:
             if record.bytes is not None:
                 event["bytes"] = record.bytes
             self.timeline.append(event)
+            if record.step > self._last_finished:
+                self._unfinished.setdefault(record.step, []).append(event)
             self.sink(event)
         self.pending = waiting
 
     def finish_step(self, step: int) -> Event:
-        """Publish the ops so far and the ``step`` and ``memory`` events of ``step``."""
+        """Publish the ops so far and the ``step`` and ``memory`` events of ``step``.
+
+        The step's ops are looked up by step, not found by scanning the whole timeline,
+        so a step costs the same at the end of a long run as at its start."""
         self.flush()
-        ops = [op for op in self.timeline if op["step"] == step]
+        ops = self._unfinished.pop(step, [])
+        self._last_finished = max(self._last_finished, step)
         compute = [op for op in ops if op["op"] in _COMPUTE]
         start_ms = min((op["start_ms"] for op in compute), default=0.0)
         end_ms = max((op["end_ms"] for op in compute), default=0.0)
