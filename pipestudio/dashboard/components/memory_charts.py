@@ -1,0 +1,62 @@
+"""Memory over time of every stage (replica) against its device's limit.
+
+The simulator's memory tracks are step functions; each is one line with horizontal-then-
+vertical steps. Where a stage first goes over its limit a red cross says when. Past ten
+lines the colours repeat, so a legend could not tell the lines apart (and would cost as
+much to draw as the lines); hovering a line names its stage instead.
+"""
+
+from pipestudio.dashboard.components.gantt import row_label
+from pipestudio.dashboard.components.style import (
+    LIMIT_COLOR,
+    Figure,
+    add_hline,
+    base_layout,
+    byte_unit,
+    empty_figure,
+)
+from pipestudio.planner.result import SimResult
+
+#: Most lines with a legend entry each: Plotly's colour cycle has ten colours.
+MAX_LEGEND_LINES = 10
+
+
+def memory_timeline_figure(result: SimResult | None) -> Figure:
+    title = "Memory over time per stage"
+    if result is None or not result.memory_timeline:
+        return empty_figure("No plan yet: run a planner or make one by hand.", title)
+    limits = {stage.index: stage.device_memory_bytes for stage in result.stages}
+    unit, size = byte_unit(max([max(track.bytes, default=0) for track in result.memory_timeline]
+                               + [limit for limit in limits.values() if limit]))
+    replicated = {track.stage for track in result.memory_timeline if track.replica > 0}
+    legend = len(result.memory_timeline) <= MAX_LEGEND_LINES
+    data = []
+    over_x, over_y, over_text = [], [], []
+    for track in result.memory_timeline:
+        label = row_label(track.stage, track.replica, track.stage in replicated)
+        data.append({
+            "type": "scatter", "mode": "lines", "name": label, "showlegend": legend,
+            "x": [*track.times_ms, result.window_end_ms],
+            "y": [value / size for value in [*track.bytes, track.bytes[-1]]],
+            "line": {"shape": "hv", "width": 1.5},
+            "hovertemplate": label + ": %{y:.2f} " + unit + " at %{x:.2f} ms<extra></extra>"})
+        limit = limits.get(track.stage)
+        first = next((idx for idx, value in enumerate(track.bytes) if limit and value > limit),
+                     None)
+        if first is not None:
+            over_x.append(track.times_ms[first])
+            over_y.append(track.bytes[first] / size)
+            over_text.append(f"{label} runs out of memory at {track.times_ms[first]:.1f} ms")
+    if over_x:
+        data.append({"type": "scatter", "mode": "markers", "name": "first over the limit",
+                     "x": over_x, "y": over_y, "text": over_text,
+                     "hovertemplate": "%{text}<extra></extra>",
+                     "marker": {"symbol": "x", "size": 12, "color": LIMIT_COLOR}})
+    hint = "" if legend else "; hover a line for its stage"
+    layout = base_layout(f"{title} ({unit}{hint})", "time (ms)", f"memory ({unit})",
+                         height=330)
+    layout["xaxis"]["range"] = [result.window_start_ms, result.window_end_ms]
+    figure = {"data": data, "layout": layout}
+    for limit in sorted({limit for limit in limits.values() if limit}):
+        add_hline(figure, limit / size, f"device limit {limit / size:.2f} {unit}", LIMIT_COLOR)
+    return figure

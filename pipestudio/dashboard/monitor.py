@@ -1,0 +1,160 @@
+"""What the runs page reads and draws: a run's measured steps, memory, ops, migrations and
+proposals, fetched over REST at every tick of the live monitor.
+
+Migrations are placed at the last step whose metrics the backend had received when the
+migration was recorded (both carry the backend's clock), so their markers land where the
+run's figures change.
+"""
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipestudio.dashboard.api import ApiClient
+from pipestudio.dashboard.components.gantt import ops_gantt
+from pipestudio.dashboard.components.run_charts import (
+    Marker,
+    loss_figure,
+    run_memory_figure,
+    stage_busy_figure,
+    swap_recompute_figure,
+    throughput_figure,
+)
+from pipestudio.dashboard.components.style import Figure
+
+#: Event kinds that mark a repartition of the running job.
+MIGRATION_KINDS = ("migration", "migration_requested")
+
+
+@dataclass
+class RunView:
+    """Everything the live monitor shows of one run."""
+
+    run: dict[str, Any]
+    plan: dict[str, Any]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
+    proposals: list[dict[str, Any]] = field(default_factory=list)
+
+
+def flatten(metric: dict[str, Any]) -> dict[str, Any]:
+    """A stored metric as the engine's event: its data, with stage, replica and step."""
+    event = dict(metric.get("data") or {})
+    for key in ("stage", "replica", "step"):
+        if event.get(key) is None and metric.get(key) is not None:
+            event[key] = metric[key]
+    event.setdefault("replica", 0)
+    event["received_at"] = metric.get("received_at")
+    return event
+
+
+def migration_markers(events: list[dict[str, Any]], steps: list[dict[str, Any]]
+                      ) -> list[Marker]:
+    """A marker per migration, at the last step received before it was recorded."""
+    received = sorted((str(e.get("received_at")), e["step"]) for e in steps
+                      if e.get("received_at"))
+    times = [time for time, _ in received]
+    markers = []
+    for event in events:
+        if event["kind"] not in MIGRATION_KINDS:
+            continue
+        step = event.get("step")
+        if step is None:
+            idx = bisect.bisect_right(times, str(event["created_at"])) - 1
+            step = max((s for _, s in received[:idx + 1]), default=0)
+        data = event.get("data") or {}
+        verb = ("migration requested" if event["kind"] == "migration_requested"
+                else "migrated" if data.get("ok", True) else "migration failed")
+        moves = data.get("moves") or (data.get("payload") or {}).get("moves") or []
+        text = f"{verb}: " + (", ".join(f"{m['layer']} {m['from_stage']}→{m['to_stage']}"
+                                         for m in moves[:3]) or event.get("message") or "")
+        markers.append(Marker(step + 0.5, text[:80]))
+    return merge_markers(markers)
+
+
+def merge_markers(markers: list[Marker]) -> list[Marker]:
+    """One marker per step: every worker reports a migration's outcome, and a request and
+    its outcome often land on the same step."""
+    texts: dict[float, list[str]] = {}
+    for marker in markers:
+        if marker.text not in texts.setdefault(marker.step, []):
+            texts[marker.step].append(marker.text)
+    return [Marker(step, " / ".join(found)) for step, found in texts.items()]
+
+
+def last_step_ops(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ops of the newest step that every worker has reported."""
+    if not ops:
+        return []
+    newest = max(op["step"] for op in ops)
+    return [op for op in ops if op["step"] == newest]
+
+
+def fetch_view(client: ApiClient, run_id: int) -> RunView:
+    run = client.run(run_id)
+    plan = client.plan(run["plan_id"])
+    view = RunView(run, plan)
+    view.steps = [flatten(m) for m in client.metrics(run_id, ["step"], max_points=2000)]
+    view.memory = [flatten(m) for m in client.metrics(run_id, ["memory"], max_points=2000)]
+    if view.steps:
+        newest = max(e["step"] for e in view.steps)
+        since = min(e["start_ms"] for e in view.steps if e["step"] == newest)
+        ops = [flatten(m) for m in client.metrics(run_id, ["op"], start_ms=since,
+                                                   max_points=20000)]
+        view.ops = last_step_ops(ops)
+    view.events = client.events(run_id)
+    view.markers = migration_markers(view.events, view.steps)
+    view.proposals = client.proposals(run_id)
+    return view
+
+
+def figures(view: RunView) -> list[Figure]:
+    """[measured Gantt, throughput, compute per stage, memory, recompute/swap, loss]."""
+    summary = view.plan.get("summary") or {}
+    limits = dict(enumerate(summary.get("stage_device_memory_bytes") or []))
+    step = view.ops[0]["step"] if view.ops else None
+    gantt = ops_gantt(view.ops, f"Measured schedule of step {step}" if step is not None
+                      else "Measured schedule",
+                      empty_message="Waiting for the first measured step…")
+    return [gantt,
+            throughput_figure(view.steps, view.markers, summary.get("samples_per_s")),
+            stage_busy_figure(view.steps, view.markers),
+            run_memory_figure(view.memory, limits, view.markers),
+            swap_recompute_figure(view.steps, view.markers),
+            loss_figure(view.steps, view.markers)]
+
+
+def status_text(view: RunView) -> str:
+    run = view.run
+    steps = f"step {run['last_step']} of {run['steps']}" if run.get("last_step") is not None \
+        else f"{run['steps']} steps"
+    text = (f"Run {run['id']} of plan {run['plan_id']} ({run['model']}): {run['state']}, "
+            f"{steps}, {len(run.get('ranks') or [])} ranks")
+    return text + (f" — {run['message']}" if run.get("message") else "")
+
+
+def measured_trace(ops: list[dict[str, Any]], run_id: int) -> str:
+    """Chrome trace (Trace Event Format, microseconds) of measured ops: one process per
+    stage replica, one thread per stream, as ``pipestudio.planner.trace`` draws predictions."""
+    threads = {"compute": 0, "send": 1, "swap": 2, "allreduce": 3}
+    workers = sorted({(op["stage"], op.get("replica", 0)) for op in ops})
+    pid = {worker: idx for idx, worker in enumerate(workers)}
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": idx,
+         "args": {"name": f"stage {stage} replica {replica}"}}
+        for (stage, replica), idx in pid.items()]
+    for op in ops:
+        kind = op["op"]
+        thread = ("send" if kind.startswith("send_") else "swap" if kind.startswith("swap_")
+                  else "allreduce" if kind == "allreduce" else "compute")
+        events.append({"ph": "X", "name": kind if op.get("microbatch") is None
+                       else f"{kind} {op['microbatch']}", "cat": kind,
+                       "pid": pid[(op["stage"], op.get("replica", 0))], "tid": threads[thread],
+                       "ts": op["start_ms"] * 1e3, "dur": (op["end_ms"] - op["start_ms"]) * 1e3,
+                       "args": {"step": op["step"]}})
+    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
+                       "otherData": {"run_id": run_id, "measured": True}})

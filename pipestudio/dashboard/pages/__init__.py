@@ -1,0 +1,1 @@
+"""The dashboard's pages, one module each (``register_page`` in ``app.py``)."""

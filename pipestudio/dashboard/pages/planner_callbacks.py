@@ -1,0 +1,258 @@
+"""The planner page's callbacks: plain functions that tests call, and their Dash wiring."""
+
+from typing import Any
+
+from dash import Dash, Input, Output, State, ctx, dcc, no_update
+
+from pipestudio.dashboard import planning
+from pipestudio.dashboard.api import ApiError
+from pipestudio.dashboard.components.compare import COMPARE_COLUMNS, compare_figure, compare_rows
+from pipestudio.dashboard.components.gantt import schedule_gantt
+from pipestudio.dashboard.context import Context
+from pipestudio.dashboard.editor import Editor, editor_from_plan, equal_boundaries, new_editor
+from pipestudio.dashboard.widgets import message, table
+from pipestudio.planner import PlannerError
+from pipestudio.planner.units import parse_size
+
+FORM = ("profile", "cluster", "memory", "stages", "microbatches", "microbatch-size",
+        "schedule", "optimizer", "algorithm")
+#: Form fields that reshape the plan being edited without replacing it.
+RESHAPE = ("cluster", "memory", "microbatches", "microbatch-size", "schedule", "optimizer")
+
+
+def form_editor(form: dict[str, Any]) -> Editor:
+    """A fresh editor from the request form; ``ValueError`` names a bad field."""
+    if form.get("profile") is None:
+        raise ValueError("Pick a profile first (upload one on the Profiles page).")
+    memory = (form.get("memory") or "").strip()
+    for name in ("stages", "microbatches"):
+        if not form.get(name) or int(form[name]) < 1:
+            raise ValueError(f"'{name}' must be a whole number of at least 1, got "
+                             f"{form.get(name)!r}")
+    return new_editor(int(form["profile"]), form.get("cluster"), schedule=form["schedule"],
+                      num_microbatches=int(form["microbatches"]),
+                      microbatch_size=form.get("microbatch-size") or None,
+                      device_memory_bytes=parse_size(memory) if memory else None,
+                      optimizer=form.get("optimizer") or "adam")
+
+
+def slider_props(num_layers: int, boundaries: list[int]) -> dict[str, Any]:
+    ticks = sorted({1, *range(0, num_layers, max(1, num_layers // 8))[1:], num_layers - 1})
+    return {"min": 1, "max": max(1, num_layers - 1), "value": boundaries,
+            "marks": {str(t): f"layer {t}" for t in ticks}}
+
+
+def editor_action(context: Context, trigger: str | None, form: dict[str, Any],
+                  editor: Editor | None, boundaries: list[int] | None,
+                  candidates: list[dict[str, Any]], pick: str | None,
+                  policy_layers: list[str] | None, policy: str
+                  ) -> tuple[Editor | None, dict[str, Any] | None, Any]:
+    """What a button or a form change does to the edited plan:
+    (the new editor state, the slider's props or None, the notice)."""
+    try:
+        if trigger == "planner-policy-apply":
+            if not editor or not policy_layers:
+                return editor, None, message("Pick one or more layers, then a policy.")
+            policies = dict(editor.get("policies") or {})
+            for name in policy_layers:
+                if policy == "keep":
+                    policies.pop(name, None)
+                else:
+                    policies[name] = policy
+            return ({**editor, "policies": policies, "plan_id": None}, None,
+                    message(f"{len(policy_layers)} layer(s) set to {policy}.", "ok"))
+        if form.get("profile") is None:
+            return None, None, message("Pick a profile to plan (upload one on the Profiles "
+                                       "page).")
+        fresh = form_editor(form)
+        profile = context.profile(fresh["profile_id"])
+        if trigger == "planner-compare-open":
+            row = next((r for r in candidates if r["algorithm"] == pick), None)
+            if row is None or row.get("plan") is None:
+                return editor, None, message("Pick a compared plan that has one.")
+            loaded, cuts = editor_from_plan(fresh, profile, row["plan"], row["algorithm"])
+            return loaded, slider_props(profile.num_layers, cuts), message(
+                f"Opened the {pick} plan in the editor.", "ok")
+        if trigger == "planner-run":
+            rows = planning.run_planners(context, fresh, int(form["stages"]),
+                                         [form["algorithm"]])
+            if rows[0]["plan"] is None:
+                return editor, None, message(f"{form['algorithm']} found no plan:\n"
+                                             f"{planning.candidate(rows[0]).error}", "error")
+            loaded, cuts = editor_from_plan(fresh, profile, rows[0]["plan"], form["algorithm"])
+            devices = sum(loaded["replicas"])
+            return loaded, slider_props(profile.num_layers, cuts), message(
+                f"{form['algorithm']} planned {len(cuts) + 1} stage(s) on {devices} device(s) "
+                f"in {rows[0]['planner_ms']:.0f} ms.", "ok")
+        reshape = trigger in {f"planner-{name}" for name in RESHAPE}
+        if reshape and editor and editor["profile_id"] == fresh["profile_id"]:
+            kept = {key: editor[key] for key in ("replicas", "devices", "policies", "source")}
+            return {**fresh, **kept}, None, ""
+        stages = min(int(form["stages"]), profile.num_layers)
+        return fresh, slider_props(profile.num_layers, equal_boundaries(
+            profile.num_layers, stages)), ""
+    except (ValueError, ApiError) as exc:
+        return editor, None, message(str(exc), "error")
+
+
+def policy_summary(editor: Editor | None) -> str:
+    policies = (editor or {}).get("policies") or {}
+    counts = {kind: sum(1 for p in policies.values() if p == kind)
+              for kind in ("recompute", "swap")}
+    return (f"{counts['recompute']} layer(s) recompute, {counts['swap']} swap; "
+            "the rest keep their activations.")
+
+
+def layer_names(context: Context, profile_id: int | None) -> list[str]:
+    """The profile's layer names, for picking layers to set a policy on."""
+    if profile_id is None:
+        return []
+    try:
+        return [layer.name for layer in context.profile(profile_id).layers]
+    except ApiError:
+        return []
+
+
+def compare_view(candidates: list[dict[str, Any]]) -> tuple[Any, dict[str, Any], list[str]]:
+    """The comparison table, its chart, and the names of plans that can be opened."""
+    shown = [planning.candidate(row) for row in candidates]
+    empty = "Nothing compared yet: press 'Run all planners and compare'."
+    names = [row["algorithm"] for row in candidates if row.get("plan") is not None]
+    return (table(COMPARE_COLUMNS, compare_rows(shown), empty), compare_figure(shown), names)
+
+
+def register(app: Dash, context: Context) -> None:
+    form_states = [State(f"planner-{name}", "value") for name in FORM]
+
+    @app.callback(Output("planner-profile", "options"), Output("planner-cluster", "options"),
+                  Output("planner-profile", "value"), Input("url", "pathname"),
+                  State("planner-profile", "value"))
+    def _options(_: str, profile_id: int | None) -> Any:
+        try:
+            profiles, clusters = context.client.profiles(), context.client.clusters()
+        except ApiError:
+            return [], [], None
+        ids = [p["id"] for p in profiles]
+        return ([{"label": f"{p['id']}: {p['name']} ({p['num_layers']} layers)",
+                  "value": p["id"]} for p in profiles],
+                [{"label": f"{c['id']}: {c['name']} ({c['num_devices']} devices)",
+                  "value": c["id"]} for c in clusters],
+                profile_id if profile_id in ids else (max(ids) if ids else None))
+
+    triggers = ["planner-template", "planner-run", "planner-compare-open",
+                "planner-policy-apply"]
+
+    @app.callback(Output("planner-editor", "data"), Output("planner-boundaries", "min"),
+                  Output("planner-boundaries", "max"), Output("planner-boundaries", "value"),
+                  Output("planner-boundaries", "marks"), Output("planner-status", "children"),
+                  [Input(name, "n_clicks") for name in triggers],
+                  [Input(f"planner-{name}", "value") for name in ("profile", "stages", *RESHAPE)],
+                  *form_states, State("planner-editor", "data"),
+                  State("planner-boundaries", "value"), State("planner-candidates", "data"),
+                  State("planner-compare-pick", "value"), State("planner-policy-layers", "value"),
+                  State("planner-policy-choice", "value"))
+    def _edit(*args: Any) -> Any:
+        first = len(triggers) + 2 + len(RESHAPE)
+        form = dict(zip(FORM, args[first:first + len(FORM)], strict=True))
+        editor, boundaries, candidates, pick, layers, policy = args[first + len(FORM):]
+        new, slider, notice = editor_action(context, ctx.triggered_id, form, editor, boundaries,
+                                            candidates or [], pick, layers, policy)
+        if slider is None:
+            return new, no_update, no_update, no_update, no_update, notice
+        return new, slider["min"], slider["max"], slider["value"], slider["marks"], notice
+
+    @app.callback(Output("planner-prediction", "children"),
+                  Output("planner-prediction", "className"),
+                  Output("planner-compute-graph", "figure"),
+                  Output("planner-memory-graph", "figure"),
+                  Output("planner-policy-summary", "children"),
+                  Input("planner-boundaries", "value"), Input("planner-editor", "data"))
+    def _predict(boundaries: list[int] | None, editor: Editor | None) -> Any:
+        text, failed, figures = planning.plan_view(context, editor, boundaries)
+        css = "ps-prediction ps-message ps-error" if failed else "ps-prediction"
+        return text, css, *figures, policy_summary(editor)
+
+    # Asked for beside the prediction, not after it was drawn: both draw the same
+    # simulation, which the first of the two requests runs and the other waits for
+    # (``editor.predict``). The prediction's answer is far smaller and usually drawn
+    # first, so a drag's numbers are rarely held up by the Gantt.
+    @app.callback(Output("planner-gantt-graph", "figure"),
+                  Output("planner-memory-time-graph", "figure"),
+                  Input("planner-boundaries", "value"), Input("planner-editor", "data"))
+    def _timeline(boundaries: list[int] | None, editor: Editor | None) -> Any:
+        return planning.timeline_view(context, editor, boundaries)
+
+    # The layer names change with the profile only, not at every edit of the plan.
+    @app.callback(Output("planner-policy-layers", "options"), Input("planner-profile", "value"))
+    def _layers(profile_id: int | None) -> Any:
+        return layer_names(context, profile_id)
+
+    _register_compare(app, context, form_states)
+    _register_save(app, context)
+
+
+def _register_compare(app: Dash, context: Context, form_states: list[State]) -> None:
+    @app.callback(Output("planner-candidates", "data"),
+                  Output("planner-status", "children", allow_duplicate=True),
+                  Input("planner-run-all", "n_clicks"), *form_states,
+                  prevent_initial_call=True)
+    def _run_all(_: int, *values: Any) -> Any:
+        form = dict(zip(FORM, values, strict=True))
+        try:
+            rows = planning.run_planners(context, form_editor(form), int(form["stages"]), None)
+        except (ValueError, ApiError) as exc:
+            return no_update, message(str(exc), "error")
+        found = sum(1 for row in rows if row["plan"] is not None)
+        return rows, message(f"{found} of {len(rows)} planners found a plan.", "ok")
+
+    @app.callback(Output("planner-compare-table", "children"),
+                  Output("planner-compare-graph", "figure"),
+                  Output("planner-compare-pick", "options"), Output("planner-side-a", "options"),
+                  Output("planner-side-b", "options"), Input("planner-candidates", "data"))
+    def _compare(candidates: list[dict[str, Any]] | None) -> Any:
+        shown, figure, names = compare_view(candidates or [])
+        return shown, figure, names, names, names
+
+    @app.callback(Output("planner-side-a-graph", "figure"),
+                  Output("planner-side-b-graph", "figure"), Input("planner-side-a", "value"),
+                  Input("planner-side-b", "value"), State("planner-candidates", "data"),
+                  State("planner-editor", "data"))
+    def _side(a: str | None, b: str | None, candidates: list[dict[str, Any]] | None,
+              editor: Editor | None) -> Any:
+        if not editor:
+            return schedule_gantt(None), schedule_gantt(None)
+        rows = {row["algorithm"]: row for row in candidates or []}
+        return (planning.candidate_gantt(context, editor, rows.get(a or "")),
+                planning.candidate_gantt(context, editor, rows.get(b or "")))
+
+
+def _register_save(app: Dash, context: Context) -> None:
+    @app.callback(Output("planner-editor", "data", allow_duplicate=True),
+                  Output("planner-save-status", "children"),
+                  Input("planner-save", "n_clicks"), Input("planner-approve", "n_clicks"),
+                  State("planner-editor", "data"), State("planner-boundaries", "value"),
+                  State("planner-name", "value"), prevent_initial_call=True)
+    def _save(_: int, __: int, editor: Editor | None, boundaries: list[int] | None,
+              name: str | None) -> Any:
+        if not editor or boundaries is None:
+            return no_update, message("Make a plan first.")
+        try:
+            saved, notice = planning.save_plan(context, editor, boundaries, name,
+                                               approve=ctx.triggered_id == "planner-approve")
+        except (PlannerError, ApiError) as exc:
+            return no_update, message(f"Not saved:\n{exc}", "error")
+        return saved, message(notice + (" Launch it on the Runs page." if saved[
+            "plan_state"] == "approved" else ""), "ok")
+
+    @app.callback(Output("planner-download", "data"),
+                  Input("planner-export-plan", "n_clicks"),
+                  Input("planner-export-trace", "n_clicks"), State("planner-editor", "data"),
+                  State("planner-boundaries", "value"), prevent_initial_call=True)
+    def _export(_: int, __: int, editor: Editor | None, boundaries: list[int] | None) -> Any:
+        if not editor or boundaries is None:
+            return no_update
+        export = (planning.export_trace if ctx.triggered_id == "planner-export-trace"
+                  else planning.export_plan)
+        filename, text = export(context, editor, boundaries)
+        return dcc.send_string(text, filename)
+

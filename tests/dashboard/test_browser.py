@@ -1,0 +1,258 @@
+"""The dashboard in Chromium (Playwright, headless) against a live backend, dashboard and
+two local CPU workers: upload, plan, drag a boundary, approve, launch, watch, and approve a
+repartition. Screenshots go to test-output/dashboard/ and docs/img/.
+
+Measured here: the plan view of a 1,000-layer profile on 16 stages renders in under 1 s,
+and a boundary drag updates the prediction in under 300 ms.
+"""
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import PIPEDREAM_DIR, ROOT
+from tests.dashboard.conftest import big_profile
+from tests.dashboard.live import TOKEN, LiveStack
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = ROOT / "test-output" / "dashboard"
+DOCS_IMG = ROOT / "docs" / "img"
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not CHROMIUM.exists(),
+                                 reason="Debian's chromium is not installed at /usr/bin/chromium "
+                                        "(apt-get install -y chromium)")]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
+    folder = tmp_path_factory.mktemp("live")
+    live = LiveStack(folder / "db.sqlite").start()
+    live.start_workers(2, folder)
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+@pytest.fixture(scope="module")
+def page(stack: LiveStack) -> Iterator[object]:
+    with playwright_api.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        tab.set_default_timeout(30_000)
+        yield tab
+        browser.close()
+
+
+def shot(page: object, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    DOCS_IMG.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, DOCS_IMG / f"dashboard-{name}.png")
+
+
+def prediction(page: object) -> str:
+    return page.inner_text("#planner-prediction")
+
+
+def wait_prediction(page: object, previous: str = "") -> str:
+    page.wait_for_function(
+        """prev => { const t = document.querySelector('#planner-prediction').innerText;
+                     return t.startsWith('Predicted step') && t !== prev; }""", arg=previous)
+    return prediction(page)
+
+
+def drag_handle(page: object, handle_idx: int, dx_px: float) -> float:
+    """Drag a boundary handle by ``dx_px`` with the mouse; returns how many milliseconds
+    after the mouse was released the prediction text changed."""
+    settle(page)
+    handle = page.locator("#planner-boundaries [role=slider]").nth(handle_idx)
+    box = handle.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.evaluate("""() => {
+        const node = document.querySelector('#planner-prediction');
+        window.__before = node.innerText; window.__changed = null;
+        new MutationObserver((_, observer) => {
+            if (node.innerText !== window.__before && window.__changed === null) {
+                window.__changed = performance.now(); observer.disconnect(); }
+        }).observe(node, {childList: true, characterData: true, subtree: true});
+        document.addEventListener('pointerup', () => { window.__released = performance.now(); },
+                                  {once: true, capture: true});
+    }""")
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + dx_px / 2, y, steps=5)
+    page.mouse.move(x + dx_px, y, steps=5)
+    page.mouse.up()
+    try:
+        page.wait_for_function("() => window.__changed !== null", timeout=10_000)
+    except playwright_api.TimeoutError:
+        shot(page, "failed-drag")
+        values = page.evaluate("() => [...document.querySelectorAll('#planner-boundaries "
+                               "[role=slider]')].map(h => h.getAttribute('aria-valuenow'))")
+        raise AssertionError(f"dragging handle {handle_idx} by {dx_px} px did not change the "
+                             f"prediction; handles now at {values}") from None
+    return page.evaluate("() => window.__changed - window.__released")
+
+
+def settle(page: object) -> None:
+    """Wait until no callback is running (Dash marks what it updates as loading)."""
+    page.wait_for_function("() => !document.querySelector('[data-dash-is-loading=\"true\"]')")
+    page.wait_for_timeout(300)
+
+
+def choose(page: object, dropdown_id: str, text: str) -> None:
+    page.click(f"#{dropdown_id}")
+    page.get_by_role("option", name=text).first.click()
+
+
+def set_number(page: object, input_id: str, value: int) -> None:
+    page.fill(f"#{input_id}", str(value))
+    page.press(f"#{input_id}", "Tab")
+
+
+def test_upload_plan_drag_and_approve(page: object, stack: LiveStack) -> None:
+    page.goto(f"{stack.url}/profiles")
+    page.wait_for_selector("text=No profiles yet")
+    page.fill("#profiles-model", "vgg16")
+    page.fill("#profiles-batch-size", "128")
+    page.set_input_files("#profiles-upload input[type=file]",
+                         str(PIPEDREAM_DIR / "vgg16" / "graph.txt"))
+    page.wait_for_selector("text=Uploaded graph.txt")
+    page.wait_for_selector("#profiles-time-graph .bars")
+    shot(page, "profiles")
+    page.set_input_files("#profiles-upload input[type=file]", str(ROOT / "pyproject.toml"))
+    page.wait_for_selector("#profiles-status .ps-error")
+    assert "Could not read pyproject.toml" in page.inner_text("#profiles-status")
+    shot(page, "profiles-bad-upload")
+
+    page.click("#nav-planner")
+    page.fill("#planner-memory", "40GiB")
+    page.press("#planner-memory", "Enter")
+    before = wait_prediction(page)
+    took_ms = drag_handle(page, 0, -120)
+    after = prediction(page)
+    assert after != before and after.startswith("Predicted step")
+    print(f"\nvgg16 drag: prediction updated {took_ms:.0f} ms after release")
+    page.click("#planner-run-all")
+    page.wait_for_selector("#planner-compare-table table")
+    choose(page, "planner-side-a", "uniform")
+    choose(page, "planner-side-b", "optimal")
+    page.wait_for_selector("#planner-side-b-graph .ytick")
+    page.fill("#planner-name", "vgg16 by hand")
+    page.click("#planner-approve")
+    page.wait_for_selector("text=is approved")
+    shot(page, "planner")
+
+
+def test_plan_view_of_1000_layers_is_fast(page: object, stack: LiveStack) -> None:
+    document = big_profile(1000).model_dump(mode="json")
+    created = httpx.post(f"{stack.url}/api/profiles", json={"profile": document},
+                         headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).json()
+    page.goto(f"{stack.url}/planner")
+    choose(page, "planner-profile", f"{created['id']}: big (1000 layers)")
+    set_number(page, "planner-stages", 8)
+    set_number(page, "planner-microbatches", 32)
+    wait_prediction(page)
+    settle(page)
+    # From the stage count's change to the Gantt drawn with 16 rows and its prediction shown.
+    page.evaluate("""() => { window.__changed_at = performance.now(); window.__text_at = null;
+        const node = document.querySelector('#planner-prediction');
+        new MutationObserver((_, observer) => { window.__text_at = performance.now();
+            observer.disconnect(); }).observe(node, {childList: true, subtree: true,
+                                                     characterData: true}); }""")
+    set_number(page, "planner-stages", 16)
+    page.wait_for_function("""() => {
+        const gantt = document.querySelector('#planner-gantt-graph');
+        if (!gantt.textContent.includes('stage 15')) { return false; }
+        window.__drawn_at = performance.now(); return true; }""", polling="raf")
+    render_ms = page.evaluate("() => window.__drawn_at - window.__changed_at")
+    text_ms = page.evaluate("() => window.__text_at - window.__changed_at")
+    print(f"\nprediction shown after {text_ms:.0f} ms")
+    # each drag grows stage 3, the bottleneck, so the predicted step time changes each time
+    drags = [drag_handle(page, idx, dx) for idx, dx in ((3, 25), (2, -25), (3, 25))]
+    print(f"\n1,000 layers on 16 stages: plan view drawn {render_ms:.0f} ms after the click; "
+          f"drags updated the prediction {', '.join(f'{d:.0f}' for d in drags)} ms after "
+          "release")
+    shot(page, "planner-1000-layers")
+    assert render_ms < 1000
+    assert max(drags) < 300
+    # a path per op kind, not an SVG element per op; hovering a bar still names its op
+    assert page.evaluate("() => document.querySelectorAll('#planner-gantt-graph path')"
+                         ".length") < 200
+    expected, shown = hover_gantt(page, "backward")
+    assert "backward of micro-batch" in shown and shown == expected.replace("<br>", "")
+
+
+def hover_gantt(page: object, kind: str) -> tuple[str, str]:
+    """Move the mouse onto the middle of the first ``kind`` bar of the planner's Gantt:
+    (that bar's hover text in the figure, the hover label's text in the page)."""
+    settle(page)
+    page.locator("#planner-gantt-graph").scroll_into_view_if_needed()
+    x, y, text = page.evaluate("""kind => {
+        const gd = document.querySelector('#planner-gantt-graph .js-plotly-plot');
+        const trace = gd.data.find(t => t.name === kind);
+        const end = trace.text.lastIndexOf(trace.text[0]);
+        const size = gd._fullLayout._size, box = gd.getBoundingClientRect();
+        return [box.left + size.l + gd._fullLayout.xaxis.d2p((trace.x[0] + trace.x[end]) / 2),
+                box.top + size.t + gd._fullLayout.yaxis.d2p(trace.y[0]), trace.text[0]]; }""",
+                                 kind)
+    page.mouse.move(x, y)
+    page.wait_for_selector("#planner-gantt-graph .hovertext")
+    return text, page.text_content("#planner-gantt-graph .hovertext")
+
+
+def approve_gpt_plan(page: object, stack: LiveStack) -> None:
+    page.goto(f"{stack.url}/profiles")
+    page.set_input_files("#profiles-upload input[type=file]",
+                         str(ROOT / "profiles" / "builtin" / "gpt24.json"))
+    page.wait_for_selector("text=Uploaded gpt24.json")
+    page.click("#nav-planner")
+    choose(page, "planner-profile", "gpt (26 layers)")
+    set_number(page, "planner-stages", 2)
+    set_number(page, "planner-microbatches", 4)
+    wait_prediction(page)
+    drag_handle(page, 0, 300)  # an unbalanced plan: the online planner should rebalance it
+    page.click("#planner-approve")
+    page.wait_for_selector("text=is approved")
+
+
+def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
+    stack.wait_for_workers(2)
+    approve_gpt_plan(page, stack)
+    page.click("#nav-runs")
+    choose(page, "runs-plan", "gpt")
+    page.wait_for_function("() => document.querySelector('#runs-model').value === 'gpt'")
+    page.fill("#runs-model-args", "layers=24 width=32 heads=2 seq_len=16 vocab=64")
+    page.fill("#runs-steps", "400")
+    page.click("#runs-launch")
+    page.wait_for_selector("text=Launched run")
+    page.wait_for_function("() => document.querySelector('#runs-status').innerText"
+                           ".includes(': running')", timeout=60_000)
+    points = ("() => { const g = document.querySelector('#runs-loss-graph .js-plotly-plot');"
+              " return g && g.data && g.data.length ? g.data[0].x.length : 0; }")
+    page.wait_for_function(f"() => ({points})() >= 3", timeout=90_000)
+    first = page.evaluate(f"({points})()")
+    page.wait_for_function(f"() => ({points})() > {first}", timeout=30_000)
+    shot(page, "runs-live")
+
+    page.click("#runs-propose")
+    page.wait_for_selector("#runs-decision-status .ps-ok", timeout=60_000)
+    page.wait_for_selector("[id^=runs-proposal-] button:has-text('Approve')")
+    page.locator("[id^=runs-proposal-] button:has-text('Approve')").first.click()
+    page.wait_for_selector("#runs-decision-status :text('is approved')")
+    # The migration: the proposal is applied by the workers and marked on the charts.
+    page.wait_for_function("() => document.querySelector('#runs-throughput-graph')"
+                           ".textContent.includes('migrat')", timeout=60_000)
+    shot(page, "runs-migration")
+    proposals = httpx.get(f"{stack.url}/api/proposals", timeout=10).json()["data"]
+    outcome = json.dumps([(p["state"], p["outcome"]) for p in proposals])
+    assert any(p["state"] == "applied" for p in proposals), outcome
+    assert "migrated:" in page.text_content("#runs-throughput-graph")

@@ -1,0 +1,199 @@
+"""Figure builders (``pipestudio/dashboard/components``), called directly."""
+
+import itertools
+import json
+import re
+import time
+
+import pytest
+
+from pipestudio.dashboard.components import (
+    compare,
+    gantt,
+    memory_charts,
+    profile_charts,
+    run_charts,
+    stage_charts,
+)
+from pipestudio.dashboard.components.style import OP_COLORS, byte_unit, format_bytes
+from pipestudio.planner import cluster_template, plan_template, simulate
+from tests.dashboard.conftest import big_profile
+
+
+@pytest.fixture(scope="module")
+def tight_result():
+    """1F1B on 4 stages where stage 0 holds too many activations for its device."""
+    profile = big_profile(40)
+    plan = plan_template(profile, 4, 8, "1f1b")
+    return simulate(profile, plan, cluster_template([4], [10.0], device_memory_bytes=80 * 2**20))
+
+
+def names(figure):
+    return [trace["name"] for trace in figure["data"]]
+
+
+def test_byte_units_follow_the_size():
+    assert byte_unit(3 * 2**30) == ("GiB", 2**30)
+    assert byte_unit(500) == ("bytes", 1.0)
+    assert format_bytes(1.5 * 2**20) == "1.50 MiB"
+    assert format_bytes(None) == "—"
+
+
+def test_layer_charts_have_one_trace_per_quantity_with_units():
+    profile = big_profile(30)
+    times = profile_charts.layer_time_figure(profile)
+    assert names(times) == ["forward", "backward"]
+    assert times["data"][0]["y"][3] == profile.layers[3].fwd_ms
+    assert "(ms" in times["layout"]["yaxis"]["title"]["text"]
+    sizes = profile_charts.layer_bytes_figure(profile)
+    assert names(sizes) == ["parameters", "saved for backward", "output (sent on)"]
+    assert sizes["data"][0]["y"][0] == 1.0  # 1 MiB of parameters, drawn in MiB
+    assert "MiB" in sizes["layout"]["yaxis"]["title"]["text"]
+
+
+def test_empty_states_say_what_to_do():
+    for figure in (profile_charts.layer_time_figure(None), stage_charts.stage_memory_figure(None),
+                   gantt.schedule_gantt(None), memory_charts.memory_timeline_figure(None),
+                   compare.compare_figure([]), run_charts.loss_figure([])):
+        assert figure["data"] == []
+        assert figure["layout"]["annotations"][0]["text"]
+
+
+def test_stage_bars_name_the_bottleneck_and_the_memory_limit(tight_result):
+    compute = stage_charts.stage_compute_figure(tight_result)
+    busiest = max(range(4), key=lambda s: tight_result.stages[s].busy_ms)
+    assert compute["layout"]["annotations"][0]["x"] == f"stage {busiest}"
+    idle = next(t for t in compute["data"] if t["name"] == "idle (bubble)")
+    assert idle["y"][busiest] == pytest.approx(tight_result.step_time_ms
+                                               - tight_result.stages[busiest].busy_ms)
+    memory = stage_charts.stage_memory_figure(tight_result)
+    limit = next(t for t in memory["data"] if t["name"] == "device memory limit")
+    assert limit["y"] == [80.0] * 4  # MiB
+    assert not tight_result.stages[0].fits
+    assert any("over by" in a["text"] for a in memory["layout"]["annotations"])
+    assert "does NOT fit" in memory["layout"]["title"]["text"]
+
+
+def drawn_bars(shape):
+    """(row, start ms, end ms) of each bar (a horizontal stroke) of a Gantt shape's path."""
+    found = re.findall(r"M([-\d.e+]+),([-\d.]+)H([-\d.e+]+)", shape["path"])
+    return [(round(float(y)), float(start), float(end)) for start, y, end in found]
+
+
+def test_gantt_has_a_row_per_stage_a_shape_per_op_kind_and_visible_bubbles(tight_result):
+    figure = gantt.schedule_gantt(tight_result)
+    kinds = {op.op for op in tight_result.timeline}
+    shapes = figure["layout"]["shapes"]
+    assert len(shapes) == len(figure["data"]) == len(kinds) + 1  # + idle
+    assert [s["name"] for s in shapes] == [t["legendgroup"] for t in figure["data"]]
+    assert all(s["showlegend"] for s in shapes)
+    assert not any(t["showlegend"] for t in figure["data"])
+    assert figure["layout"]["yaxis"]["ticktext"] == [f"stage {s}" for s in range(4)]
+    assert figure["layout"]["yaxis"]["tickvals"] == [0, 1, 2, 3]
+    colors = {s["name"]: s["line"]["color"] for s in shapes}
+    assert colors["forward"] == OP_COLORS["forward"] != colors["backward"]
+    forward = next(s for s in shapes if s["name"] == "forward")
+    assert len(drawn_bars(forward)) == sum(1 for op in tight_result.timeline
+                                           if op.op == "forward")
+    idle = drawn_bars(shapes[0])
+    assert shapes[0]["name"] == "idle (bubble)"
+    # 1F1B with 4 stages and 8 micro-batches: the bubble is (p-1)/(m+p-1) of each row at
+    # uniform cost; here the bars must add up to the idle time the stage bars report.
+    for stage in tight_result.stages:
+        drawn = sum(end - start for row, start, end in idle if row == stage.index)
+        assert drawn == pytest.approx(tight_result.step_time_ms - stage.busy_ms, abs=1e-3)
+
+
+def test_gantt_hover_names_the_op_anywhere_along_its_bar():
+    shape, trace = gantt.kind_layers("forward", "#000", "compute",
+                                     [(2, 10.0, 110.0, "stage 2: forward of micro-batch 0")],
+                                     row_px=34.0, hover_step_ms=30.0)
+    assert drawn_bars(shape) == [(2, 10.0, 110.0)]
+    assert shape["line"]["width"] == 17.0  # the compute lane is half a row
+    # every place on the bar is within half a step of one of its hover points
+    points = [10.0, *trace["x"], 110.0]
+    assert trace["x"][0] - 10.0 <= 15.0 and 110.0 - trace["x"][-1] <= 15.0
+    assert max(b - a for a, b in itertools.pairwise(points)) <= 30.0
+    assert set(trace["text"]) == {"stage 2: forward of micro-batch 0"}
+    assert gantt.kind_layers("backward", "#000", "compute", [(0, 1.0, 2.0, "b")],
+                             34.0, 30.0)[1]["x"] == [1.5]  # one point, in the middle
+    assert trace["mode"] == "none" and trace["legendgroup"] == shape["legendgroup"]
+
+
+def test_measured_gantt_rows_of_replicas_and_migrations():
+    ops = [{"stage": s, "replica": r, "op": "forward", "microbatch": 0, "start_ms": 1.0 + s,
+            "end_ms": 2.0 + s} for s, r in ((0, 0), (1, 0), (1, 1))]
+    figure = gantt.ops_gantt(ops, "measured", migrations=[(1.5, "migrated: b1 0→1")])
+    assert figure["layout"]["yaxis"]["ticktext"] == ["stage 0", "stage 1.0", "stage 1.1"]
+    forward = next(s for s in figure["layout"]["shapes"] if s.get("name") == "forward")
+    assert [row for row, _, _ in drawn_bars(forward)] == [0, 1, 2]
+    assert "migrated: b1 0→1" in [a["text"] for a in figure["layout"]["annotations"]]
+
+
+def test_idle_spans_are_the_gaps_between_compute_ops():
+    ops = [{"stage": 0, "replica": 0, "op": "forward", "start_ms": 1.0, "end_ms": 2.0},
+           {"stage": 0, "replica": 0, "op": "send_activation", "start_ms": 2.0, "end_ms": 9.0},
+           {"stage": 0, "replica": 0, "op": "backward", "start_ms": 4.0, "end_ms": 6.0}]
+    assert gantt.idle_spans(ops, (0.0, 10.0)) == {(0, 0): [(0.0, 1.0), (2.0, 4.0), (6.0, 10.0)]}
+
+
+def test_memory_over_time_marks_when_a_stage_runs_out(tight_result):
+    figure = memory_charts.memory_timeline_figure(tight_result)
+    over = next(t for t in figure["data"] if t["name"] == "first over the limit")
+    assert any(text.startswith("stage 0 runs out of memory at") for text in over["text"])
+    assert any(shape["y0"] == 80.0 for shape in figure["layout"]["shapes"])
+    assert all(trace.get("showlegend", True) for trace in figure["data"])  # 4 stages
+
+
+def test_compare_rows_and_chart_show_every_candidate(tight_result):
+    candidates = [compare.Candidate.of("uniform", tight_result, 3.0),
+                  compare.Candidate("optimal", None, "no plan fits in 80 MiB")]
+    rows = compare.compare_rows(candidates)
+    assert rows[0]["fits"] == "NO" and rows[0]["device limit"] == "80.00 MiB"
+    assert rows[1]["fits"] == "no plan: no plan fits in 80 MiB"
+    figure = compare.compare_figure(candidates)
+    assert figure["data"][0]["x"] == ["uniform"]
+
+
+def step_event(stage, step, busy, start, end, **extra):
+    return {"stage": stage, "replica": 0, "step": step, "busy_ms": busy, "start_ms": start,
+            "end_ms": end, "samples_per_s": 8 / (end - start) * 1e3, **extra}
+
+
+def test_run_charts_measure_throughput_and_mark_migrations():
+    steps = [step_event(0, 0, 5, 0, 10), step_event(1, 0, 6, 2, 20, loss=2.0),
+             step_event(0, 1, 5, 20, 30), step_event(1, 1, 6, 22, 40, loss=1.5)]
+    step_idx, rates = run_charts.step_throughput(steps)
+    assert step_idx == [0, 1] and rates == pytest.approx([400.0, 400.0])  # 8 samples / 20 ms
+    markers = [run_charts.Marker(1.5, "migrated: layer3 0→1")]
+    figure = run_charts.throughput_figure(steps, markers, predicted_samples_per_s=500)
+    texts = [a["text"] for a in figure["layout"]["annotations"]]
+    assert "migrated: layer3 0→1" in texts and "predicted 500.0 samples/s" in texts
+    assert run_charts.loss_figure(steps, markers)["data"][0]["y"] == [2.0, 1.5]
+    assert names(run_charts.stage_busy_figure(steps)) == ["stage 0", "stage 1"]
+    swap = run_charts.swap_recompute_figure(steps, markers)
+    assert len(swap["layout"]["shapes"]) == 2  # the marker on both panels
+    memory = run_charts.run_memory_figure(
+        [{"stage": 0, "replica": 0, "step": 0, "peak_bytes": 2**30}], {0: 2 * 2**30}, markers)
+    assert memory["data"][0]["y"] == [1.0]
+    assert any(a["text"] == "device limit 2.00 GiB" for a in memory["layout"]["annotations"])
+
+
+def test_plan_view_of_1000_layers_on_16_stages_builds_in_well_under_a_second():
+    profile = big_profile(1000)
+    plan = plan_template(profile, 16, 32, "1f1b")
+    result = simulate(profile, plan, cluster_template([16], [100.0],
+                                                       device_memory_bytes=2**30))
+    started = time.perf_counter()
+    figures = [stage_charts.stage_compute_figure(result), stage_charts.stage_memory_figure(result),
+               gantt.schedule_gantt(result), memory_charts.memory_timeline_figure(result)]
+    encoded = json.dumps(figures)
+    elapsed_s = time.perf_counter() - started
+    assert elapsed_s < 0.3, f"{elapsed_s:.3f} s"
+    # a shape and a hover trace per op kind, not an element per op
+    assert len(figures[2]["data"]) == len(figures[2]["layout"]["shapes"]) <= 10
+    assert len(encoded) < 2_000_000
+    # 16 lines share 10 colours: hovering names a line's stage, no legend to wrap
+    lines = [trace for trace in figures[3]["data"] if trace["name"].startswith("stage")]
+    assert len(lines) == 16 and not any(trace["showlegend"] for trace in lines)
+    assert "hover a line for its stage" in figures[3]["layout"]["title"]["text"]

@@ -1,0 +1,148 @@
+"""Planner page callbacks (``pages/planner_callbacks.py``, ``planning.py``, ``editor.py``)
+against the real backend in-process."""
+
+import json
+
+import pytest
+
+from pipestudio.dashboard import planning
+from pipestudio.dashboard.editor import equal_boundaries, stage_sizes
+from pipestudio.dashboard.pages import planner_callbacks as callbacks
+from pipestudio.planner import Plan
+
+
+def form(profile_id, **changes):
+    base = {"profile": profile_id, "cluster": None, "memory": "48GiB", "stages": 4,
+            "microbatches": 8, "microbatch-size": None, "schedule": "1f1b",
+            "optimizer": "adam", "algorithm": "balance-time"}
+    return {**base, **changes}
+
+
+def act(context, trigger, values, editor=None, boundaries=None, candidates=(), pick=None,
+        layers=None, policy="keep"):
+    return callbacks.editor_action(context, trigger, values, editor, boundaries,
+                                   list(candidates), pick, layers, policy)
+
+
+def test_picking_a_profile_gives_equal_stages_and_a_prediction(context, vgg_id):
+    editor, slider, _ = act(context, "planner-profile", form(vgg_id))
+    assert slider["value"] == equal_boundaries(41, 4) == [11, 21, 31]
+    assert slider["max"] == 40
+    text, failed, figures = planning.plan_view(context, editor, slider["value"])
+    assert not failed and text.startswith("Predicted step ")
+    assert [f["layout"]["title"]["text"].split(" (")[0] for f in figures] == [
+        "Compute per stage and step", "Peak memory per stage"]
+    gantt, memory = planning.timeline_view(context, editor, slider["value"])
+    assert gantt["layout"]["title"]["text"].startswith("Predicted schedule: step")
+    assert memory["data"][0]["name"] == "stage 0"
+
+
+def test_moving_a_boundary_changes_the_prediction(context, vgg_id):
+    editor, _slider, _ = act(context, "planner-profile", form(vgg_id))
+    before, _, _ = planning.plan_view(context, editor, [11, 21, 31])
+    after, _, figures = planning.plan_view(context, editor, [5, 21, 31])
+    assert before != after
+    assert figures[0]["data"][0]["x"] == ["stage 0", "stage 1", "stage 2", "stage 3"]
+    assert stage_sizes([5, 21, 31], 41) == [5, 16, 10, 10]
+
+
+def test_reshaping_keeps_the_boundaries_and_no_profile_is_a_hint(context, vgg_id):
+    editor, _, _ = act(context, "planner-profile", form(vgg_id))
+    reshaped, slider, _ = act(context, "planner-schedule", form(vgg_id, schedule="gpipe"),
+                              editor, [5, 21, 31])
+    assert slider is None and reshaped["schedule"] == "gpipe"
+    nothing, slider, notice = act(context, None, form(None))
+    assert nothing is None and slider is None and "Pick a profile" in notice.children
+
+
+def test_bad_memory_is_named(context, vgg_id):
+    editor, slider, notice = act(context, "planner-memory", form(vgg_id, memory="lots"))
+    assert editor is None and slider is None
+    assert "size 'lots' is not understood" in notice.children
+
+
+def test_run_one_planner_loads_its_plan(context, vgg_id):
+    editor, slider, notice = act(context, "planner-run", form(vgg_id, algorithm="optimal"))
+    assert editor["source"] == "optimal"
+    stages = len(slider["value"]) + 1
+    assert sum(editor["replicas"]) == 4 and len(editor["replicas"]) == stages
+    assert f"optimal planned {stages} stage(s) on 4 device(s)" in notice.children
+    _, failed, _ = planning.plan_view(context, editor, slider["value"])
+    assert not failed
+
+
+def test_infeasible_planner_says_so(context, vgg_id):
+    _editor, slider, notice = act(context, "planner-run", form(vgg_id, memory="1GiB",
+                                                             algorithm="optimal"))
+    assert slider is None and "ps-error" in notice.className
+    assert "optimal found no plan" in notice.children
+
+
+def test_policies_apply_and_change_memory(context, vgg_id):
+    editor, slider, _ = act(context, "planner-profile", form(vgg_id))
+    names = [layer.name for layer in context.profile(vgg_id).layers[:11]]
+    _, _, kept = planning.editor_documents(context, editor, slider["value"])
+    recomputed, _, notice = act(context, "planner-policy-apply", form(vgg_id), editor,
+                                slider["value"], layers=names, policy="recompute")
+    assert "11 layer(s) set to recompute" in notice.children
+    assert callbacks.policy_summary(recomputed).startswith("11 layer(s) recompute, 0 swap")
+    _, _, result = planning.editor_documents(context, recomputed, slider["value"])
+    assert result.stages[0].peak_bytes < kept.stages[0].peak_bytes
+    assert result.stages[0].recompute_ms > 0
+    back, _, _ = act(context, "planner-policy-apply", form(vgg_id), recomputed,
+                     slider["value"], layers=names, policy="keep")
+    assert back["policies"] == {}
+
+
+def test_compare_all_then_open_and_side_by_side(context, vgg_id):
+    editor, _, _ = act(context, "planner-profile", form(vgg_id))
+    rows = planning.run_planners(context, editor, 4, None)
+    _table, figure, openable = callbacks.compare_view(rows)
+    assert {"uniform", "optimal", "pipedream"} <= set(openable)
+    assert len(figure["data"][0]["x"]) == len(openable)
+    loaded, slider, _notice = act(context, "planner-compare-open", form(vgg_id), editor,
+                                 candidates=rows, pick="uniform")
+    assert slider["value"] == equal_boundaries(41, 4) and loaded["source"] == "uniform"
+    side = planning.candidate_gantt(context, editor, rows[0])
+    assert side["layout"]["title"]["text"].startswith("uniform: Predicted schedule")
+
+
+def test_save_and_approve_store_the_edited_plan(context, vgg_id):
+    editor, _, _ = act(context, "planner-profile", form(vgg_id))
+    saved, notice = planning.save_plan(context, editor, [5, 21, 31], "edited", approve=False)
+    assert notice == f"Plan {saved['plan_id']} is draft."
+    stored = context.client.plan(saved["plan_id"])
+    assert [len(s["layers"]) for s in stored["document"]["stages"]] == [5, 16, 10, 10]
+    # the memory per device went with it, as a cluster of free links
+    cluster = context.client.cluster(stored["cluster_id"])
+    assert cluster["document"]["devices"][0]["memory_bytes"] == 48 * 2**30
+    approved, notice = planning.save_plan(context, saved, [5, 21, 31], None, approve=True)
+    assert approved["plan_id"] == saved["plan_id"] and notice.endswith("is approved.")
+    assert context.client.plan(saved["plan_id"])["state"] == "approved"
+    moved, _ = planning.save_plan(context, approved, [6, 21, 31], None, approve=False)
+    assert moved["plan_id"] != saved["plan_id"]
+
+
+def test_exports_are_a_plan_and_a_chrome_trace(context, vgg_id):
+    editor, slider, _ = act(context, "planner-profile", form(vgg_id))
+    name, text = planning.export_plan(context, editor, slider["value"])
+    assert name == "vgg16-1f1b-4stages.plan.json"
+    assert Plan.model_validate_json(text).num_stages == 4
+    name, text = planning.export_trace(context, editor, slider["value"])
+    events = json.loads(text)["traceEvents"]
+    assert {e["cat"] for e in events if e["ph"] == "X"} >= {"forward", "backward"}
+
+
+@pytest.mark.parametrize("stages", [1, 41])
+def test_extreme_stage_counts(context, vgg_id, stages):
+    editor, slider, _ = act(context, "planner-stages", form(vgg_id, stages=stages))
+    assert len(slider["value"]) == stages - 1
+    _, failed, _ = planning.plan_view(context, editor, slider["value"])
+    assert not failed
+
+
+def test_policy_picker_lists_the_profiles_layers(context, vgg_id):
+    names = callbacks.layer_names(context, vgg_id)
+    assert len(names) == 41 and names[0] == context.profile(vgg_id).layers[0].name
+    assert callbacks.layer_names(context, None) == []
+    assert callbacks.layer_names(context, 999) == []  # not stored: nothing to pick

@@ -1,0 +1,153 @@
+"""Runs page callbacks (``pages/runs_actions.py``, ``monitor.py``, ``observed.py``)."""
+
+import json
+
+import pytest
+from dash import no_update
+
+from pipestudio.dashboard import monitor
+from pipestudio.dashboard.context import Context
+from pipestudio.dashboard.observed import observed_profile
+from pipestudio.dashboard.pages import runs_actions as actions
+from pipestudio.planner import PlannerError, plan_template, simulate
+from tests.dashboard.conftest import big_profile
+
+
+def approved_plan(context, vgg_id):
+    plan = context.client.create_plan({"profile_id": vgg_id, "manual": {
+        "boundaries": [20], "num_microbatches": 2, "schedule": "1f1b"}})
+    return context.client.update_plan(plan["id"], {"state": "approved"})
+
+
+def test_options_offer_approved_plans_only(context, vgg_id):
+    draft = context.client.create_plan({"profile_id": vgg_id, "manual": {
+        "boundaries": [10], "num_microbatches": 2, "schedule": "gpipe"}})
+    approved = approved_plan(context, vgg_id)
+    plans, runs, selected = actions.options(context, None)
+    assert [p["value"] for p in plans] == [approved["id"]] != [draft["id"]]
+    assert (runs, selected) == ([], None)
+
+
+def test_launch_defaults_come_from_the_profile(context):
+    profile = big_profile(4).model_copy(update={"model": "mlp", "metadata": {
+        "config.layers": 3, "config.width": 64, "torch": "2.13"}})
+    created = context.client.create_profile({"profile": profile.model_dump(mode="json")})
+    plan = context.client.create_plan({"profile_id": created["id"], "manual": {
+        "boundaries": [2], "num_microbatches": 2, "schedule": "1f1b"}})
+    assert actions.launch_defaults(context, plan["id"]) == ("mlp", "layers=3 width=64")
+
+
+def test_launch_without_workers_explains_why(context, vgg_id):
+    plan = approved_plan(context, vgg_id)
+    notice, run_id = actions.launch(context, plan["id"], "vgg16", "", 5)
+    assert run_id is None and "ps-error" in notice.className
+    assert "needs 2 ranks" in notice.children and "free slot" in notice.children
+    notice, run_id = actions.launch(context, plan["id"], "vgg16", "width", 5)
+    assert "model argument 'width' is not KEY=VALUE" in notice.children
+    notice, _ = actions.launch(context, None, "vgg16", "", 5)
+    assert "Pick an approved plan" in notice.children
+
+
+def test_no_run_selected_shows_empty_charts(context):
+    *figures, status, _proposals, stop_polling, run_options = actions.tick(context, None)
+    assert len(figures) == 6 and all(f["data"] == [] for f in figures)
+    assert status == "No run selected." and not stop_polling
+    assert run_options is no_update
+
+
+def metric(kind, stage, step, received_at, **data):
+    return {"kind": kind, "stage": stage, "replica": 0, "step": step, "time_ms": 0.0,
+            "received_at": received_at, "data": {"type": kind, "stage": stage, "step": step,
+                                                 **data}}
+
+
+class RecordedBackend:
+    """The read side of the API for one run, answering what a 2-stage run stored."""
+
+    def __init__(self) -> None:
+        self.steps = [metric("step", s, k, f"2026-01-01T00:00:0{k}", start_ms=100.0 * k + s,
+                             end_ms=100.0 * k + 50 + s, busy_ms=40.0 + s, recompute_ms=0.0,
+                             swap_bytes=0, samples_per_s=160.0,
+                             **({"loss": 2.0 - k / 10} if s == 1 else {}))
+                      for k in range(4) for s in range(2)]
+        self.memory = [metric("memory", s, k, "x", peak_bytes=2**28) for k in range(4)
+                       for s in range(2)]
+        self.ops = [metric("op", s, 3, "x", op=op, microbatch=0, start_ms=300.0 + i * 10,
+                           end_ms=305.0 + i * 10) for s in range(2)
+                    for i, op in enumerate(("forward", "backward"))]
+
+    def run(self, run_id):
+        return {"id": run_id, "plan_id": 7, "state": "running", "model": "mlp", "steps": 10,
+                "last_step": 3, "ranks": [{}, {}], "message": None}
+
+    def plan(self, plan_id):
+        return {"id": plan_id, "summary": {"samples_per_s": 200.0,
+                                           "stage_device_memory_bytes": [2**30, 2**30]}}
+
+    def metrics(self, run_id, kinds, **_):
+        return {"step": self.steps, "memory": self.memory, "op": self.ops}[kinds[0]]
+
+    def events(self, run_id, after_id=0):
+        return [{"kind": "migration", "step": None, "created_at": "2026-01-01T00:00:02.5",
+                 "message": "moved", "data": {"ok": True, "payload": {"moves": [
+                     {"layer": "block1", "from_stage": 0, "to_stage": 1}]}}}]
+
+    def proposals(self, run_id):
+        return [{"id": 3, "state": "pending", "outcome": None, "document": {
+            "algorithm": "relieve", "moves": [{"layer": "block1", "from_stage": 0,
+                                               "to_stage": 1}], "policy_changes": [],
+            "step_time_now_ms": 50.0, "step_time_after_ms": 40.0, "gain_ms": 10.0,
+            "gain_fraction": 0.2, "migration_bytes": 2**20, "migration_ms": 1.0,
+            "reason": "repays in 1 step"}}]
+
+
+def test_live_view_draws_measurements_and_the_migration():
+    view = monitor.fetch_view(RecordedBackend(), 5)
+    assert view.markers == [monitor.Marker(2.5, "migrated: block1 0→1")]
+    assert {op["step"] for op in view.ops} == {3}
+    gantt, throughput, _busy, memory, _swap, loss = monitor.figures(view)
+    assert gantt["layout"]["title"]["text"] == "Measured schedule of step 3"
+    assert "migrated: block1 0→1" in [a["text"] for a in throughput["layout"]["annotations"]]
+    assert loss["data"][0]["y"] == pytest.approx([2.0, 1.9, 1.8, 1.7])
+    assert memory["data"][0]["y"] == [0.25] * 4  # GiB, the unit of the 1 GiB limit
+    assert monitor.status_text(view).startswith("Run 5 of plan 7 (mlp): running, step 3 of 10")
+    card = actions.proposal_card(view.proposals[0])
+    assert "gain 10.00 ms, 20.0%" in card.children[0].children
+    assert card.children[-1].children[0].id == {"type": "runs-proposal-approve", "index": 3}
+    trace = json.loads(monitor.measured_trace(view.ops, 5))
+    assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X") == 4
+
+
+def test_the_run_picker_follows_the_watched_runs_state():
+    picked = [{"label": "run 5: plan 7, mlp, starting", "value": 5},
+              {"label": "run 4: plan 7, mlp, finished", "value": 4}]
+    *_, stop_polling, run_options = actions.tick(Context(RecordedBackend()), 5, picked)
+    assert not stop_polling
+    assert run_options == [{"label": "run 5: plan 7, mlp, running", "value": 5}, picked[1]]
+    # once the label is current the picker is left alone, not redrawn every second
+    assert actions.tick(Context(RecordedBackend()), 5, run_options)[-1] is no_update
+
+
+def test_migrations_on_one_step_share_a_marker():
+    steps = [{"step": 4, "received_at": "2026-01-01T00:00:04"}]
+    events = [{"kind": kind, "step": None, "created_at": "2026-01-01T00:00:05",
+               "message": "no live migration", "data": {"ok": False, "payload": {"moves": [
+                   {"layer": "b1", "from_stage": 0, "to_stage": 1}]}}}
+              for kind in ("migration_requested", "migration", "migration")]
+    events[0]["data"] = {"moves": events[1]["data"]["payload"]["moves"]}
+    assert monitor.migration_markers(events, steps) == [monitor.Marker(
+        4.5, "migration requested: b1 0→1 / migration failed: b1 0→1")]
+
+
+def test_observed_profile_scales_each_stage_by_its_measured_compute():
+    profile = big_profile(8)
+    plan = plan_template(profile, 2, 4, "1f1b")
+    predicted = simulate(profile, plan).stages
+    steps = [{"stage": s, "step": k, "busy_ms": predicted[s].busy_ms * (2.0 if s == 1 else 1.0)}
+             for k in range(3) for s in range(2)]
+    steps.append({"stage": 1, "step": 0, "busy_ms": 1e6})  # the warm-up step is left out
+    observed = observed_profile(profile, plan, steps)
+    assert observed.layers[0].fwd_ms == pytest.approx(profile.layers[0].fwd_ms)
+    assert observed.layers[7].bwd_ms == pytest.approx(2 * profile.layers[7].bwd_ms)
+    with pytest.raises(PlannerError, match="stage 1 has reported no step yet"):
+        observed_profile(profile, plan, steps[:1])
