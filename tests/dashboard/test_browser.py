@@ -8,6 +8,7 @@ and a boundary drag updates the prediction in under 300 ms.
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -251,8 +252,14 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     # The migration: the proposal is applied by the workers and marked on the charts.
     page.wait_for_function("() => document.querySelector('#runs-throughput-graph')"
                            ".textContent.includes('migrat')", timeout=60_000)
-    shot(page, "runs-migration")
-    proposals = httpx.get(f"{stack.url}/api/proposals", timeout=10).json()["data"]
+    deadline = time.monotonic() + 90  # the workers report once the engine has switched
+    while True:
+        proposals = httpx.get(f"{stack.url}/api/proposals", timeout=10).json()["data"]
+        if any(p["state"] != "approved" for p in proposals) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     outcome = json.dumps([(p["state"], p["outcome"]) for p in proposals])
     assert any(p["state"] == "applied" for p in proposals), outcome
-    assert "migrated:" in page.text_content("#runs-throughput-graph")
+    page.wait_for_function("() => document.querySelector('#runs-throughput-graph')"
+                           ".textContent.includes('migrated:')", timeout=60_000)
+    shot(page, "runs-migration")
