@@ -4,8 +4,11 @@ The worker asks ``partition(mb)`` which layers to run a micro-batch on, calls
 ``learn_until(step)`` before it first touches an op of a step (the migrations that the
 job's coordinator announced for that step begin then, ``control.py``), ``after_update``
 after every update (versions and hand-offs that became due are sent) and
-``ensure_arrived(mb)`` before it needs the live state of a layer arriving for ``mb``.
-The protocol is ``transition.py``'s; the messages are ``handoff.py``'s.
+``ensure_arrived(mb)`` before it needs the weights of a layer arriving for ``mb``,
+``ensure_trainable()`` before an update (or a checkpoint) needs their optimizer state, and
+``progress()`` between ops, so the receives of the messages a migration brings are posted
+as soon as their senders have sent them (a rank expects them from the moment it learns of
+the migration). The protocol is ``transition.py``'s; the messages are ``handoff.py``'s.
 """
 
 import time
@@ -13,13 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
+from pipestudio.planner.plan import Plan
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.handoff import (
-    HANDOFF_SLOT,
+    TRAINING_SLOT,
+    WEIGHTS_SLOT,
     Channel,
-    layer_state,
+    layer_training,
     layer_versions,
-    load_layer_state,
+    layer_weights,
+    load_layer_training,
+    load_layer_weights,
     tag,
 )
 from pipestudio.runtime.engine.layout import EngineLayout
@@ -48,8 +55,10 @@ class LiveRepartition:
         first = Partition(0, worker.plan, worker.layout, worker.io, runner, runner_keys(runner))
         self.partitions = [first]
         self.owned: dict[str, nn.Parameter] = first.qualified()
+        self.untrained: set[str] = set()  # owned, optimizer state not arrived yet
         self.transitions: list[Transition] = []
-        self.channel = Channel(worker.ctx.timeout_s, worker.watchdog)
+        self.channel = Channel(worker.ctx.store, worker.ctx.rank, worker.ctx.timeout_s,
+                               worker.watchdog)
         self.start_step = 0
         self.known_step = -1
         self.applied = 0
@@ -92,11 +101,24 @@ class LiveRepartition:
         transition = Transition(decision["id"], step, switch_mb, outgoing, incoming,
                                 started_ms=w.ctx.clock.now_ms())
         for peer in outgoing:
-            transition.needed[peer] = needed_versions(
-                plan, layout.worker(peer)[0], step, self.start_step, w.config.steps,
-                w.config.checkpoint_every)
+            transition.needed[peer] = self._needed(plan, layout.worker(peer)[0], step)
+        for peer in incoming:
+            for version in sorted(self._needed(plan, w.stage_idx, step)):
+                self.channel.expect(peer, tag(transition.migration_id,
+                                              1 + switch_mb - version))
+            self.channel.expect(peer, tag(transition.migration_id, WEIGHTS_SLOT))
+            self.channel.expect(peer, tag(transition.migration_id, TRAINING_SLOT))
         self.transitions.append(transition)
         self.after_update(self.applied)
+
+    def _needed(self, plan: Plan, stage_idx: int, step: int) -> set[int]:
+        config = self.worker.config
+        return needed_versions(plan, stage_idx, step, self.start_step, config.steps,
+                               config.checkpoint_every)
+
+    def progress(self) -> None:
+        """Post the receives of the migration messages that have been sent to this rank."""
+        self.channel.progress()
 
     def after_update(self, applied: int) -> None:
         """Send the versions and hand-offs due now that ``applied`` micro-batches are in."""
@@ -119,8 +141,10 @@ class LiveRepartition:
                     layer_versions(modules), peer, tag(t.migration_id, 1 + t.switch_mb - version))
                 t.versions_sent.add((peer, version))
         if self.applied >= t.switch_mb:
-            t.sent_bytes += self.channel.send(layer_state(modules, self.worker.optimizer), peer,
-                                              tag(t.migration_id, HANDOFF_SLOT))
+            for message, slot in ((layer_weights(modules), WEIGHTS_SLOT),
+                                  (layer_training(modules, self.worker.optimizer),
+                                   TRAINING_SLOT)):
+                t.sent_bytes += self.channel.send(message, peer, tag(t.migration_id, slot))
             t.handed_off.add(peer)
             prefixes = tuple(f"{name}." for name in layers)
             for full in [full for full in self.owned if full.startswith(prefixes)]:
@@ -128,27 +152,45 @@ class LiveRepartition:
             self._rebuild_optimizer({})
             self._maybe_done(t)
 
+    def _receive(self, t: Transition, peer: int, slot: int, what: str) -> dict[str, Any]:
+        start, before = time.perf_counter(), self.channel.received_bytes
+        message = self.channel.receive(peer, tag(t.migration_id, slot),
+                                       f"{what} from {self.worker.layout.describe(peer)} "
+                                       f"(migration {t.migration_id})")
+        t.wait_ms += (time.perf_counter() - start) * 1e3
+        t.received_bytes += self.channel.received_bytes - before
+        return message
+
     def ensure_arrived(self, microbatch: int) -> None:
-        """Receive the hand-offs of migrations that switch at or before ``microbatch``."""
+        """Receive the weights of layers arriving for ``microbatch`` or earlier."""
         for t in self.transitions:
             if t.switch_mb > microbatch:
                 continue
             for peer, layers in t.incoming.items():
                 if peer in t.received:
                     continue
-                what = (f"receiving layers {layers} from {self.worker.layout.describe(peer)} "
-                        f"(migration {t.migration_id})")
-                start = time.perf_counter()
-                before = self.channel.received_bytes
-                state = self.channel.receive(peer, tag(t.migration_id, HANDOFF_SLOT), what)
-                t.received_bytes += self.channel.received_bytes - before
                 modules = {name: self.modules[name] for name in layers}
-                extra = load_layer_state(modules, state, self.worker.ctx.device)
-                t.wait_ms += (time.perf_counter() - start) * 1e3
+                load_layer_weights(modules, self._receive(t, peer, WEIGHTS_SLOT,
+                                                          f"receiving layers {layers}"))
                 for name in layers:
                     for key, param in modules[name].named_parameters():
                         self.owned[f"{name}.{key}"] = param
+                        self.untrained.add(f"{name}.{key}")
                 t.received.add(peer)
+
+    def ensure_trainable(self) -> None:
+        """Receive the training state of every layer whose weights have arrived."""
+        for t in self.transitions:
+            for peer in sorted(t.received - t.trained):
+                layers = t.incoming[peer]
+                modules = {name: self.modules[name] for name in layers}
+                message = self._receive(t, peer, TRAINING_SLOT,
+                                        f"receiving the optimizer state of {layers}")
+                extra = load_layer_training(modules, message, self.worker.ctx.device)
+                for name in layers:
+                    for key, _ in modules[name].named_parameters():
+                        self.untrained.discard(f"{name}.{key}")
+                t.trained.add(peer)
                 self._rebuild_optimizer(extra)
                 self._maybe_done(t)
 
@@ -162,13 +204,8 @@ class LiveRepartition:
             peer = next(p for p, layers in t.incoming.items() if layer in layers)
             sources[(t.migration_id, peer)] = t
         for (_, peer), t in sources.items():
-            what = (f"receiving weight version {version} of {t.incoming[peer]} from "
-                    f"{self.worker.layout.describe(peer)} (migration {t.migration_id})")
-            start, before = time.perf_counter(), self.channel.received_bytes
-            message = self.channel.receive(peer, tag(t.migration_id, 1 + t.switch_mb - version),
-                                           what)
-            t.wait_ms += (time.perf_counter() - start) * 1e3
-            t.received_bytes += self.channel.received_bytes - before
+            message = self._receive(t, peer, 1 + t.switch_mb - version,
+                                    f"receiving weight version {version} of {t.incoming[peer]}")
             for name, params in message.items():
                 for key, value in params.items():
                     trainable = self.modules[name].get_parameter(key).requires_grad
@@ -179,9 +216,10 @@ class LiveRepartition:
     def _rebuild_optimizer(self, extra: dict[nn.Parameter, dict[str, Any]]) -> None:
         """An optimizer over the owned parameters, in the newest partition's order."""
         w = self.worker
-        order = [p for full, p in self.latest.qualified().items() if full in self.owned]
+        trained = {full: p for full, p in self.owned.items() if full not in self.untrained}
+        order = [p for full, p in self.latest.qualified().items() if full in trained]
         seen = {id(p) for p in order}
-        order += [p for p in self.owned.values() if id(p) not in seen]
+        order += [p for p in trained.values() if id(p) not in seen]
         old = w.optimizer
         w.optimizer = w.make_optimizer([p for p in order if p.requires_grad])
         if w.optimizer is None:

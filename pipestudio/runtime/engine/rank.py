@@ -3,7 +3,8 @@
 Each rank builds the whole model from the factory with the run's seed, so every rank
 starts from the same weights, and keeps its stage's layers. After training, rank 0
 gathers every worker's measured timeline (one ``gather_object`` over gloo, once, so it
-costs the run nothing while it trains), publishes the ``summary`` event and writes the
+costs the run nothing while it trains), publishes the ``summary`` event (with each stage's
+layers in the partition the run ended on, after any live repartition) and writes the
 Chrome trace. A rank that fails records why in the store for the others (``faults.py``)
 and publishes an ``error`` event before it raises.
 """
@@ -89,7 +90,7 @@ def _report(worker: Worker) -> dict[str, Any]:
             "timeline": worker.recorder.timeline, "steps": worker.recorder.steps,
             "memory": worker.recorder.memory, "max_weight_versions": worker.max_versions,
             "param_bytes": sum(p.numel() * p.element_size()
-                               for p in worker.stage.params.values()),
+                               for p in worker.live.latest.runner.params.values()),
             "optimizer_bytes": optimizer_bytes}
 
 
@@ -103,8 +104,11 @@ def _gather(config: EngineConfig, worker: Worker, steps: list[int]) -> dict[str,
         raise worker.watchdog.failure("gathering the timelines", None, exc) from exc
     if reports is None:
         return None
-    summary = summary_event(config.plan, reports, steps)
+    plan = worker.live.latest.plan  # the partition the run ended on
+    summary = summary_event(plan, reports, steps)
+    for stage in summary["stages"]:
+        stage["layers"] = list(plan.stages[stage["index"]].layers)
     worker.recorder.sink(summary)
     if config.trace_path and steps:
-        write_chrome_trace(measured_result(config.plan, reports, steps), config.trace_path)
+        write_chrome_trace(measured_result(plan, reports, steps), config.trace_path)
     return summary

@@ -10,7 +10,8 @@ none of them moves or is recomputed.
 The moved layer's state follows the rule of vPipe (Zhao et al., TPDS'22 §4.3): its
 parameters go to the new stage after the backward that last updates them on the old one,
 i.e. once the old stage has applied the gradients of every micro-batch before ``M``
-(the *hand-off*: parameters, buffers, accumulated gradients, optimizer state). Until then:
+(the *hand-off*: parameters and buffers, then accumulated gradients and optimizer state,
+which the new stage waits for only before its first update). Until then:
 
 - ``gpipe``/``1f1b`` update at the flush, so the hand-off is sent as soon as the rank
   learns of the migration at the step boundary, and waited for only before the first
@@ -73,7 +74,8 @@ class Transition:
     needed: dict[int, set[int]] = field(default_factory=dict)  # peer -> versions to send
     versions_sent: set[tuple[int, int]] = field(default_factory=set)
     handed_off: set[int] = field(default_factory=set)
-    received: set[int] = field(default_factory=set)
+    received: set[int] = field(default_factory=set)  # peers whose weights are in
+    trained: set[int] = field(default_factory=set)  # peers whose optimizer state is in
     wait_ms: float = 0.0
     started_ms: float = 0.0
     sent_bytes: int = 0
@@ -81,7 +83,8 @@ class Transition:
 
     @property
     def done(self) -> bool:
-        return self.handed_off == set(self.outgoing) and self.received == set(self.incoming)
+        return (self.handed_off == set(self.outgoing)
+                and self.received == self.trained == set(self.incoming))
 
     def layers_out(self) -> list[str]:
         return [name for names in self.outgoing.values() for name in names]

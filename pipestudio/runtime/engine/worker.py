@@ -115,6 +115,7 @@ class Worker:
                 self.config.before_op(self.ctx.rank, op)
             self._run(op)
             self.transport.reap()
+            self.live.progress()
             left[op.step] -= 1
             if left[op.step] == 0:
                 if self.plan.schedule != "pipedream":
@@ -171,12 +172,7 @@ class Worker:
         part = self.live.partition(mb)
         io = part.io
         self._post(ACTIVATION, mb, io.receives)
-        received = {layer: tensor.requires_grad_(tensor.is_floating_point())
-                    for layer, tensor in self._received(ACTIVATION, mb)}
-        data = targets = None
-        if io.reads_data or io.has_loss:
-            data, targets = self.spec.sample(self.plan.microbatch_size, mb)
-            data, targets = data.to(self.ctx.device), targets.to(self.ctx.device)
+        # layers arriving for ``mb`` were sent before its activations: wait for them first
         if self.versions is None:
             self.live.ensure_arrived(mb)
             weights = part.runner.params
@@ -184,6 +180,12 @@ class Worker:
             weights = part.positional(self.versions.for_forward(
                 mb, [full for _, full in part.keys]))
             self.max_versions = max(self.max_versions, self.versions.num_versions)
+        received = {layer: tensor.requires_grad_(tensor.is_floating_point())
+                    for layer, tensor in self._received(ACTIVATION, mb)}
+        data = targets = None
+        if io.reads_data or io.has_loss:
+            data, targets = self.spec.sample(self.plan.microbatch_size, mb)
+            data, targets = data.to(self.ctx.device), targets.to(self.ctx.device)
         self.watchdog.doing(f"the forward of micro-batch {mb} (step {step})")
         record = self.recorder.start("forward", mb, step)
         if self.meter is not None:
@@ -237,6 +239,7 @@ class Worker:
             assert op.microbatch is not None
             self.live.ensure_arrived(op.microbatch)
             self.versions.before_update()
+        self.live.ensure_trainable()
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -273,6 +276,7 @@ class Worker:
         assert root is not None
         first_mb = step * self.plan.num_microbatches
         self.live.ensure_arrived(first_mb)
+        self.live.ensure_trainable()
         part = self.live.partition(first_mb)
         ckpt.save_rank(root, step, self.stage_idx, self.replica, part.runner.module,
                        self.optimizer, self.ctx.device)

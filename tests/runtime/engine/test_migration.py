@@ -8,6 +8,7 @@ emulation of weight stashing with per-micro-batch partitions (written here, apar
 engine), which without migrations equals the engine's reference (``reference.py``).
 """
 
+import json
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from torch import Tensor
 from pipestudio.planner import Plan
 from pipestudio.planner.schedule import BACKWARD, worker_order
 from pipestudio.runtime.engine import EngineConfig, launch
+from pipestudio.runtime.engine.handoff import pack, unpack
 from pipestudio.runtime.engine.repartition import (
     RepartitionConfig,
     ScriptedMigration,
@@ -89,6 +91,8 @@ def test_migrations_change_nothing(num_stages: int, schedule: str, vertical_sync
     moved = {name for _, m in moves for name, _ in m}
     assert {n for e in finished for n in e["layers_in"]} == moved
     assert all(e["received_bytes"] > 0 for e in finished if e["layers_in"])
+    summary = next(e for e in migrated if e["type"] == "summary")
+    assert [s["layers"] for s in summary["stages"]] == [s.layers for s in partitions[-1][1].stages]
 
     if schedule == "pipedream" and not vertical_sync:
         expected = emulate_pipedream(build, partitions, plan, STEPS * plan.num_microbatches)
@@ -155,3 +159,34 @@ def test_emulation_without_migration_equals_the_reference() -> None:
     plan = make_plan("mlp", CASES[3][0], "pipedream")
     got = emulate_pipedream(build, [(0, plan)], plan, 3 * plan.num_microbatches)
     assert max_relative_difference(got, train_pipedream(partial(build), plan, 3)) <= 1e-6
+
+
+def test_messages_go_raw_and_come_back_equal() -> None:
+    weight = torch.randn(5, 3)
+    message = {"block0": {"params": {"weight": weight.t(), "bias": torch.randn(5)},
+                          "buffers": {"count": torch.tensor(7)}, "grads": {},
+                          "optimizer": {"weight": {"step": torch.tensor(3.0),
+                                                   "exp_avg": torch.randn(3, 5, dtype=torch.half),
+                                                   "momentum_buffer": None}}},
+               "head": {}}
+    packed = weight.t().clone()
+    header, payload = pack(message)
+    weight.add_(1.0)  # the sender trains on: the message keeps what was packed
+    got = unpack(json.loads(json.dumps(header)), payload.clone())
+
+    def same(a: Any, b: Any) -> None:
+        if torch.is_tensor(a):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+            assert a.data_ptr() % 64 == 0  # aligned views of the payload
+        elif isinstance(a, dict):
+            assert a.keys() == b.keys()
+            for key in a:
+                same(a[key], b[key])
+        else:
+            assert a == b
+
+    expected = {**message, "block0": {**message["block0"], "params": {
+        "weight": packed, "bias": message["block0"]["params"]["bias"]}}}
+    same(got, expected)
+    raw_bytes = (15 + 5 + 15) * 4 + 8 + 15 * 2
+    assert header["num_bytes"] <= raw_bytes + 64 * 5  # bytes and alignment, no pickling
