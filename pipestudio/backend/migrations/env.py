@@ -1,9 +1,9 @@
 """Alembic's entry point: migrate the connection the backend hands over, or the database
 ``PIPESTUDIO_DATABASE_URL`` names when run from the ``alembic`` command."""
 
+from alembic import context
 from sqlalchemy import Connection
 
-from alembic import context
 from pipestudio.backend.db import make_engine
 from pipestudio.backend.models import Base
 from pipestudio.backend.settings import Settings

@@ -9,7 +9,6 @@ Create Date: 2026-01-01
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-
 from alembic import op
 
 revision: str = "0001"
