@@ -34,11 +34,16 @@ class Marker:
     text: str
 
 
+#: Labels of successive markers step down the plot so that neighbours do not overlap.
+LABEL_ROWS = 4
+
+
 def _mark(figure: Figure, markers: Sequence[Marker], xrefs: Sequence[str] = ("x",)) -> None:
-    for marker in markers:
+    for idx, marker in enumerate(sorted(markers, key=lambda m: m.step)):
+        label_y = 1.0 - 0.1 * (idx % LABEL_ROWS)
         for xref in xrefs:
             add_vline(figure, marker.step, marker.text if xref == xrefs[0] else "",
-                      MIGRATION_COLOR, xref=xref)
+                      MIGRATION_COLOR, xref=xref, label_y=label_y)
 
 
 def stage_series(events: Sequence[Event]) -> dict[str, list[Event]]:
