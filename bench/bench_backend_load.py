@@ -83,9 +83,11 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def _dashboard(url: str, run_id: int, latencies: list[float], seen: set[str],
-                     stop_at: asyncio.Event) -> None:
+                     stop_at: asyncio.Event, watching: asyncio.Event) -> None:
     async with connect(url.replace("http", "ws") + f"/ws/runs/{run_id}",
                        max_size=2**26, compression=None) as socket:
+        assert json.loads(await socket.recv())["type"] == "run"  # subscribed from here on
+        watching.set()
         while not stop_at.is_set():
             try:
                 message = json.loads(await asyncio.wait_for(socket.recv(), 1.0))
@@ -146,7 +148,9 @@ async def _measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     dash_ms: list[float] = []
     rest_ms: list[float] = []
     seen: set[str] = set()
-    dashboard = asyncio.create_task(_dashboard(url, run_id, dash_ms, seen, stop_at))
+    watching = asyncio.Event()
+    dashboard = asyncio.create_task(_dashboard(url, run_id, dash_ms, seen, stop_at, watching))
+    await watching.wait()  # the load starts once the dashboard watches the run
     rest = asyncio.create_task(_rest_load(url, run_id, args.rest_rate, stop_at, rest_ms, t0))
     await asyncio.gather(*(w.emit(t0) for w in workers))
     deadline = time.monotonic() + 30

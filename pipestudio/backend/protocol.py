@@ -28,7 +28,9 @@ worker holding rank 0 opens a ``torch.distributed`` TCPStore on port 0 and repor
 ranks' engine processes against that store.
 
 The dashboard stream sends ``run`` (the run, now and on every state change), ``metrics``
-(engine events as stored: ``op``, ``step``, ``memory``), ``event`` (``start``, ``error``,
+(engine events ``op``, ``step``, ``memory``, streamed as the next numbered message
+arrives, before its commit; a message streamed but then not stored is resent and may be
+streamed twice, never lost), ``event`` (``start``, ``error``,
 ``summary``, migrations...) and ``proposal`` messages.
 """
 

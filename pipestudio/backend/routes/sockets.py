@@ -55,6 +55,8 @@ async def worker_socket(websocket: WebSocket) -> None:
 
     worker, actions = await to_thread.run_sync(register)
     link = WorkerLink(worker.id, websocket)
+    assert context.ingestor is not None
+    context.ingestor.expect(worker.id, worker.last_seq)
     old = context.hub.attach(link)
     if old is not None:
         with contextlib.suppress(Exception):

@@ -60,6 +60,19 @@ def end_run(session: Session, run: models.Run, state: str, message: str | None,
     return actions
 
 
+def metrics_message(run_id: int, events: list[dict[str, Any]], received_s: float
+                    ) -> dict[str, Any]:
+    """The dashboards' ``metrics`` message for a run's metric events."""
+    return {"type": "metrics", "run_id": run_id, "received_at": received_s,
+            "events": events}
+
+
+def metric_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The metric events (``METRIC_KINDS``) of a worker's ``events`` message."""
+    return [e for e in message.get("events", [])
+            if isinstance(e, dict) and str(e.get("type", "unknown"))[:20] in METRIC_KINDS]
+
+
 def apply_events(session: Session, worker_id: str, run: models.Run,
                  events: list[dict[str, Any]]) -> Actions:
     now = models.utcnow()
@@ -85,9 +98,8 @@ def apply_events(session: Session, worker_id: str, run: models.Run,
     actions = Actions(metric_rows=metrics)
     received = now.timestamp()
     if metrics:
-        actions.to_watchers.append((run.id, {"type": "metrics", "run_id": run.id,
-                                             "received_at": received,
-                                             "events": [m["data"] for m in metrics]}))
+        actions.to_watchers.append((run.id, metrics_message(run.id, [m["data"] for m in metrics],
+                                                            received)))
     for event in others:
         actions.to_watchers.append((run.id, {"type": "event", "run_id": run.id,
                                              "received_at": received, "event": event.data}))
