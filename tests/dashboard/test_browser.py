@@ -10,17 +10,16 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.browser import CHROMIUM, chromium_page
 from tests.conftest import PIPEDREAM_DIR, ROOT
 from tests.dashboard.conftest import big_profile
 from tests.dashboard.live import TOKEN, LiveStack
 
 playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "test-output" / "dashboard"
 DOCS_IMG = ROOT / "docs" / "img"
 
@@ -43,12 +42,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
 
 @pytest.fixture(scope="module")
 def page(stack: LiveStack) -> Iterator[object]:
-    with playwright_api.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
-        tab.set_default_timeout(30_000)
+    with chromium_page() as tab:
         yield tab
-        browser.close()
 
 
 def shot(page: object, name: str) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from pipestudio.demo import GPT_PROFILE_NAME
+from tests.browser import CHROMIUM, chromium_page
 from tests.conftest import ROOT
 from tests.deploy.demo_process import Demo
 
 playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "test-output" / "deploy"
 PLAN_NAME = "gpt: 2 stages balanced by time"
 LOSS_POINTS = ("() => { const g = document.querySelector('#runs-loss-graph .js-plotly-plot');"
@@ -37,12 +37,8 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
 
 @pytest.fixture
 def page() -> Iterator[object]:
-    with playwright_api.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
-        tab.set_default_timeout(30_000)
+    with chromium_page() as tab:
         yield tab
-        browser.close()
 
 
 def shot(page: object, name: str) -> None:

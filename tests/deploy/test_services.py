@@ -23,22 +23,15 @@ from sqlalchemy import create_engine, inspect
 
 from pipestudio.backend.db import normalize_url
 from pipestudio.planner.cluster import cluster_template
-from tests.backend.conftest import empty_postgres, postgres_database
+from tests.backend.conftest import database_url, postgres_database
 from tests.conftest import ROOT
 from tests.deploy.compose import TOKENS, load
 
-__all__ = ["postgres_database"]  # a fixture, used by name
+__all__ = ["database_url", "postgres_database"]  # fixtures, used by name
 BIN = str(Path(sys.executable).parent)
 COMPOSE_URL = "http://backend:8000"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'pipestudio.db'}"
-    url: str = request.getfixturevalue("postgres_database")
-    empty_postgres(url)
-    return url
 
 
 def service(name: str, database_url: str) -> tuple[list[str], dict[str, str]]:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from pipestudio.planner import Plan
 from pipestudio.runtime.engine import EngineConfig, check_config
 from pipestudio.runtime.engine.commands import Controller
-from pipestudio.runtime.engine.rank import run_rank
+from pipestudio.runtime.engine.rank import run_rank_reporting
 from pipestudio.runtime.engine.rendezvous import StoreAddress
 from pipestudio.runtime.engine.repartition import RepartitionConfig
 
@@ -59,20 +59,10 @@ def _die_with_parent() -> None:
 def _rank_main(config: EngineConfig, rank: int, address: StoreAddress, conn: Connection,
                ranks_here: int) -> None:
     _die_with_parent()
-    reported = []
-
-    def sink(event: Event) -> None:
-        if event["type"] == "error":
-            reported.append(event)
-        conn.send(event)
-
-    try:
-        run_rank(config, rank, address, sink, ranks_here=ranks_here)
-    except BaseException as exc:
-        if not reported:
-            sink({"type": "error", "rank": rank, "root_rank": rank,
-                  "message": f"rank {rank} failed: {type(exc).__name__}: {exc}"})
-        conn.close()
+    ended_well = run_rank_reporting(config, rank, address, conn.send, ranks_here=ranks_here)
+    conn.close()
+    if not ended_well:
+        sys.exit(1)
         sys.exit(1)
     conn.close()
 

@@ -29,7 +29,7 @@ from pipestudio.runtime.engine.config import EngineConfig, build_model
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.layout import EngineLayout
 from pipestudio.runtime.engine.metrics import Event, EventSink, JsonlSink
-from pipestudio.runtime.engine.rank import run_rank
+from pipestudio.runtime.engine.rank import run_rank, run_rank_reporting
 from pipestudio.runtime.engine.rendezvous import StoreAddress, address_from_env
 
 
@@ -62,20 +62,12 @@ def check_config(config: EngineConfig) -> EngineLayout:
 
 def _child(config: EngineConfig, rank: int, address: StoreAddress, conn: Connection,
            world_size: int) -> None:
-    reported = []
-
-    def sink(event: Event) -> None:
-        if event["type"] == "error":
-            reported.append(event)
-        conn.send(("event", event))
-
-    try:
-        run_rank(config, rank, address, sink, ranks_here=world_size)
-    except BaseException as exc:
-        if not reported:
-            sink({"type": "error", "rank": rank, "root_rank": rank,
-                  "message": f"rank {rank} failed: {type(exc).__name__}: {exc}"})
-        conn.close()
+    ended_well = run_rank_reporting(config, rank, address,
+                                    lambda event: conn.send(("event", event)),
+                                    ranks_here=world_size)
+    conn.close()
+    if not ended_well:
+        os._exit(1)
         os._exit(1)
     conn.close()
 

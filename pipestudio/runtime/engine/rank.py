@@ -70,6 +70,28 @@ def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: Event
         leave()
 
 
+def run_rank_reporting(config: EngineConfig, rank: int, address: StoreAddress,
+                       sink: EventSink, *, ranks_here: int) -> bool:
+    """``run_rank`` in a child process: a failure that the rank did not report itself is
+    reported to ``sink`` as an ``error`` event naming the rank. True when the rank ended
+    well."""
+    reported = False
+
+    def report(event: Any) -> None:
+        nonlocal reported
+        reported = reported or event["type"] == "error"
+        sink(event)
+
+    try:
+        run_rank(config, rank, address, report, ranks_here=ranks_here)
+    except BaseException as exc:
+        if not reported:
+            sink({"type": "error", "rank": rank, "root_rank": rank,
+                  "message": f"rank {rank} failed: {type(exc).__name__}: {exc}"})
+        return False
+    return True
+
+
 def _resume(config: EngineConfig, worker: Worker) -> int:
     if not (config.resume and config.checkpoint_dir):
         return 0

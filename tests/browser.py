@@ -1,0 +1,20 @@
+"""Headless Debian Chromium driven by Playwright: the page the browser tests use."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's package; browsers are never downloaded
+
+
+@contextmanager
+def chromium_page() -> Iterator[object]:
+    """A 1400x1000 tab with a 30 s default timeout, closed with its browser."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        tab.set_default_timeout(30_000)
+        yield tab
+        browser.close()
