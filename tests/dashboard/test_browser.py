@@ -7,7 +7,6 @@ and a boundary drag updates the prediction in under 300 ms.
 """
 
 import json
-import shutil
 import time
 from collections.abc import Iterator
 
@@ -21,7 +20,6 @@ from tests.dashboard.live import TOKEN, LiveStack
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 SHOTS = ROOT / "test-output" / "dashboard"
-DOCS_IMG = ROOT / "docs" / "img"
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not CHROMIUM.exists(),
@@ -50,8 +48,6 @@ def shot(page: object, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
-    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-    shutil.copy(path, DOCS_IMG / f"dashboard-{name}.png")
 
 
 def prediction(page: object) -> str:
