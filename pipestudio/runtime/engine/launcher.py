@@ -10,6 +10,12 @@ by themselves (they do, within the timeout, each naming the rank at the root), a
 launcher then terminates the rest; the result names the first rank that failed and carries
 every rank's error.
 
+Children start by ``spawn`` (the default) or ``forkserver``, never by a plain ``fork``: the
+store's server thread, and any thread of the caller, runs while the launcher forks, and a
+child forked while another thread holds a lock (the store client's, the allocator's)
+blocks forever on it. ``forkserver`` forks from a single-threaded server that has imported
+torch and the engine once, so a child starts in a fraction of a second and safely.
+
 ``train_from_env`` is the torchrun path: the process is one rank and uses RANK,
 WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; each rank appends its events to
 the JSON-lines file itself.
@@ -31,6 +37,9 @@ from pipestudio.runtime.engine.layout import EngineLayout
 from pipestudio.runtime.engine.metrics import Event, EventSink, JsonlSink
 from pipestudio.runtime.engine.rank import run_rank, run_rank_reporting
 from pipestudio.runtime.engine.rendezvous import StoreAddress, address_from_env
+
+#: How the launcher may start its children (see the module docstring).
+START_METHODS = ("spawn", "forkserver")
 
 
 @dataclass
@@ -68,19 +77,22 @@ def _child(config: EngineConfig, rank: int, address: StoreAddress, conn: Connect
     conn.close()
     if not ended_well:
         os._exit(1)
-        os._exit(1)
-    conn.close()
 
 
 def launch(config: EngineConfig, sink: EventSink | None = None, *,
            start_method: str = "spawn", grace_s: float | None = None) -> TrainResult:
     """Run the job on this machine (see the module docstring)."""
+    if start_method not in START_METHODS:
+        raise EngineError(f"start method {start_method!r} is not one of {START_METHODS}: a "
+                          "plain fork can deadlock a child (see the launcher's docstring)")
     layout = check_config(config)
     world = layout.world_size
     store = dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False,
                           timeout=timedelta(seconds=config.timeout_s))
     address = StoreAddress("127.0.0.1", store.port)
     context = mp.get_context(start_method)
+    if start_method == "forkserver":
+        context.set_forkserver_preload(["torch", "pipestudio.runtime.engine"])
     sinks = _sinks(config.metrics_path, sink)
     readers: dict[Connection, int] = {}
     processes = []

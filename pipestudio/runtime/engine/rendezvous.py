@@ -11,6 +11,11 @@ of GPUs never wait on each other's order), and between two ranks that share a GP
 staged through host memory over gloo, because NCCL cannot connect a GPU to itself. Each
 replicated stage gets its own group for the all-reduce of its gradients: NCCL when its
 replicas are on different GPUs, gloo otherwise. Every group has the job's timeout.
+
+Before the groups, every rank waits on the store until all ranks have arrived, for
+``join_timeout_s`` (the job's timeout, and at least ``JOIN_TIMEOUT_S``): starting a process
+that imports torch can take longer than an op may on a loaded machine, and a rank that dies
+before it arrives is seen at once by the launcher (or torchrun), not by this wait.
 """
 
 import os
@@ -25,6 +30,9 @@ import torch.distributed as dist
 from pipestudio.runtime.engine.clock import Clock
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.layout import EngineLayout
+
+#: The least time ranks wait for each other to start (see the module docstring).
+JOIN_TIMEOUT_S = 45.0
 
 
 @dataclass(frozen=True)
@@ -92,12 +100,31 @@ def choose_device(layout: EngineLayout, rank: int, device: str) -> torch.device:
     return torch.device("cuda", plan_device % torch.cuda.device_count())
 
 
+def join_timeout_s(timeout_s: float) -> float:
+    return max(timeout_s, JOIN_TIMEOUT_S)
+
+
+def _arrive(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
+    """Wait until every rank's process is up (see the module docstring)."""
+    store.set(f"arrived/{rank}", "1")
+    try:
+        store.wait([f"arrived/{other}" for other in range(world_size)],
+                   timedelta(seconds=timeout_s))
+    except RuntimeError as exc:
+        missing = [other for other in range(world_size)
+                   if not store.check([f"arrived/{other}"])]
+        raise EngineError(f"rank {rank}: rank(s) {missing} did not start within "
+                          f"{timeout_s:.0f} s") from exc
+
+
 def join(layout: EngineLayout, rank: int, address: StoreAddress, device_kind: str,
          timeout_s: float) -> RankContext:
     """Connect, create the process groups, agree on the clock (module docstring)."""
     world_size = layout.world_size
     timeout = timedelta(seconds=timeout_s)
-    store = connect(address, world_size, timeout_s)
+    store = connect(address, world_size, join_timeout_s(timeout_s))
+    _arrive(store, rank, world_size, join_timeout_s(timeout_s))
+    store.set_timeout(timeout)
     device = choose_device(layout, rank, device_kind)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -40,7 +40,7 @@ def make_plan(model: str, stages: list[list[str]], schedule: str, *, replicas: l
 def run(plan: Plan, model: str, steps: int, folder: Path, sink: Callable[[dict[str, Any]],
         None] | None = None, **settings: Any) -> TrainResult:
     """A forked job with one thread per rank that checkpoints into ``folder``."""
-    start_method = settings.pop("start_method", "fork")
+    start_method = settings.pop("start_method", "forkserver")
     config = EngineConfig(plan=plan, model=model, model_args=model_args(model), steps=steps,
                           threads_per_rank=1, checkpoint_dir=str(folder),
                           timeout_s=settings.pop("timeout_s", 15.0), **settings)

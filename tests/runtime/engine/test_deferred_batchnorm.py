@@ -132,7 +132,7 @@ def test_the_cli_trains_resnet_operators_with_deferred_batchnorm(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine, "launch", functools.partial(engine.launch,
-                                                            start_method="fork"))
+                                                            start_method="forkserver"))
     ops = op_spec(builder("resnet")(), 2)
     cut = ops.layer_names.index("block1.bn2")  # block0's output skips to block1.shortcut
     plan = make_plan("resnet", [ops.layer_names[:cut], ops.layer_names[cut:]], "1f1b",

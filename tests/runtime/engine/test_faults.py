@@ -25,7 +25,7 @@ def _launch(hook: object, timeout_s: float, grace_s: float, tmp_path: Path) -> t
                           threads_per_rank=1, timeout_s=timeout_s, before_op=hook,  # type: ignore[arg-type]
                           metrics_path=str(tmp_path / "metrics.jsonl"))
     started = time.monotonic()
-    result = launch(config, start_method="fork", grace_s=grace_s)
+    result = launch(config, start_method="forkserver", grace_s=grace_s)
     return result, time.monotonic() - started
 
 

@@ -55,7 +55,7 @@ def _run(plan: Plan, folder: Path, migrations: list[ScriptedMigration] | None,
     config = EngineConfig(plan=plan, model="mlp", steps=STEPS, threads_per_rank=1,
                           model_args={k: str(v) for k, v in MODEL_ARGS.items()},
                           checkpoint_dir=str(folder), timeout_s=20.0, repartition=repartition)
-    result = launch(config, events.append, start_method="fork")
+    result = launch(config, events.append, start_method="forkserver")
     assert result.ok, result.message
 
 

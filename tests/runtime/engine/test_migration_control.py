@@ -27,7 +27,7 @@ def _config(plan: Any, model: str, args: dict[str, str], steps: int,
 def test_controller_migrates_a_running_job(tmp_path: Path) -> None:
     plan = make_plan("mlp", [["block0"], ["block1", "block2"], ["head"]], "1f1b")
     job = Job(_config(plan, "mlp", MLP, 12, RepartitionConfig(control_dir=str(tmp_path))),
-              start_method="fork").start()
+              start_method="forkserver").start()
     while job.last_step() < 1 and job.result is None:
         time.sleep(0.05)
     seq = job.controller.migrate(moves=[("block1", 0)])
@@ -46,7 +46,7 @@ def test_online_planner_repairs_an_imbalance(auto: bool, tmp_path: Path) -> None
     plan = make_plan("dynamic", [["embed"], ["block0", "block1", "block2", "block3", "head"]],
                      "1f1b", microbatch_size=4)
     settings = RepartitionConfig(every=2, auto=auto, control_dir=str(tmp_path))
-    job = Job(_config(plan, "dynamic", DYNAMIC, 8, settings), start_method="fork").start()
+    job = Job(_config(plan, "dynamic", DYNAMIC, 8, settings), start_method="forkserver").start()
     result = job.wait(180)
     assert result.ok, result.message
     proposals = [e for e in job.events if e["type"] == "proposal"]
