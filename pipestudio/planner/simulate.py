@@ -7,11 +7,11 @@ order of its schedule (``schedule.py``) on its device's compute stream. Beside i
   level that holds both (``Cluster``), one transfer at a time per direction, overlapped
   with compute; on one device they cost nothing;
 - a stage with swapped layers sends their saved tensors to the host right after each
-  forward and fetches them back as soon as the pass (forward, recompute or backward) before
-  that micro-batch's backward starts
-  (the schedule knows what comes next) and every swap-out issued before has ended, one
-  transfer at a time per direction of the host link; the backward waits for the fetch,
-  which is the stall the schedule cannot hide;
+  forward (unless that micro-batch's backward comes next: they would come straight back)
+  and fetches them back as soon as the pass (forward, recompute or backward) before that
+  micro-batch's backward starts (the schedule knows what comes next) and every swap-out
+  issued before has ended, one transfer at a time per direction of the host link; the
+  backward waits for the fetch, which is the stall the schedule cannot hide;
 - recompute runs, when the output gradient has arrived, just before the backward;
 - replicas of a stage all-reduce their gradients (ring: 2 (r-1)/r of the parameter bytes
   over the slowest link between them) before updating: once per step for the synchronous
@@ -201,19 +201,19 @@ def _build_stream(build: _Build, microbatches: list[int]) -> None:
         replicas = plan.stages[stage_idx].replicas
         mine = [mb for mb in microbatches if mb % replicas == replica]
         order = worker_order(plan.schedule, mine, plan.warmup_forwards(stage_idx))
-        for kind, mb in order:
+        for pos, (kind, mb) in enumerate(order):
             if kind == BACKWARD:
                 _add_backward(build, worker, mb)
                 if not sync:
                     _add_update(build, worker, mb // replicas, mb)
             else:
-                _add_forward(build, worker, mb)
+                _add_forward(build, worker, mb, swap=order[pos + 1:pos + 2] != [(BACKWARD, mb)])
         if sync:
             _add_update(build, worker, microbatches[0] // plan.num_microbatches, None)
     _add_transfers(build, microbatches)
 
 
-def _add_forward(build: _Build, worker: int, mb: int) -> None:
+def _add_forward(build: _Build, worker: int, mb: int, swap: bool) -> None:
     stage_idx = build.workers[worker][0]
     costs = build.costs[stage_idx]
     step = mb // build.plan.num_microbatches
@@ -221,7 +221,7 @@ def _add_forward(build: _Build, worker: int, mb: int) -> None:
     op = _Op("forward", worker, mb, step, memory_at_start=(0, costs.workspace_bytes),
              memory_at_end=(activations, -costs.workspace_bytes))
     build.forward[(stage_idx, mb)] = build.add_compute(op, costs.fwd_ms)
-    if costs.swap_bytes:
+    if costs.swap_bytes and swap:
         device = build.device(worker)
         out_ms = transfer_ms(costs.swap_bytes, _host_gbps(build, device, "device_to_host_gbps"))
         swap_out = build.add(

@@ -22,8 +22,10 @@ and x, y the swap-out and swap-in time of a micro-batch's swapped bytes, is::
 
 The fetch for a backward starts with the op before it, so it hides under that op and the
 recompute: the stall is max(0, y - F - R) for 1F1B stages with a warm-up (the op before is
-a forward), max(0, x + y - R) for the last stage (it fetches what it just sent out) and
-max(0, y - B - R) for GPipe (the op before is a backward).
+a forward) and max(0, y - B - R) for GPipe (the op before is a backward). A stage with one
+micro-batch in flight (the last stage under 1F1B and pipedream) runs each forward's
+backward right after it, so its swapped tensors stay on the device (x = y = 0), as in the
+engine; GPipe likewise keeps its last micro-batch's, an end effect the model leaves out.
 
 A stage of r replicas (``stage_context``: its first worker w0 and r; workers run on
 devices of the same numbers unless a plan places them) shares the pipeline's m
@@ -78,6 +80,11 @@ class StageContext:
     @property
     def swap_buffers(self) -> int:
         return 2 if self.inflight >= 2 else 1
+
+    @property
+    def swaps_out(self) -> bool:
+        """Whether swapped tensors leave the device: not with one micro-batch in flight."""
+        return self.inflight >= 2
 
 
 def stage_context(schedule: str, num_microbatches: int, optimizer: str,
@@ -145,6 +152,8 @@ def _allreduce_ms_per_byte(cluster: Cluster, devices: list[int]) -> float:
 
 def swap_times_ms(swap_bytes: int, ctx: StageContext) -> tuple[float, float]:
     """(swap-out, swap-in) time of one micro-batch's swapped bytes."""
+    if not ctx.swaps_out:
+        return 0.0, 0.0
     out = swap_bytes / ctx.host_out_bytes_per_ms if ctx.host_out_bytes_per_ms else 0.0
     back = swap_bytes / ctx.host_in_bytes_per_ms if ctx.host_in_bytes_per_ms else 0.0
     return out, back
@@ -152,13 +161,11 @@ def swap_times_ms(swap_bytes: int, ctx: StageContext) -> tuple[float, float]:
 
 def stall_ms(costs: StageCosts, ctx: StageContext) -> float:
     """Time a backward waits for its swapped tensors (see the module docstring)."""
-    if not costs.swap_bytes:
+    if not costs.swap_bytes or not ctx.swaps_out:
         return 0.0
-    out, back = swap_times_ms(costs.swap_bytes, ctx)
+    _, back = swap_times_ms(costs.swap_bytes, ctx)
     if ctx.schedule == "gpipe":
         return max(0.0, back - costs.bwd_ms - costs.recompute_ms)
-    if ctx.warmup == 0:
-        return max(0.0, out + back - costs.recompute_ms)
     return max(0.0, back - costs.fwd_ms - costs.recompute_ms)
 
 

@@ -2,12 +2,13 @@
 
 Before each op the worker posts the receives of its next two compute ops, so their tensors
 arrive while it computes (and, when the next op is a backward with swapped tensors, starts
-fetching them: the schedule knows what comes next). A forward waits for its inputs, runs
-the stage and sends its outputs; a backward waits for the gradients of what it sent, runs
-autograd and sends the gradients of what it received; an all-reduce sums the replicas'
-gradients; an update steps the optimizer. Under ``pipedream`` the forward and backward run
-on stashed weight versions (``weights.py``). When a step's last op is done the worker
-publishes the step's ops and metrics.
+fetching them: the schedule knows what comes next). A forward whose own backward comes
+right after it keeps its swapped tensors on the device: they would only come straight
+back. A forward waits for its inputs, runs the stage and sends its outputs; a backward
+waits for the gradients of what it sent, runs autograd and sends the gradients of what it
+received; an all-reduce sums the replicas' gradients; an update steps the optimizer. Under
+``pipedream`` the forward and backward run on stashed weight versions (``weights.py``).
+When a step's last op is done the worker publishes the step's ops and metrics.
 
 Live repartition (``live.py``): each micro-batch runs on the partition in effect for it, so
 the stage's layers, the tensors it receives and sends, and its optimizer may change between
@@ -56,6 +57,7 @@ class Worker:
         self.recorder = Recorder(self.stage_idx, self.replica, Marker(ctx.clock, ctx.device),
                                  sink, self.plan.num_microbatches * self.plan.microbatch_size)
         self.swap = SwapSpace(ctx.device)
+        self.backward_next: int | None = None  # the micro-batch whose backward comes next
         self.stage = StageRunner(dict(spec.layers), self.io, spec.graph_inputs(), spec.loss,
                                  self.plan.num_microbatches, ctx.device, self.swap,
                                  self.recorder)
@@ -110,6 +112,9 @@ class Worker:
         for idx, op in enumerate(ops):
             self.live.learn_until(max(o.step for o in ops[idx:idx + 3 * _LOOKAHEAD]))
             self._prepare(ops, idx)
+            following = ops[idx + 1] if idx + 1 < len(ops) else None
+            self.backward_next = (following.microbatch if following is not None
+                                  and following.kind == "backward" else None)
             self.watchdog.doing(_describe(op))
             if self.config.before_op is not None:
                 self.config.before_op(self.ctx.rank, op)
@@ -200,7 +205,8 @@ class Worker:
         for transfer in io.sends:
             self.transport.send(ACTIVATION, transfer, mb, state.outputs[transfer.layer], step)
         self.states[mb] = state
-        self._swap_out(mb, step)
+        if self.backward_next != mb:  # else the tensors would come straight back
+            self._swap_out(mb, step)
 
     def _backward(self, mb: int, step: int) -> None:
         part = self.live.partition(mb)
