@@ -1,5 +1,6 @@
 """Exhaustive search over every replication, partition and memory policy of a chain, scored
-with the stage model: the oracle the ``optimal`` planner must equal.
+with the stage model, and over every replication and partition, simulated: the oracles the
+``optimal`` planner must equal.
 
 A plan on D devices is a composition of D into replica counts (each dividing the
 micro-batches; only ones when the request is straight), one stage per part on consecutive
@@ -19,8 +20,18 @@ import math
 from collections.abc import Iterator
 from dataclasses import replace
 
+from pipestudio.planner.chain_model import ChainCosts, StageEvaluator
 from pipestudio.planner.costs import StageCosts, layer_set_costs
+from pipestudio.planner.plan import Plan
+from pipestudio.planner.planners.optimal_program import DeviceLayout
+from pipestudio.planner.planners.optimal_refine import (
+    Candidate,
+    PlannedStage,
+    StageChoices,
+    build,
+)
 from pipestudio.planner.request import PlanRequest
+from pipestudio.planner.simulate import simulate
 from pipestudio.planner.stage_model import (
     StageContext,
     link_time_ms,
@@ -123,3 +134,35 @@ def brute_force_bottleneck(request: PlanRequest) -> float:
                                                     bandwidth))
             best = min(best, value)
     return best
+
+
+def candidate_plans(request: PlanRequest) -> Iterator[Plan]:
+    """Every plan ``optimal``'s second phase chooses from (``optimal_refine``): each
+    replication and partition of the module docstring, each stage with its fastest fitting
+    choice (``StageChoices``, which ``brute_force_bottleneck`` checks on the same stages);
+    plans with a stage that cannot fit are left out."""
+    chain = ChainCosts.of(request)
+    layout = DeviceLayout.of(request, request.num_stages or 1)
+    choices = StageChoices(StageEvaluator(chain, layout.contexts))
+    for replicas in compositions(layout.num_devices, list(layout.replica_counts)):
+        firsts = [0, *itertools.accumulate(replicas)][:-1]
+        for cuts in itertools.combinations(range(1, chain.num_layers), len(replicas) - 1):
+            stages = [PlannedStage(start, end, first, count) for (start, end), first, count
+                      in zip(itertools.pairwise([0, *cuts, chain.num_layers]), firsts,
+                             replicas, strict=True)]
+            chosen = [choice for s in stages if (choice := choices.get(
+                s.start, s.end, layout.context(s.first_device, s.replicas))) is not None]
+            if len(chosen) == len(stages):
+                yield build(request, Candidate(stages, chosen))
+
+
+def brute_force_step(request: PlanRequest) -> tuple[float, int]:
+    """The fastest simulated step over ``candidate_plans`` whose plan fits as simulated
+    (inf: none does), and how many plans were simulated."""
+    best, count = math.inf, 0
+    for plan in candidate_plans(request):
+        count += 1
+        result = simulate(request.scaled, plan, request.cluster, with_timeline=False)
+        if result.fits:
+            best = min(best, result.step_time_ms)
+    return best, count

@@ -12,7 +12,7 @@ from pipestudio.planner.errors import PlannerError
 from pipestudio.planner.planners import PLANNERS
 from pipestudio.planner.planners.optimal import optimal
 from pipestudio.planner.request import InfeasibleError, PlanRequest, plan_cost
-from tests.planner.bruteforce import brute_force_bottleneck
+from tests.planner.bruteforce import brute_force_bottleneck, brute_force_step
 
 
 def random_request(rng: random.Random, *, capped: bool, straight: bool | None = None,
@@ -51,7 +51,10 @@ def random_request(rng: random.Random, *, capped: bool, straight: bool | None = 
 
 
 @pytest.mark.parametrize(("capped", "count"), [(False, 400), (True, 1200)])
-def test_optimal_equals_exhaustive_search(capped: bool, count: int) -> None:
+def test_program_equals_exhaustive_search(capped: bool, count: int) -> None:
+    """The program's bottleneck (``details["bottleneck_ms"]``) is the least over every plan
+    of the stage model; the plan ``optimal`` returns has the objective as its bottleneck,
+    at least that least one, and fits."""
     rng = random.Random(11 if capped else 12)
     feasible = replicated = 0
     for _ in range(count):
@@ -63,7 +66,8 @@ def test_optimal_equals_exhaustive_search(capped: bool, count: int) -> None:
             continue
         output = optimal(request)
         feasible += 1
-        assert math.isclose(output.objective_ms, expected, rel_tol=1e-9), (request, expected)
+        assert math.isclose(output.details["bottleneck_ms"], expected, rel_tol=1e-9), request
+        assert output.objective_ms >= expected * (1 - 1e-9)
         replicas = [stage.replicas for stage in output.plan.stages]
         assert sum(replicas) == request.num_stages
         assert output.details["replicas"] == replicas
@@ -72,36 +76,64 @@ def test_optimal_equals_exhaustive_search(capped: bool, count: int) -> None:
             assert replicas == [1] * len(replicas)
         replicated += max(replicas) > 1
         cost = plan_cost(request, output.plan)
-        assert math.isclose(cost.bottleneck_ms, expected, rel_tol=1e-9)
+        assert math.isclose(cost.bottleneck_ms, output.objective_ms, rel_tol=1e-9)
         assert all(cost.fits)
-        assert simulate(request.scaled, output.plan, request.cluster).fits
+        result = simulate(request.scaled, output.plan, request.cluster)
+        assert result.fits and result.step_time_ms == output.details["step_ms"]
     assert feasible >= (count if not capped else 400)
     assert replicated >= (100 if not capped else 40)  # the search does use replicas
 
 
+def test_optimal_simulates_fastest_of_every_candidate() -> None:
+    """On small requests the search is exhaustive, and ``optimal``'s plan simulates exactly
+    as fast as the fastest of every replication and partition with each stage's fastest
+    fitting choice (``bruteforce.candidate_plans``), simulated one by one; the program's
+    plan alone is slower in a good share of them, so the search has work to do."""
+    rng = random.Random(51)
+    feasible = improved = 0
+    for _ in range(400):
+        request = random_request(rng, capped=rng.random() < 0.5)
+        expected, count = brute_force_step(request)
+        try:
+            output = optimal(request)
+        except InfeasibleError:
+            assert count == 0 or math.isinf(expected)
+            continue
+        feasible += 1
+        assert output.details["step_exhaustive"] is True
+        assert output.details["plans_simulated"] <= count + 1
+        assert math.isclose(output.details["step_ms"], expected, rel_tol=1e-9), request
+        improved += output.objective_ms > output.details["bottleneck_ms"] * (1 + 1e-9)
+    assert feasible >= 300
+    assert improved >= 50  # 75 of 313: the program's plan alone was slower
+
+
 def test_no_planner_beats_optimal() -> None:
-    """No planner's plan that fits (as simulated) is faster, under the stage model, than
-    ``optimal``'s objective on the same request; PipeDream's replicated plans often beat
-    the best straight pipeline, so the comparison has teeth."""
+    """No planner's plan that fits (as simulated) simulates faster than ``optimal``'s, nor
+    has a smaller bottleneck under the stage model than the program's; PipeDream's
+    replicated plans often beat the best straight pipeline, so the comparison has teeth."""
     rng = random.Random(21)
     compared = pipedream_beats_straight = 0
     for _ in range(250):
         request = random_request(rng, capped=rng.random() < 0.5, straight=False)
-        best = straight = math.inf
+        best = straight = step = math.inf
         with contextlib.suppress(InfeasibleError):
-            best = optimal(request).objective_ms
+            output = optimal(request)
+            best, step = output.details["bottleneck_ms"], output.details["step_ms"]
         with contextlib.suppress(InfeasibleError):
-            straight = optimal(replace(request, straight=True)).objective_ms
+            straight = optimal(replace(request, straight=True)).details["bottleneck_ms"]
         for name, planner in PLANNERS.items():
             try:
                 plan = planner(request).plan
             except PlannerError:
                 continue
-            if not simulate(request.scaled, plan, request.cluster).fits:
+            result = simulate(request.scaled, plan, request.cluster, with_timeline=False)
+            if not result.fits:
                 continue
             value = plan_cost(request, plan).bottleneck_ms
             compared += 1
             assert value >= best * (1 - 1e-9), (name, request, plan, value, best)
+            assert result.step_time_ms >= step * (1 - 1e-9), (name, request, plan)
             if name == "pipedream":
                 pipedream_beats_straight += value < straight * (1 - 1e-9)
     assert compared >= 800
@@ -109,13 +141,16 @@ def test_no_planner_beats_optimal() -> None:
 
 
 def test_gap_is_a_proven_bound() -> None:
-    """Beyond the exact regime (stages of more than 12 layers) the reported lower bound is
-    proven: no planner's plan that fits is faster. Its plan is its objective, and fits.
-    There the objective itself is not proven best, but on these requests no planner beats
+    """Beyond the exact regime (stages of more than 12 layers) the reported lower bound on
+    the bottleneck is proven: no planner's plan that fits has a smaller one. There the
+    program's bottleneck itself is not proven best, but on these requests no planner beats
     it either: where the bounded subproblem's choice is poor, ``optimal`` also tries the
-    other planners' memory heuristics."""
+    other planners' memory heuristics. Its plan has its objective as bottleneck, fits, and
+    simulates to ``step_ms``; no planner's plan simulates faster where the search over
+    candidates finished (``step_exhaustive``), and where the budget cut it short a few
+    do."""
     rng = random.Random(41)
-    unproven = compared = 0
+    unproven = compared = cut = beaten = 0
     for _ in range(150):
         num_layers = rng.randint(20, 60)
         request = random_request(rng, capped=True, num_layers=num_layers,
@@ -125,23 +160,31 @@ def test_gap_is_a_proven_bound() -> None:
         except InfeasibleError:
             continue
         lower, gap = output.details["lower_bound_ms"], output.details["gap"]
-        assert lower <= output.objective_ms
-        assert math.isclose(gap, output.objective_ms / lower - 1, rel_tol=1e-9, abs_tol=1e-12)
+        bottleneck, step = output.details["bottleneck_ms"], output.details["step_ms"]
+        assert lower <= bottleneck <= output.objective_ms * (1 + 1e-9)
+        assert math.isclose(gap, bottleneck / lower - 1, rel_tol=1e-9, abs_tol=1e-12)
         unproven += not output.details["exact"]
+        cut += not output.details["step_exhaustive"]
         cost = plan_cost(request, output.plan)
         assert math.isclose(cost.bottleneck_ms, output.objective_ms, rel_tol=1e-9)
-        assert all(cost.fits) and simulate(request.scaled, output.plan, request.cluster).fits
+        result = simulate(request.scaled, output.plan, request.cluster, with_timeline=False)
+        assert all(cost.fits) and result.fits and result.step_time_ms == step
         for name, planner in PLANNERS.items():
             try:
                 plan = planner(request).plan
             except PlannerError:
                 continue
-            if simulate(request.scaled, plan, request.cluster).fits:
+            other = simulate(request.scaled, plan, request.cluster, with_timeline=False)
+            if other.fits:
                 compared += 1
                 value = plan_cost(request, plan).bottleneck_ms
                 assert value >= lower * (1 - 1e-12), name
-                assert value >= output.objective_ms * (1 - 1e-9), name
+                assert value >= bottleneck * (1 - 1e-9), name
+                faster = other.step_time_ms < step * (1 - 1e-9)
+                assert not (faster and output.details["step_exhaustive"]), name
+                beaten += faster
     assert unproven >= 40 and compared >= 250
+    assert cut >= 5 and beaten <= 3  # 2 of 299: one request the search was cut short on
 
 
 def test_pipedream_schedule_simulates_to_the_objective() -> None:

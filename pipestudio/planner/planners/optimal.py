@@ -48,16 +48,25 @@ subproblem:
   the program on lower bounds assumes nothing of the kind, so the certificate holds
   whatever the stages do.
 
+The bottleneck is a proxy of the simulated step (fill and drain, GPipe's phases, round
+trips over slow links), so a second phase (``optimal_refine.py``) simulates the program's
+plan and then every candidate plan (replication and partition, each stage with its fastest
+fitting choice) that a proven lower bound on the step (``optimal_bound.py``) does not rule
+out, and returns the fastest: over all candidates for small requests, within a work budget
+otherwise (``details["step_exhaustive"]`` says which). ``objective_ms`` is the returned
+plan's bottleneck; ``details`` keep the program's (``bottleneck_ms``, ``gap``) and add the
+simulated ``step_ms``.
+
 Profiles with edges are planned on their sequential backbone (``coarsen.py``).
 """
 
 import bisect
 import math
-from dataclasses import dataclass
+from typing import Any
 
 from pipestudio.planner.chain_model import ChainCosts, StageEvaluator, link_costs
 from pipestudio.planner.coarsen import plan_on_backbone
-from pipestudio.planner.memopt import KEEP, StageChoice, StageProblem, solve_exact
+from pipestudio.planner.memopt import StageChoice, StageProblem, solve_exact
 from pipestudio.planner.memopt_bounded import lower_bound_ms, solve_bounded
 from pipestudio.planner.memopt_greedy import solve_capuchin, solve_greedy
 from pipestudio.planner.planners.optimal_band import Band
@@ -66,6 +75,13 @@ from pipestudio.planner.planners.optimal_program import (
     DeviceLayout,
     Program,
     Table,
+)
+from pipestudio.planner.planners.optimal_refine import (
+    Candidate,
+    Outcome,
+    PlannedStage,
+    Refinement,
+    build,
 )
 from pipestudio.planner.request import InfeasibleError, PlannerOutput, PlanRequest
 
@@ -150,6 +166,11 @@ class _Search:
         return known
 
 
+def _large_choice(problem: StageProblem) -> StageChoice | None:
+    """The fastest choice ``_bounded_choice`` finds for a large stage, with no cutoff."""
+    return _bounded_choice(problem, math.inf, -math.inf, lower_bound_ms(problem))
+
+
 def _bounded_choice(problem: StageProblem, cutoff_ms: float, floor_ms: float,
                     lower_ms: float) -> StageChoice | None:
     """``solve_bounded``'s choice, or the fastest of it and the other planners' heuristics
@@ -175,14 +196,6 @@ def _bounded_choice(problem: StageProblem, cutoff_ms: float, floor_ms: float,
     return choice
 
 
-@dataclass(frozen=True)
-class _Stage:
-    start: int
-    end: int
-    first_device: int
-    replicas: int
-
-
 def optimal(request: PlanRequest) -> PlannerOutput:
     num_devices = request.stages_required("optimal")
     if not request.scaled.is_chain:
@@ -202,28 +215,35 @@ def optimal(request: PlanRequest) -> PlannerOutput:
             f"no {kind} on {num_devices} devices fits the device memory, even recomputing or "
             f"swapping layers")
     plan_stages = _stages(back)
-    policies: dict[int, str] = {}
-    objective = 0.0  # the plan's own bottleneck, at most the program's value
-    for stage in plan_stages:
-        i, j = stage.start, stage.end
-        c = layout.context(stage.first_device, stage.replicas)
-        choice = search.choice(i, j, c, best[-1][-1])
-        policies.update({i + k: p for k, p in enumerate(choice.policies) if p != KEEP})
-        objective = max(objective, stages.stage_ms(choice.time_ms, i, j, c),
-                        links[stage.first_device][i])
+    incumbent = Candidate(plan_stages, [
+        search.choice(s.start, s.end, layout.context(s.first_device, s.replicas), best[-1][-1])
+        for s in plan_stages])
+    value = _bottleneck(stages, links, layout, incumbent)
     proven = stages.proven and not program.assumed
-    lower = objective if proven else _lower_bound(program, search, objective)
-    gap = objective / lower - 1 if lower > 0 else 0.0
-    replicas = [stage.replicas for stage in plan_stages]
-    details = {"exact": proven, "lower_bound_ms": lower, "gap": gap,
-               "subproblems_solved": stages.solved, "num_devices": num_devices,
+    lower = value if proven else _lower_bound(program, search, value)
+    outcome = Refinement(request, stages, layout, band, _large_choice).run(incumbent)
+    bottleneck = {"exact": proven, "lower_bound_ms": lower, "bottleneck_ms": value,
+                  "gap": value / lower - 1 if lower > 0 else 0.0}
+    return _output(request, outcome, _bottleneck(stages, links, layout, outcome.best),
+                   bottleneck)
+
+
+def _output(request: PlanRequest, outcome: Outcome, objective_ms: float,
+            bottleneck: dict[str, Any]) -> PlannerOutput:
+    """The plan the refinement chose; ``objective_ms`` is its bottleneck, ``bottleneck``
+    what the program proved of the least bottleneck."""
+    num_devices = request.stages_required("optimal")
+    replicas = [stage.replicas for stage in outcome.best.stages]
+    details = {**bottleneck, "step_ms": outcome.step_ms,
+               "step_exhaustive": outcome.exhaustive,
+               "plans_simulated": outcome.num_simulated,
+               "subproblems_solved": outcome.subproblems_solved, "num_devices": num_devices,
                "replicas": replicas, "straight": request.straight}
-    plan = request.build_plan(
-        [list(range(stage.start, stage.end)) for stage in plan_stages], policies,
-        replicas=replicas, planner="optimal",
-        settings={"exact": proven, "gap": gap, "num_devices": num_devices,
-                  "straight": request.straight})
-    return PlannerOutput(plan, objective, details)
+    plan = build(request, outcome.best, {
+        "exact": bottleneck["exact"], "gap": bottleneck["gap"],
+        "step_exhaustive": outcome.exhaustive, "num_devices": num_devices,
+        "straight": request.straight})
+    return PlannerOutput(plan, objective_ms, details)
 
 
 def _first_pass(program: Program, search: _Search, upper: float) -> Table:
@@ -302,13 +322,24 @@ def _time_balanced(chain: ChainCosts, num_stages: int) -> list[int]:
     return ends
 
 
-def _stages(back: list[list[tuple[int, int]]]) -> list[_Stage]:
+def _bottleneck(stages: StageEvaluator, links: list[list[float]], layout: DeviceLayout,
+                candidate: Candidate) -> float:
+    """A candidate's bottleneck under the stage model, links included."""
+    value = 0.0
+    for stage, choice in zip(candidate.stages, candidate.choices, strict=True):
+        c = layout.context(stage.first_device, stage.replicas)
+        value = max(value, stages.stage_ms(choice.time_ms, stage.start, stage.end, c),
+                    links[stage.first_device][stage.start])
+    return value
+
+
+def _stages(back: list[list[tuple[int, int]]]) -> list[PlannedStage]:
     """The stages of the program's answer, from its back-pointers (start, replicas)."""
-    result: list[_Stage] = []
+    result: list[PlannedStage] = []
     d, j = len(back) - 1, len(back[0]) - 1
     while d > 0:
         i, r = back[d][j]
-        result.append(_Stage(i, j, d - r, r))
+        result.append(PlannedStage(i, j, d - r, r))
         d, j = d - r, i
     assert j == 0
     result.reverse()
