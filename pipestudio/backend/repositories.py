@@ -8,7 +8,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
-from pipestudio.backend.errors import NotFoundError
+from pipestudio.backend.errors import ConflictError, NotFoundError
 
 M = TypeVar("M", bound=models.Base)
 
@@ -59,9 +59,14 @@ class Clusters(Repository[models.Cluster]):
 class Plans(Repository[models.Plan]):
     model, kind = models.Plan, "plan"
 
-    def ids_using(self, column: Any, item_id: int) -> list[int]:
-        return list(self.session.scalars(select(models.Plan.id).where(column == item_id)
-                                         .order_by(models.Plan.id)))
+    def refuse_if_used(self, column: Any, item_id: int, what: str) -> None:
+        """Raise a conflict naming the plans whose ``column`` is ``item_id`` (``what``, e.g.
+        "cluster 3", is about to be deleted)."""
+        users = list(self.session.scalars(select(models.Plan.id).where(column == item_id)
+                                          .order_by(models.Plan.id)))
+        if users:
+            raise ConflictError(f"{what} is used by plan(s) {', '.join(map(str, users))}; "
+                                "delete them first")
 
 
 class Workers(Repository[models.Worker]):

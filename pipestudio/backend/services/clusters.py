@@ -3,7 +3,7 @@
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
-from pipestudio.backend.errors import ConflictError, InputError
+from pipestudio.backend.errors import InputError
 from pipestudio.backend.repositories import Clusters, Plans
 from pipestudio.backend.schemas.clusters import ClusterCreate
 from pipestudio.planner import Cluster, PlannerError, parse_document
@@ -22,8 +22,5 @@ def create_cluster(session: Session, data: ClusterCreate) -> models.Cluster:
 
 def delete_cluster(session: Session, cluster_id: int) -> None:
     row = Clusters(session).get(cluster_id)
-    users = Plans(session).ids_using(models.Plan.cluster_id, cluster_id)
-    if users:
-        raise ConflictError(f"cluster {cluster_id} is used by plan(s) "
-                            f"{', '.join(map(str, users))}; delete them first")
+    Plans(session).refuse_if_used(models.Plan.cluster_id, cluster_id, f"cluster {cluster_id}")
     Clusters(session).delete(row)

@@ -5,7 +5,7 @@ import json
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
-from pipestudio.backend.errors import ConflictError, InputError
+from pipestudio.backend.errors import InputError
 from pipestudio.backend.repositories import Plans, Profiles
 from pipestudio.backend.schemas.profiles import ProfileCreate, ProfileLayersPublic
 from pipestudio.planner import PlannerError, Profile, parse_document, parse_pipedream
@@ -72,8 +72,5 @@ def profile_layers(row: models.Profile) -> ProfileLayersPublic:
 
 def delete_profile(session: Session, profile_id: int) -> None:
     row = Profiles(session).get(profile_id)
-    users = Plans(session).ids_using(models.Plan.profile_id, profile_id)
-    if users:
-        raise ConflictError(f"profile {profile_id} is used by plan(s) "
-                            f"{', '.join(map(str, users))}; delete them first")
+    Plans(session).refuse_if_used(models.Plan.profile_id, profile_id, f"profile {profile_id}")
     Profiles(session).delete(row)
