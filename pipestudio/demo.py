@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     token = os.environ.get("PIPESTUDIO_API_TOKEN") or secrets.token_urlsafe(18)
     database = (args.state_dir / "pipestudio.db").resolve()
     env = {**os.environ, "PIPESTUDIO_API_TOKEN": token, "PYTHONUNBUFFERED": "1",
-           "PIPESTUDIO_DATABASE_URL": f"sqlite:///{database}"}
+           "PIPESTUDIO_DATABASE_URL": f"sqlite:///{database}",
+           "PIPESTUDIO_CHECKPOINT_DIR": str((args.state_dir / "checkpoints").resolve())}
     env.setdefault("PIPESTUDIO_WORKER_TOKEN", token)
     group = ProcessGroup(log_dir, env)
     with sigterm_as_stop():

@@ -10,7 +10,8 @@ from anyio import to_thread
 from pipestudio.backend.db import Database
 from pipestudio.backend.hub import Hub
 from pipestudio.backend.ingest import Ingestor
-from pipestudio.backend.services import workers
+from pipestudio.backend.repositories import Runs
+from pipestudio.backend.services import runs, workers
 from pipestudio.backend.services.messages import Actions
 from pipestudio.backend.settings import Settings
 
@@ -24,6 +25,8 @@ class AppContext:
     hub: Hub = field(default_factory=Hub)
     ingestor: Ingestor | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    #: Runs in ``resuming``: since when (monotonic) they wait for free slots.
+    resuming_since: dict[int, float] = field(default_factory=dict)
 
     async def start(self) -> None:
         self.hub.loop = asyncio.get_running_loop()
@@ -66,4 +69,22 @@ class AppContext:
     def _check(self, seen: dict[str, float], timeout_s: float) -> Actions:
         with self.db.session() as session:
             workers.touch(session, seen)
-            return workers.check_silence(session, self.hub, timeout_s)
+            actions = workers.check_silence(session, self.hub, timeout_s)
+        actions.extend(self._relaunch(set(seen)))
+        return actions
+
+    def _relaunch(self, connected: set[str]) -> Actions:
+        """Start the next attempt of every run waiting in ``resuming`` (``runs.relaunch``)."""
+        actions = Actions()
+        now = time.monotonic()
+        with self.db.session() as session:
+            waiting = Runs(session).in_states(("resuming",))
+            for gone in set(self.resuming_since) - {run.id for run in waiting}:
+                del self.resuming_since[gone]
+            for run in waiting:
+                since = self.resuming_since.setdefault(run.id, now)
+                done = runs.relaunch(session, run, connected, self.hub.send_from_thread,
+                                     now - since, self.settings.resume_wait_s)
+                if done is not None:
+                    actions.extend(done)
+        return actions

@@ -207,6 +207,10 @@ def apply_message(session: Session, worker_id: str, message: dict[str, Any]) -> 
                  run_id)
         return Actions()
     kind = message.get("type")
+    if kind in ("store", "run_state") and message.get("attempt", 0) != run.attempt:
+        log.info("worker %s sent %s of attempt %r of run %d, which is at attempt %d: "
+                 "dropped", worker_id, kind, message.get("attempt"), run.id, run.attempt)
+        return Actions()
     if kind == "events":
         events = [e for e in message.get("events", []) if isinstance(e, dict)]
         return messages.apply_events(session, worker_id, run, events)

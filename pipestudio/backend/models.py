@@ -35,7 +35,7 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 PLAN_STATES = ("draft", "approved", "launched")
 RUN_STATES = ("starting", "running", "finished", "failed", "stopped")
-ACTIVE_RUN_STATES = ("starting", "running")
+ACTIVE_RUN_STATES = ("starting", "running", "resuming")
 PROPOSAL_STATES = ("pending", "approved", "rejected", "applied", "failed")
 
 
@@ -127,6 +127,8 @@ class Run(Base):
     store_address: Mapped[str | None] = mapped_column(String(300))
     message: Mapped[str | None] = mapped_column(Text)
     last_step: Mapped[int | None]
+    #: How many times the run was started again from its checkpoint after a failure.
+    attempt: Mapped[int] = mapped_column(default=0, server_default="0")
     created_by: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]

@@ -8,12 +8,13 @@ Every message is a JSON object with a ``type``. A worker connects with
     server -> worker   welcome      worker_id, last_seq, heartbeat_s
     worker -> server   heartbeat    every heartbeat_s seconds
     worker -> server   events       seq, run_id, events [engine events, each with sent_at]
-    worker -> server   store        seq, run_id, host, port      (rank 0's worker)
-    worker -> server   run_state    seq, run_id, state, message  (its ranks started/ended)
+    worker -> server   store        seq, run_id, attempt, host, port      (rank 0's worker)
+    worker -> server   run_state    seq, run_id, attempt, state, message  (its ranks
+                                    started/ended)
     worker -> server   command_result  seq, run_id, command_id, ok, message
     server -> worker   ack          seq                           (stored, exactly once)
-    server -> worker   assign       run_id, world_size, ranks, config, open_store
-    server -> worker   rendezvous   run_id, host, port
+    server -> worker   assign       run_id, attempt, world_size, ranks, config, open_store
+    server -> worker   rendezvous   run_id, attempt, host, port
     server -> worker   command      command_id, run_id, command (stop | migrate), payload
 
 Messages with a ``seq`` are numbered 1, 2, ... per worker. The server stores them in order
@@ -26,6 +27,13 @@ Launch: the server assigns ranks (stage 0's replicas first) and sends ``assign``
 worker holding rank 0 opens a ``torch.distributed`` TCPStore on port 0 and reports it in
 ``store``; the server sends ``rendezvous`` to every worker of the run, which start their
 ranks' engine processes against that store.
+
+Resume: a run created with ``on_failure: resume`` whose ranks fail (or whose worker falls
+silent) is not failed while it has resumes left: the server tells the workers to stop
+that attempt (``stop`` with its ``attempt``), frees its ranks and, once enough slots are
+free on connected workers, assigns the next attempt, whose ``config`` has ``resume``
+true and the run's ``checkpoint_dir``, so the engine continues from the last complete
+checkpoint. ``store`` and ``run_state`` of an earlier attempt are dropped.
 
 The dashboard stream sends ``run`` (the run, now and on every state change), ``metrics``
 (engine events ``op``, ``step``, ``memory``, streamed as the next numbered message

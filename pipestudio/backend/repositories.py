@@ -84,8 +84,11 @@ class Runs(Repository[models.Run]):
     model, kind = models.Run, "run"
 
     def active(self) -> list[models.Run]:
+        return self.in_states(models.ACTIVE_RUN_STATES)
+
+    def in_states(self, states: tuple[str, ...]) -> list[models.Run]:
         return list(self.session.scalars(select(models.Run).where(
-            models.Run.state.in_(models.ACTIVE_RUN_STATES)).order_by(models.Run.id)))
+            models.Run.state.in_(states)).order_by(models.Run.id)))
 
     def ranks(self, run_id: int) -> list[models.RunRank]:
         return list(self.session.scalars(select(models.RunRank).where(

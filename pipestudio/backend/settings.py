@@ -33,6 +33,13 @@ class Settings(BaseSettings):
     worker_timeout_s: float = Field(
         10.0, gt=0, description="A worker silent this long is offline; its runs fail.")
     heartbeat_s: float = Field(2.0, gt=0, description="How often workers send heartbeats.")
+    checkpoint_dir: str | None = Field(
+        None, description="Where runs keep checkpoints, each in run-<id>/: a path every worker "
+        "reaches under the same name (a shared filesystem when workers are on several "
+        "machines). None: runs cannot checkpoint, nor resume after a failure.")
+    resume_wait_s: float = Field(
+        60.0, gt=0, description="How long a run that resumes after a failure waits for "
+        "enough free slots on connected workers before it fails.")
     migrate_on_start: bool = Field(True, description="Apply Alembic migrations on start.")
 
     @field_validator("cors_origins", mode="before")

@@ -6,8 +6,11 @@ command line starts fast and works without them.
 """
 
 import argparse
+import contextlib
+import faulthandler
 import os
 import secrets
+import signal
 import socket
 import sys
 from typing import Any
@@ -222,6 +225,8 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"error: --slots must be >= 0, got {args.slots}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # stderr is no file
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where it is
     try:
         agent = Agent(args.server, token, name=args.name, slots=args.slots,
                       device=args.device, advertise_host=args.advertise_host)

@@ -27,7 +27,9 @@ def start_backend(database_url: str, log: Path, port: int = 0) -> tuple[subproce
     handle = log.open("ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "pipestudio", "serve", "--port", str(port)],
-        cwd=ROOT, env=_env(database_url), stdout=handle, stderr=subprocess.STDOUT)
+        cwd=ROOT, env={**_env(database_url),
+                       "PIPESTUDIO_CHECKPOINT_DIR": str(log.parent / "checkpoints")},
+        stdout=handle, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while True:
         found = re.findall(r"on (http://127\.0\.0\.1:\d+)", log.read_text())

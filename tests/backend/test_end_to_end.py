@@ -1,9 +1,11 @@
 """End to end: ``pipestudio serve`` plus two CPU ``pipestudio worker`` processes train a
 2-stage plan; metrics land in the database and stream to a dashboard; an approved proposal
-migrates a layer; a killed worker fails its run; a backend restart loses nothing."""
+migrates a layer; a killed worker fails its run, or resumes it from its checkpoint when
+asked; a backend restart loses nothing."""
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ def system(database_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
             stop(process)
 
 
-def _launch(url: str, steps: int) -> int:
+def _launch(url: str, steps: int, **request: Any) -> int:
     profile = httpx.post(f"{url}/api/profiles", headers=AUTH,
                          json={"profile": _mlp_profile()}).json()
     plan = httpx.post(f"{url}/api/plans", headers=AUTH, json={
@@ -55,7 +57,7 @@ def _launch(url: str, steps: int) -> int:
     httpx.post(f"{url}/api/plans/{plan['id']}/approve", headers=AUTH).raise_for_status()
     response = httpx.post(f"{url}/api/runs", headers=AUTH, json={
         "plan_id": plan["id"], "model": "mlp", "model_args": TINY_MLP, "steps": steps,
-        "device": "cpu", "threads_per_rank": 1, "seed": 0})
+        "device": "cpu", "threads_per_rank": 1, "seed": 0, **request})
     assert response.status_code == 201, response.text
     return int(response.json()["id"])
 
@@ -139,3 +141,41 @@ def test_killed_worker_fails_the_run_and_restart_keeps_data(system: dict[str, An
     assert _run(url, run_id)["state"] == "failed"
     wait_for(lambda: httpx.get(f"{url}/api/health").json()["workers_online"] == 1, 30,
              "the surviving worker to reconnect")
+
+
+def test_killed_worker_resumes_the_run_from_its_checkpoint(system: dict[str, Any]) -> None:
+    url = system["url"]
+    run_id = _launch(url, steps=100_000, on_failure="resume", checkpoint_every=2)
+    wait_for(lambda: (_run(url, run_id)["last_step"] or 0) >= 5, 90, "training")
+    system["workers"][1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    system["workers"][1].wait()
+    system["workers"].append(start_worker(url, "spare", system["tmp"] / "spare.log"))
+
+    def resumed_starts() -> list[dict[str, Any]]:
+        events = httpx.get(f"{url}/api/runs/{run_id}/events", params={"kind": "start"}).json()
+        starts = [e["data"] for e in events["data"] if e["data"].get("attempt") == 1]
+        return starts if len(starts) == 2 else []
+
+    starts = wait_for(resumed_starts, 60, "the second attempt's ranks to start")
+    resumed_s = time.monotonic() - killed
+    run = _run(url, run_id)
+    assert (run["state"], run["attempt"]) == ("running", 1), run
+    spare = httpx.get(f"{url}/api/workers").json()["data"][-1]
+    assert spare["name"] == "spare" and spare["id"] in {r["worker_id"] for r in run["ranks"]}
+    start_step = starts[0]["start_step"]
+    assert start_step >= 2 and start_step % 2 == 0 and {s["start_step"] for s in starts} == {
+        start_step}
+    assert resumed_s < 30, f"resumed {resumed_s:.1f} s after the kill"
+    kinds = [e["kind"] for e in httpx.get(f"{url}/api/runs/{run_id}/events").json()["data"]]
+    assert "resuming" in kinds and "resume" in kinds and "failed" not in kinds
+
+    def resumed_steps() -> list[int]:
+        rows = httpx.get(f"{url}/api/runs/{run_id}/metrics",
+                         params={"kind": "step", "max_points": 100_000}).json()
+        steps = sorted(m["step"] for m in rows["data"] if m["data"].get("attempt") == 1)
+        return steps if len(steps) >= 4 else []
+
+    assert wait_for(resumed_steps, 60, "steps of the second attempt")[0] == start_step
+    assert httpx.post(f"{url}/api/runs/{run_id}/stop", headers=AUTH).json()["state"] == \
+        "stopped"

@@ -27,7 +27,8 @@ router = APIRouter(prefix="/api/runs", tags=["runs"], responses=ERRORS)
 def launch_run(session: SessionDep, context: ContextDep, data: RunCreate) -> RunPublic:
     """Launch an approved plan: ranks go to online workers with free slots (409 when
     there are too few), and the workers start the engine."""
-    run = service.launch(session, data, set(context.hub.links), context.hub.send_from_thread)
+    run = service.launch(session, data, set(context.hub.links), context.hub.send_from_thread,
+                         context.settings.checkpoint_dir)
     return service.run_public(session, run)
 
 

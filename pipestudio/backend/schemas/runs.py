@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import DbId, Public
 
-RunState = Literal["starting", "running", "finished", "failed", "stopped"]
+RunState = Literal["starting", "running", "resuming", "finished", "failed", "stopped"]
 MetricKind = Literal["step", "memory", "op"]
 
 
@@ -22,6 +22,15 @@ class RunCreate(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads_per_rank: int | None = Field(None, ge=1, le=1024)
     timeout_s: float = Field(20.0, gt=0, le=3600)
+    checkpoint_every: int = Field(
+        0, ge=0, le=10_000_000,
+        description="Save a checkpoint every this many steps (0: none) in the backend's "
+        "checkpoint directory.")
+    on_failure: Literal["fail", "resume"] = Field(
+        "fail", description="resume: when a rank fails or a worker falls silent, start the "
+        "run again from its last checkpoint on the online workers (from step 0 if none).")
+    max_resumes: int = Field(3, ge=0, le=100,
+                             description="With on_failure=resume, how many times at most.")
     worker_ids: list[str] | None = Field(None, description="Default: any online workers.")
     author: str = Field("api", max_length=200)
 
@@ -44,6 +53,7 @@ class RunPublic(Public):
     store_address: str | None
     message: str | None
     last_step: int | None
+    attempt: int
     created_by: str
     created_at: datetime
     started_at: datetime | None

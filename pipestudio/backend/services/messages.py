@@ -32,6 +32,7 @@ class Actions:
 def run_message(run: models.Run, ranks: list[models.RunRank]) -> dict[str, Any]:
     return {"type": "run", "run": {
         "id": run.id, "state": run.state, "message": run.message, "last_step": run.last_step,
+        "attempt": run.attempt,
         "store_address": run.store_address, "plan_id": run.plan_id,
         "ranks": [{"rank": r.rank, "worker_id": r.worker_id, "stage": r.stage,
                    "replica": r.replica, "state": r.state} for r in ranks]}}
@@ -39,18 +40,48 @@ def run_message(run: models.Run, ranks: list[models.RunRank]) -> dict[str, Any]:
 
 def stop_commands(run: models.Run, ranks: list[models.RunRank], reason: str,
                   skip: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """Stop the ranks of the run's current attempt (older ones are stopped already)."""
     workers = sorted({r.worker_id for r in ranks} - {skip})
     return [(worker_id, {"type": "command", "command_id": uuid.uuid4().hex, "run_id": run.id,
-                         "command": "stop", "payload": {"reason": reason}})
+                         "command": "stop",
+                         "payload": {"reason": reason, "attempt": run.attempt}})
             for worker_id in workers]
+
+
+def may_resume(run: models.Run) -> bool:
+    """Whether a failure of the run's current attempt starts another one."""
+    settings = run.settings or {}
+    return (settings.get("on_failure") == "resume"
+            and run.attempt < int(settings.get("max_resumes", 0)))
+
+
+def begin_resume(session: Session, run: models.Run, reason: str,
+                 skip_worker: str | None = None) -> Actions:
+    """Stop the failed attempt's ranks and free their slots: the run waits in ``resuming``
+    until the backend's watchdog starts the next attempt (``runs.relaunch``)."""
+    ranks = Runs(session).ranks(run.id)
+    actions = Actions(to_workers=stop_commands(run, ranks, reason, skip_worker))
+    for rank in ranks:
+        session.delete(rank)
+    run.attempt += 1
+    run.state, run.store_address = "resuming", None
+    run.message = f"attempt {run.attempt} of {run.settings['max_resumes']} starts: {reason}"
+    session.add(models.Event(run_id=run.id, kind="resuming", message=reason,
+                             data={"attempt": run.attempt}))
+    session.flush()
+    actions.to_watchers.append((run.id, run_message(run, [])))
+    return actions
 
 
 def end_run(session: Session, run: models.Run, state: str, message: str | None,
             *, skip_worker: str | None = None) -> Actions:
-    """Put an active run in a terminal state, record it, tell its workers to stop."""
+    """Put an active run in a terminal state, record it, tell its workers to stop. A run
+    that fails but asked to resume (``may_resume``) goes to ``resuming`` instead."""
     actions = Actions()
     if run.state in TERMINAL_RUN_STATES:
         return actions
+    if state == "failed" and may_resume(run):
+        return begin_resume(session, run, message or "failed", skip_worker)
     run.state, run.message, run.ended_at = state, message, models.utcnow()
     session.add(models.Event(run_id=run.id, kind=state, message=message, data={}))
     ranks = Runs(session).ranks(run.id)
@@ -108,20 +139,22 @@ def apply_events(session: Session, worker_id: str, run: models.Run,
 
 def apply_store(session: Session, run: models.Run, host: str, port: int) -> Actions:
     actions = Actions()
-    if run.state in TERMINAL_RUN_STATES:
+    if run.state in (*TERMINAL_RUN_STATES, "resuming"):
         return actions
     run.store_address = f"{host}:{port}"
     ranks = Runs(session).ranks(run.id)
     for worker_id in sorted({r.worker_id for r in ranks}):
         actions.to_workers.append((worker_id, {"type": "rendezvous", "run_id": run.id,
-                                               "host": host, "port": port}))
+                                               "attempt": run.attempt, "host": host,
+                                               "port": port}))
     actions.to_watchers.append((run.id, run_message(run, ranks)))
     return actions
 
 
 def apply_run_state(session: Session, worker_id: str, run: models.Run, state: str,
                     message: str | None) -> Actions:
-    """A worker's ranks started or ended; the run ends when one fails or all finish."""
+    """A worker's ranks of the run's current attempt started or ended (the caller drops
+    what an earlier attempt's ranks say); the run ends when one fails or all finish."""
     ranks = Runs(session).ranks(run.id)
     for rank in ranks:
         if rank.worker_id == worker_id:

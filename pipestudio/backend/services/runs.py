@@ -2,8 +2,14 @@
 
 Ranks go stage by stage (stage 0's replicas first, as the engine numbers them) to the
 chosen online workers, each taking as many as it has free slots, in registration order.
+A run that checkpoints keeps them in ``<checkpoint_dir>/run-<id>``; one that asked to
+resume and failed waits in ``resuming`` (``messages.begin_resume``) until ``relaunch``
+finds enough free slots on connected workers (any of them: the ones it ran on may be
+gone) and starts its next attempt from the last checkpoint, or fails it after
+``wait_s``.
 """
 
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError, InputError
-from pipestudio.backend.repositories import Events, Metrics, Runs, Workers
+from pipestudio.backend.repositories import Events, Metrics, Plans, Runs, Workers
 from pipestudio.backend.schemas.runs import RunCreate, RunPublic
 from pipestudio.backend.services import messages
 from pipestudio.backend.services.plans import plan_for_launch
@@ -28,15 +34,15 @@ def run_public(session: Session, run: models.Run) -> RunPublic:
                                      "ranks": [r.__dict__ for r in ranks]})
 
 
-def _assign(session: Session, plan: Plan, data: RunCreate, connected: set[str]
+def _assign(session: Session, plan: Plan, worker_ids: list[str] | None, connected: set[str]
             ) -> list[tuple[int, str, int, int]]:
     """(rank, worker_id, stage, replica) for every rank of the plan."""
     online = [w for w in Workers(session).online() if w.id in connected]
-    if data.worker_ids is not None:
-        unknown = sorted(set(data.worker_ids) - {w.id for w in online})
+    if worker_ids is not None:
+        unknown = sorted(set(worker_ids) - {w.id for w in online})
         if unknown:
             raise InputError("worker_ids", f"worker(s) {', '.join(unknown)} are not online")
-        online = [w for w in online if w.id in data.worker_ids]
+        online = [w for w in online if w.id in worker_ids]
     busy = Runs(session).busy_ranks_by_worker()
     free = [(w.id, w.slots - busy.get(w.id, 0)) for w in online]
     slots = [worker_id for worker_id, count in free for _ in range(max(count, 0))]
@@ -49,41 +55,94 @@ def _assign(session: Session, plan: Plan, data: RunCreate, connected: set[str]
             for rank, (stage_idx, replica) in enumerate(workers)]
 
 
-def launch(session: Session, data: RunCreate, connected: set[str], send: Send) -> models.Run:
+#: What a run keeps of its request, besides its columns, to start (and restart) it.
+_SETTINGS = {"lr", "seed", "device", "threads_per_rank", "timeout_s", "checkpoint_every",
+             "on_failure", "max_resumes"}
+#: What the engine takes from the settings (``runtime/agent/ranks.py``).
+_ENGINE_SETTINGS = ("lr", "seed", "device", "threads_per_rank", "timeout_s",
+                    "checkpoint_every", "checkpoint_dir")
+
+
+def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
+           checkpoint_root: str | None = None) -> models.Run:
     """Store the run and its ranks, commit, then send each worker its assignment."""
+    if checkpoint_root is None:
+        for field, asked in (("checkpoint_every", data.checkpoint_every > 0),
+                             ("on_failure", data.on_failure == "resume")):
+            if asked:
+                raise InputError(field, f"{field}={getattr(data, field)!r} needs the "
+                                 "backend's checkpoint directory, and none is set "
+                                 "(PIPESTUDIO_CHECKPOINT_DIR)")
     plan_row, plan = plan_for_launch(session, data.plan_id)
-    assignment = _assign(session, plan, data, connected)
-    settings = data.model_dump(include={"lr", "seed", "device", "threads_per_rank",
-                                        "timeout_s"})
+    assignment = _assign(session, plan, data.worker_ids, connected)
     run = Runs(session).add(models.Run(
         plan_id=plan_row.id, state="starting", model=data.model, model_args=data.model_args,
-        steps=data.steps, settings=settings, created_by=data.author))
-    session.add_all(models.RunRank(run_id=run.id, rank=rank, worker_id=worker_id,
-                                   stage=stage, replica=replica, state="assigned")
-                    for rank, worker_id, stage, replica in assignment)
+        steps=data.steps, settings=data.model_dump(include=_SETTINGS), created_by=data.author))
+    if checkpoint_root is not None:
+        run.settings = {**run.settings,
+                        "checkpoint_dir": os.path.join(checkpoint_root, f"run-{run.id}")}
     plan_row.state = "launched"
     session.add(models.Event(run_id=run.id, kind="launch", data={
         "plan_id": plan_row.id, "ranks": [list(a) for a in assignment]},
         message=f"launched plan {plan_row.id} on {len(assignment)} ranks"))
-    session.commit()
-    config = {"plan": plan.model_dump(mode="json"), "model": data.model,
-              "model_args": data.model_args, "steps": data.steps, **settings}
-    for worker_id in dict.fromkeys(a[1] for a in assignment):
-        ranks = [{"rank": r, "stage": s, "replica": p}
-                 for r, w, s, p in assignment if w == worker_id]
-        message = {"type": "assign", "run_id": run.id, "world_size": len(assignment),
-                   "ranks": ranks, "config": config, "open_store": ranks[0]["rank"] == 0}
-        if not send(worker_id, message):
-            fail(session, run, f"worker {worker_id} could not be reached", send)
-            break
+    _start_attempt(session, run, plan, assignment, send)
     return run
 
 
-def fail(session: Session, run: models.Run, reason: str, send: Send) -> None:
+def relaunch(session: Session, run: models.Run, connected: set[str], send: Send,
+             waited_s: float, wait_s: float) -> messages.Actions | None:
+    """Start the next attempt of a ``resuming`` run if enough slots are free; after
+    ``wait_s`` without them, fail it. None while it keeps waiting, else what the
+    dashboards are to be told."""
+    plan = Plan.model_validate(Plans(session).get(run.plan_id).document)
+    try:
+        assignment = _assign(session, plan, None, connected)
+    except ConflictError as exc:
+        if waited_s < wait_s:
+            return None
+        run.settings = {**run.settings, "on_failure": "fail"}
+        return fail(session, run, f"attempt {run.attempt} could not start within "
+                    f"{wait_s:.0f} s: {exc}", send)
+    run.state = "starting"
+    session.add(models.Event(run_id=run.id, kind="resume", data={
+        "attempt": run.attempt, "ranks": [list(a) for a in assignment]},
+        message=f"attempt {run.attempt} on {len(assignment)} ranks, from the last "
+                "checkpoint"))
+    _start_attempt(session, run, plan, assignment, send)
+    return messages.Actions(to_watchers=[(run.id, messages.run_message(
+        run, Runs(session).ranks(run.id)))])
+
+
+def _start_attempt(session: Session, run: models.Run, plan: Plan,
+                   assignment: list[tuple[int, str, int, int]], send: Send) -> None:
+    """Store the attempt's ranks, commit, then send each worker its assignment."""
+    session.add_all(models.RunRank(run_id=run.id, rank=rank, worker_id=worker_id,
+                                   stage=stage, replica=replica, state="assigned")
+                    for rank, worker_id, stage, replica in assignment)
+    session.commit()
+    config = {"plan": plan.model_dump(mode="json"), "model": run.model,
+              "model_args": run.model_args, "steps": run.steps,
+              **{key: run.settings[key] for key in _ENGINE_SETTINGS if key in run.settings},
+              "resume": run.attempt > 0}
+    for worker_id in dict.fromkeys(a[1] for a in assignment):
+        ranks = [{"rank": r, "stage": s, "replica": p}
+                 for r, w, s, p in assignment if w == worker_id]
+        message = {"type": "assign", "run_id": run.id, "attempt": run.attempt,
+                   "world_size": len(assignment), "ranks": ranks, "config": config,
+                   "open_store": ranks[0]["rank"] == 0}
+        if not send(worker_id, message):
+            fail(session, run, f"worker {worker_id} could not be reached", send)
+            break
+
+
+def fail(session: Session, run: models.Run, reason: str, send: Send) -> messages.Actions:
+    """Fail the run (or start resuming it, ``messages.end_run``); what the dashboards are
+    to be told."""
     actions = messages.end_run(session, run, "failed", reason)
     session.commit()
     for worker_id, message in actions.to_workers:
         send(worker_id, message)
+    return messages.Actions(to_watchers=actions.to_watchers)
 
 
 def stop(session: Session, run_id: int, send: Send) -> tuple[models.Run, messages.Actions]:

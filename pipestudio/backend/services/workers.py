@@ -38,20 +38,23 @@ def register(session: Session, hello: dict[str, Any]) -> tuple[models.Worker, Ac
         return worker, actions
     for key, value in fields.items():
         setattr(worker, key, value)
-    reported = {r.get("run_id") for r in hello.get("runs", []) if isinstance(r, dict)}
+    held = {(r["run_id"], r.get("attempt", 0)) for r in hello.get("runs", [])
+            if isinstance(r, dict) and isinstance(r.get("run_id"), int)
+            and isinstance(r.get("attempt", 0), int)}
     for run in Runs(session).active():
         ranks = Runs(session).ranks(run.id)
-        if any(r.worker_id == worker.id for r in ranks) and run.id not in reported \
+        if any(r.worker_id == worker.id for r in ranks) and (run.id, run.attempt) not in held \
                 and run.state == "running":
             actions.extend(messages.end_run(session, run, "failed", (
                 f"worker {worker.name} ({worker.id}) came back without the ranks of run "
                 f"{run.id}: it restarted")))
-    for run_id in reported:
-        run = session.get(models.Run, run_id) if isinstance(run_id, int) else None
-        if run is None or run.state in messages.TERMINAL_RUN_STATES:
+    for run_id, attempt in held:
+        run = session.get(models.Run, run_id)
+        if run is None or run.state in messages.TERMINAL_RUN_STATES or attempt != run.attempt:
             actions.to_workers.append((worker.id, {
                 "type": "command", "command_id": uuid.uuid4().hex, "run_id": run_id,
-                "command": "stop", "payload": {"reason": "the run is no longer active"}}))
+                "command": "stop", "payload": {"reason": "the run is no longer active",
+                                               "attempt": attempt}}))
     session.flush()
     return worker, actions
 

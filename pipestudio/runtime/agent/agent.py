@@ -1,4 +1,9 @@
-"""The worker agent's behaviour: what it does with each message from the backend."""
+"""The worker agent's behaviour: what it does with each message from the backend.
+
+A run can come back in a later attempt (resumed from its checkpoint after a failure), and
+the stop of the earlier attempt may still be under way: what the agent holds is keyed by
+(run, attempt), its ``store`` and ``run_state`` messages name the attempt, and ``stop``
+ends the attempts up to the one it names."""
 
 import asyncio
 import logging
@@ -14,6 +19,7 @@ from pipestudio.runtime.agent.ranks import RankGroup, engine_config, open_store
 from pipestudio.runtime.engine.rendezvous import StoreAddress
 
 log = logging.getLogger("pipestudio.worker")
+Key = tuple[int, int]  # (run_id, attempt)
 
 
 class Agent:
@@ -27,16 +33,17 @@ class Agent:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.host = advertise_host or reachable_address(server)
         self.connection = AgentConnection(server, token, self._hello, self._handle)
-        self.assignments: dict[int, dict[str, Any]] = {}
-        self.groups: dict[int, RankGroup] = {}
-        self.stores: dict[int, Any] = {}
+        self.assignments: dict[Key, dict[str, Any]] = {}
+        self.groups: dict[Key, RankGroup] = {}
+        self.stores: dict[Key, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _hello(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "devices": self.devices,
                 "slots": self.slots,
-                "runs": [{"run_id": run_id, "ranks": [r["rank"] for r in a["ranks"]]}
-                         for run_id, a in self.assignments.items()]}
+                "runs": [{"run_id": run_id, "attempt": attempt,
+                          "ranks": [r["rank"] for r in a["ranks"]]}
+                         for (run_id, attempt), a in self.assignments.items()]}
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -51,34 +58,36 @@ class Agent:
         elif kind == "command":
             await asyncio.to_thread(self._command, message)
 
-    def _state(self, run_id: int, state: str, text: str | None = None) -> None:
-        self._post({"type": "run_state", "run_id": run_id, "state": state, "message": text})
+    def _state(self, key: Key, state: str, text: str | None = None) -> None:
+        self._post({"type": "run_state", "run_id": key[0], "attempt": key[1], "state": state,
+                    "message": text})
 
     def _post(self, message: dict[str, Any]) -> None:
         assert self._loop is not None, "the agent is not running"
         self._loop.call_soon_threadsafe(self.connection.send, message)
 
     def _assign(self, message: dict[str, Any]) -> None:
-        run_id = int(message["run_id"])
-        self.assignments[run_id] = message
+        key = (int(message["run_id"]), int(message.get("attempt", 0)))
+        self.assignments[key] = message
         try:
             engine_config(message["config"])
         except ValueError as exc:
-            self._end(run_id, "failed", f"worker {self.name}: {exc}")
+            self._end(key, "failed", f"worker {self.name}: {exc}")
             return
         if message.get("open_store"):
             store = open_store(int(message["world_size"]),
                                float(message["config"].get("timeout_s", 20.0)))
-            self.stores[run_id] = store
-            self._post({"type": "store", "run_id": run_id, "host": self.host,
-                        "port": store.port})
+            self.stores[key] = store
+            self._post({"type": "store", "run_id": key[0], "attempt": key[1],
+                        "host": self.host, "port": store.port})
 
     def _rendezvous(self, message: dict[str, Any]) -> None:
-        run_id = int(message["run_id"])
-        assignment = self.assignments.get(run_id)
-        if assignment is None or run_id in self.groups:
+        key = (int(message["run_id"]), int(message.get("attempt", 0)))
+        assignment = self.assignments.get(key)
+        if assignment is None or key in self.groups:
             return
-        control_dir = tempfile.mkdtemp(prefix=f"pipestudio-run{run_id}-")
+        run_id, attempt = key
+        control_dir = tempfile.mkdtemp(prefix=f"pipestudio-run{run_id}-{attempt}-")
         config = engine_config(assignment["config"], control_dir)
         ranks = [int(r["rank"]) for r in assignment["ranks"]]
         address = StoreAddress(str(message["host"]), int(message["port"]))
@@ -86,34 +95,41 @@ class Agent:
         group = RankGroup(
             run_id, config, ranks, address,
             on_event=lambda event: loop.call_soon_threadsafe(
-                self.connection.add_event, run_id, event),
-            on_end=lambda state, text: self._end(run_id, state, text))
-        self.groups[run_id] = group
+                self.connection.add_event, run_id, {**event, "attempt": attempt}),
+            on_end=lambda state, text: self._end(key, state, text))
+        self.groups[key] = group
         group.start()
-        self._state(run_id, "running", f"ranks {ranks} started on {self.name}")
+        self._state(key, "running", f"ranks {ranks} started on {self.name}")
 
-    def _end(self, run_id: int, state: str, text: str | None) -> None:
-        self._state(run_id, state, text)
-        self.assignments.pop(run_id, None)
-        group = self.groups.pop(run_id, None)
-        self.stores.pop(run_id, None)
+    def _end(self, key: Key, state: str, text: str | None) -> None:
+        self._state(key, state, text)
+        self.assignments.pop(key, None)
+        group = self.groups.pop(key, None)
+        self.stores.pop(key, None)
         if group is not None and group.config.repartition is not None:
             shutil.rmtree(str(group.config.repartition.control_dir), ignore_errors=True)
 
+    def _keys(self, run_id: object, up_to: object = None) -> list[Key]:
+        """This worker's attempts of the run (up to attempt ``up_to`` when it is given)."""
+        return sorted(key for key in {*self.assignments, *self.groups} if key[0] == run_id
+                      and (not isinstance(up_to, int) or key[1] <= up_to))
+
     def _command(self, message: dict[str, Any]) -> None:
         run_id, name = message.get("run_id"), message.get("command")
+        payload = message.get("payload") or {}
         result = {"type": "command_result", "run_id": run_id, "command": name,
-                  "command_id": message.get("command_id"),
-                  "payload": message.get("payload", {})}
-        group = self.groups.get(run_id) if isinstance(run_id, int) else None
+                  "command_id": message.get("command_id"), "payload": payload}
+        keys = self._keys(run_id)
+        group = self.groups.get(keys[-1]) if keys else None
         if name == "stop":
-            if group is not None:
-                group.stop()
-            elif isinstance(run_id, int) and run_id in self.assignments:
-                self._end(run_id, "stopped", "stopped before the ranks started")
+            for key in self._keys(run_id, payload.get("attempt")):
+                if key in self.groups:
+                    self.groups[key].stop()
+                else:
+                    self._end(key, "stopped", "stopped before the ranks started")
             self._post({**result, "ok": True, "message": "stopped"})
         elif name == "migrate":
-            ok, text = migrate(group, message.get("payload", {}))
+            ok, text = migrate(group, payload)
             self._post({**result, "ok": ok, "message": f"{self.name}: {text}"})
         else:
             self._post({**result, "ok": False, "message": f"unknown command {name!r}"})

@@ -28,7 +28,7 @@ from pipestudio.runtime.engine.repartition import RepartitionConfig
 
 Event = dict[str, Any]
 _CONFIG_KEYS = ("model", "model_args", "steps", "lr", "seed", "device", "threads_per_rank",
-                "timeout_s")
+                "timeout_s", "checkpoint_dir", "checkpoint_every", "resume")
 
 
 def engine_config(config: dict[str, Any], control_dir: str | None = None) -> EngineConfig:
@@ -63,8 +63,6 @@ def _rank_main(config: EngineConfig, rank: int, address: StoreAddress, conn: Con
     conn.close()
     if not ended_well:
         sys.exit(1)
-        sys.exit(1)
-    conn.close()
 
 
 class RankGroup:

@@ -11,7 +11,9 @@ micro-batch ``step * num_microbatches`` comes next) and the random states of tor
 and CUDA) and of Python. Rank 0 writes ``latest.json`` once every rank has written its
 file, then removes the previous step's directory, so a crash at any moment leaves a
 complete checkpoint behind. ``latest.json`` also records the plan and the model, and a
-resume that differs in either is refused. Synchronous schedules are flushed after every
+resume that differs in either is refused, except that a plan repartitioned live (other
+layers per stage, other policies) resumes with the checkpoint's partition
+(``resume_plan``). Synchronous schedules are flushed after every
 step; a ``pipedream`` stream is cut at every checkpoint (``ops.segments``), so no
 micro-batch is in flight and no stashed weight version needs saving.
 """
@@ -72,6 +74,25 @@ def read_latest(root: str) -> dict[str, Any] | None:
         return None
     meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return meta
+
+
+def _skeleton(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan without what a live repartition changes: stages' layers and policies."""
+    stages = [{k: v for k, v in stage.items() if k != "layers"} for stage in plan["stages"]]
+    return {**{k: v for k, v in plan.items() if k != "policies"}, "stages": stages}
+
+
+def resume_plan(root: str, plan: Plan) -> Plan:
+    """The plan a resumed run continues with: the checkpoint's when it is ``plan``
+    repartitioned (the run migrated layers live before it stopped), else ``plan`` (which
+    ``check_compatible`` then judges)."""
+    meta = read_latest(root)
+    if meta is None:
+        return plan
+    ours = json.loads(plan.to_json())
+    if meta["plan"] != ours and _skeleton(meta["plan"]) == _skeleton(ours):
+        return Plan.model_validate(meta["plan"])
+    return plan
 
 
 def check_compatible(root: str, plan: Plan, model: str, model_args: dict[str, str]) -> int:

@@ -11,6 +11,7 @@ and publishes an ``error`` event before it raises.
 
 import os
 import socket
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -36,6 +37,8 @@ def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: Event
              ranks_here: int) -> dict[str, Any] | None:
     """Train as ``rank``; rank 0 returns the ``summary`` event, the others None."""
     torch.set_num_threads(config.threads_per_rank or default_threads(ranks_here))
+    if config.resume and config.checkpoint_dir:
+        config = replace(config, plan=ckpt.resume_plan(config.checkpoint_dir, config.plan))
     if config.seed is not None:
         torch.manual_seed(config.seed)
     spec = build_model(config)
