@@ -74,13 +74,14 @@ def begin_resume(session: Session, run: models.Run, reason: str,
 
 
 def end_run(session: Session, run: models.Run, state: str, message: str | None,
-            *, skip_worker: str | None = None) -> Actions:
+            *, skip_worker: str | None = None, resume: bool = True) -> Actions:
     """Put an active run in a terminal state, record it, tell its workers to stop. A run
-    that fails but asked to resume (``may_resume``) goes to ``resuming`` instead."""
+    that fails but asked to resume (``may_resume``) goes to ``resuming`` instead, unless
+    ``resume`` is false."""
     actions = Actions()
     if run.state in TERMINAL_RUN_STATES:
         return actions
-    if state == "failed" and may_resume(run):
+    if state == "failed" and resume and may_resume(run):
         return begin_resume(session, run, message or "failed", skip_worker)
     run.state, run.message, run.ended_at = state, message, models.utcnow()
     session.add(models.Event(run_id=run.id, kind=state, message=message, data={}))

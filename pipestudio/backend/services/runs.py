@@ -100,9 +100,8 @@ def relaunch(session: Session, run: models.Run, connected: set[str], send: Send,
     except ConflictError as exc:
         if waited_s < wait_s:
             return None
-        run.settings = {**run.settings, "on_failure": "fail"}
         return fail(session, run, f"attempt {run.attempt} could not start within "
-                    f"{wait_s:.0f} s: {exc}", send)
+                    f"{wait_s:.0f} s: {exc}", send, resume=False)
     run.state = "starting"
     session.add(models.Event(run_id=run.id, kind="resume", data={
         "attempt": run.attempt, "ranks": [list(a) for a in assignment]},
@@ -135,10 +134,11 @@ def _start_attempt(session: Session, run: models.Run, plan: Plan,
             break
 
 
-def fail(session: Session, run: models.Run, reason: str, send: Send) -> messages.Actions:
-    """Fail the run (or start resuming it, ``messages.end_run``); what the dashboards are
-    to be told."""
-    actions = messages.end_run(session, run, "failed", reason)
+def fail(session: Session, run: models.Run, reason: str, send: Send, *,
+         resume: bool = True) -> messages.Actions:
+    """Fail the run (or, with ``resume``, start resuming it: ``messages.end_run``); what
+    the dashboards are to be told."""
+    actions = messages.end_run(session, run, "failed", reason, resume=resume)
     session.commit()
     for worker_id, message in actions.to_workers:
         send(worker_id, message)

@@ -67,7 +67,7 @@ class Agent:
         self._loop.call_soon_threadsafe(self.connection.send, message)
 
     def _assign(self, message: dict[str, Any]) -> None:
-        key = (int(message["run_id"]), int(message.get("attempt", 0)))
+        key = _key(message)
         self.assignments[key] = message
         try:
             engine_config(message["config"])
@@ -82,7 +82,7 @@ class Agent:
                         "host": self.host, "port": store.port})
 
     def _rendezvous(self, message: dict[str, Any]) -> None:
-        key = (int(message["run_id"]), int(message.get("attempt", 0)))
+        key = _key(message)
         assignment = self.assignments.get(key)
         if assignment is None or key in self.groups:
             return
@@ -133,6 +133,11 @@ class Agent:
             self._post({**result, "ok": ok, "message": f"{self.name}: {text}"})
         else:
             self._post({**result, "ok": False, "message": f"unknown command {name!r}"})
+
+
+def _key(message: dict[str, Any]) -> Key:
+    """The (run, attempt) an ``assign`` or ``rendezvous`` is about."""
+    return int(message["run_id"]), int(message.get("attempt", 0))
 
 
 def migrate(group: RankGroup | None, payload: dict[str, Any]) -> tuple[bool, str]:
