@@ -19,16 +19,21 @@ from typing import Any
 
 from anyio import to_thread
 from sqlalchemy import insert, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
 from pipestudio.backend.db import Database
 from pipestudio.backend.hub import Hub
+from pipestudio.backend.repositories import Workers
 from pipestudio.backend.services import messages
 from pipestudio.backend.services.messages import Actions
 
 log = logging.getLogger("pipestudio.backend")
 _MAX_BATCH = 2000
+_STORE_ATTEMPTS = 3
+#: PostgreSQL's deadlock_detected and serialization_failure: the transaction may be retried.
+_RETRY_SQLSTATES = ("40P01", "40001")
 _METRIC_COLUMNS = ("run_id", "worker_id", "kind", "stage", "replica", "step", "time_ms",
                    "received_at", "data")
 _COPY_METRICS = f"COPY metrics ({', '.join(_METRIC_COLUMNS)}) FROM STDIN"
@@ -89,13 +94,28 @@ class Ingestor:
             while not self.queue.empty() and len(batch) < _MAX_BATCH:
                 batch.append(self.queue.get_nowait())
             try:
-                actions = await to_thread.run_sync(self._store, batch)
+                actions = await self._store_retrying(batch)
             except Exception:
                 log.exception("storing %d worker messages failed; their workers reconnect "
                               "and resend", len(batch))
                 await self._close({item.worker_id for item in batch})
                 continue
             await self._after(batch, actions)
+
+    async def _store_retrying(self, batch: list[Item]) -> Actions:
+        """``_store``, again when the database chose its transaction as a deadlock's or a
+        serialization conflict's victim (it rolled back whole, so a retry is safe)."""
+        for attempt in range(1, _STORE_ATTEMPTS):
+            try:
+                return await to_thread.run_sync(self._store, batch)
+            except OperationalError as exc:
+                code = getattr(exc.orig, "sqlstate", None)
+                if code not in _RETRY_SQLSTATES:
+                    raise
+                log.warning("storing %d worker messages: %s (SQLSTATE %s); attempt %d of "
+                            "%d", len(batch), type(exc.orig).__name__, code, attempt + 1,
+                            _STORE_ATTEMPTS)
+        return await to_thread.run_sync(self._store, batch)
 
     def _store(self, batch: list[Item]) -> Actions:
         actions = Actions()
@@ -151,15 +171,15 @@ class Ingestor:
 
 def _prefetch(session: Session, batch: list[Item]
               ) -> tuple[dict[str, models.Worker], list[models.Run]]:
-    """The batch's workers and runs in one ``SELECT`` each. While the caller holds the
-    runs, ``apply_message``'s ``session.get`` finds them in the identity map (which holds
-    unchanged objects only weakly) without a round trip."""
-    worker_ids = {item.worker_id for item in batch}
+    """The batch's workers (locked first, in id order: ``Workers.locked``) and runs in one
+    ``SELECT`` each. While the caller holds the runs, ``apply_message``'s ``session.get``
+    finds them in the identity map (which holds unchanged objects only weakly) without a
+    round trip."""
+    workers = Workers(session).locked(item.worker_id for item in batch)
     run_ids = {run_id for item in batch
                if isinstance(run_id := item.message.get("run_id"), int)}
     runs = list(session.scalars(select(models.Run).where(models.Run.id.in_(run_ids))))
-    found = session.scalars(select(models.Worker).where(models.Worker.id.in_(worker_ids)))
-    return {worker.id: worker for worker in found}, runs
+    return workers, runs
 
 
 def _insert_metrics(session: Session, rows: list[dict[str, Any]]) -> None:

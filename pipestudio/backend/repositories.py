@@ -1,7 +1,7 @@
 """Repositories: every query the services make, one class per table family."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import ColumnElement, func, select
@@ -78,6 +78,14 @@ class Workers(Repository[models.Worker]):
     def online(self) -> list[models.Worker]:
         return list(self.session.scalars(select(models.Worker).where(
             models.Worker.state == "online").order_by(models.Worker.created_at)))
+
+    def locked(self, ids: Iterable[str]) -> dict[str, models.Worker]:
+        """The workers with these ids, row-locked until the transaction ends (PostgreSQL;
+        SQLite locks the whole database anyway). Every transaction that changes several
+        workers locks them here first, in id order, so that no two of them deadlock."""
+        return {worker.id: worker for worker in self.session.scalars(
+            select(models.Worker).where(models.Worker.id.in_(set(ids)))
+            .order_by(models.Worker.id).with_for_update())}
 
 
 class Runs(Repository[models.Run]):

@@ -15,6 +15,8 @@ import socket
 import sys
 from typing import Any
 
+from pipestudio.heap import settle_heap
+
 _Formatter = argparse.RawDescriptionHelpFormatter
 #: Addresses that mean "every interface": the dashboard reaches its backend on loopback.
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
@@ -175,6 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"API token: {settings.api_token}", flush=True)
     config = uvicorn.Config(app, log_level="warning", ws_max_size=2**26,
                             ws_per_message_deflate=False)
+    settle_heap()  # torch, Dash and the app: out of every full collection's walk
     uvicorn.Server(config).run(sockets=[listener])
     return 0
 
@@ -235,6 +238,7 @@ def _worker(args: argparse.Namespace) -> int:
         return 2
     print(f"worker {agent.name}: {len(agent.devices)} device(s), {agent.slots} slot(s), "
           f"serving {args.server}", flush=True)
+    settle_heap()
     try:
         asyncio.run(agent.run())
     except AgentAuthError as exc:

@@ -83,10 +83,17 @@ def check_silence(session: Session, hub: Hub, timeout_s: float) -> Actions:
 
 
 def touch(session: Session, seen: dict[str, float]) -> None:
-    """Persist when workers were last heard from (the hub keeps it in memory)."""
+    """Persist when workers were last heard from (the hub keeps it in memory).
+
+    First it locks every worker the watchdog's transaction may change (those heard from
+    and those online, which ``check_silence`` may mark offline) in id order, as the ingest
+    writer does (``Workers.locked``): without it the two deadlocked on PostgreSQL under load.
+    """
     now = time.monotonic()
+    workers = Workers(session)
+    locked = workers.locked(set(seen) | {worker.id for worker in workers.online()})
     for worker_id, last in seen.items():
-        worker = session.get(models.Worker, worker_id)
+        worker = locked.get(worker_id)
         if worker is not None:
             worker.last_seen_at = models.utcnow().fromtimestamp(
                 time.time() - (now - last), models.utcnow().tzinfo)

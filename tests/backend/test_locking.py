@@ -1,0 +1,90 @@
+"""Transactions that change several workers at once do not deadlock, and the ingest writer
+retries a batch the database rolled back as a deadlock's victim."""
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from pipestudio.backend import models
+from pipestudio.backend.db import Database
+from pipestudio.backend.ingest import Ingestor
+from pipestudio.backend.migrate import upgrade
+from pipestudio.backend.repositories import Workers
+from pipestudio.backend.services import workers
+from tests.backend.conftest import empty_postgres
+from tests.backend.test_sockets import _start, _step
+
+
+def _worker(worker_id: str) -> models.Worker:
+    return models.Worker(id=worker_id, name=worker_id, host="h", devices=[], slots=1)
+
+
+def test_watchdog_and_ingest_lock_workers_in_one_order(postgres_database: str) -> None:
+    """The interleaving that deadlocked: the ingest writer holds worker ``a`` and then
+    updates ``b`` while the watchdog persists heartbeats heard from ``b`` before ``a``.
+    The watchdog locks both in id order before changing either, so it waits on ``a``
+    holding nothing, and the writer goes through."""
+    empty_postgres(postgres_database)
+    db = Database(postgres_database)
+    upgrade(db.engine)
+    with db.session() as session:
+        session.add_all([_worker("a"), _worker("b")])
+    failures: list[BaseException] = []
+    touched = threading.Event()
+
+    def watchdog() -> None:
+        try:
+            with db.session() as session:
+                now = time.monotonic()
+                workers.touch(session, {"b": now, "a": now})  # heard from b first
+            touched.set()
+        except BaseException as exc:  # reported by the test below
+            failures.append(exc)
+
+    try:
+        with db.session() as ingest:
+            ingest.execute(text("SET LOCAL deadlock_timeout = '100ms'"))
+            held = Workers(ingest).locked(["a"])
+            held["a"].last_seq = 1
+            ingest.flush()
+            thread = threading.Thread(target=watchdog)
+            thread.start()
+            time.sleep(0.5)  # the watchdog is now waiting for a
+            assert not touched.is_set(), "the watchdog changed a worker the writer holds"
+            ingest.get_one(models.Worker, "b").last_seq = 1
+            ingest.flush()
+        thread.join(10)
+        assert not failures, failures
+        assert touched.is_set()
+        with db.session() as session:
+            assert [w.last_seq for w in Workers(session).locked(["a", "b"]).values()] == [1, 1]
+    finally:
+        db.dispose()
+
+
+def test_ingest_retries_a_batch_chosen_as_a_deadlock_victim(
+        client: TestClient, fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Ingestor._store
+    failed: list[int] = []
+
+    def once_a_deadlock(self: Ingestor, batch: list[Any]) -> Any:
+        if not failed:
+            failed.append(len(batch))
+            raise OperationalError("UPDATE workers ...", {},
+                                   psycopg.errors.DeadlockDetected("deadlock detected"))
+        return store(self, batch)
+
+    monkeypatch.setattr(Ingestor, "_store", once_a_deadlock)
+    a, b = fake("a"), fake("b")
+    run_id = _start(client, [a, b])
+    for step in range(2):
+        b.expect_ack(b.send({"type": "events", "run_id": run_id, "events": [_step(1, step)]}))
+    assert failed, "no batch went through the failing store"
+    stored = client.get(f"/api/runs/{run_id}/metrics", params={"kind": "step"}).json()
+    assert stored["total"] == 2
