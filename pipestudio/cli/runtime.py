@@ -137,6 +137,7 @@ def _add_train(commands: Any) -> None:
 def _train(args: argparse.Namespace) -> int:
     from pipestudio.planner import Plan, load_document
     from pipestudio.runtime.engine import EngineConfig, launch, train_from_env
+    from pipestudio.runtime.engine.rank import exit_now
     from pipestudio.runtime.models import parse_model_args
 
     config = EngineConfig(
@@ -156,8 +157,12 @@ def _train(args: argparse.Namespace) -> int:
                   f"({event['end_ms'] - event['start_ms']:.1f} ms on the last stage)",
                   file=sys.stderr)
 
-    run = train_from_env if "RANK" in os.environ else launch
-    result = run(config, progress)
+    if "RANK" in os.environ:  # this process is the rank: end it as the engine's ranks end
+        exit_now(_report(train_from_env(config, progress), args))
+    return _report(launch(config, progress), args)
+
+
+def _report(result: Any, args: argparse.Namespace) -> int:
     if not result.ok:
         for line in result.message.splitlines():
             print(f"error: {line}", file=sys.stderr)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from pipestudio.planner import Plan
 from pipestudio.runtime.engine import EngineConfig, check_config
 from pipestudio.runtime.engine.commands import Controller
-from pipestudio.runtime.engine.rank import run_rank_reporting
+from pipestudio.runtime.engine.rank import exit_now, run_rank_reporting
 from pipestudio.runtime.engine.rendezvous import StoreAddress
 from pipestudio.runtime.engine.repartition import RepartitionConfig
 
@@ -61,8 +61,7 @@ def _rank_main(config: EngineConfig, rank: int, address: StoreAddress, conn: Con
     _die_with_parent()
     ended_well = run_rank_reporting(config, rank, address, conn.send, ranks_here=ranks_here)
     conn.close()
-    if not ended_well:
-        sys.exit(1)
+    exit_now(0 if ended_well else 1)
 
 
 class RankGroup:

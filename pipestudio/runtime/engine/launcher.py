@@ -35,7 +35,7 @@ from pipestudio.runtime.engine.config import EngineConfig, build_model
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.layout import EngineLayout
 from pipestudio.runtime.engine.metrics import Event, EventSink, JsonlSink
-from pipestudio.runtime.engine.rank import run_rank, run_rank_reporting
+from pipestudio.runtime.engine.rank import exit_now, run_rank, run_rank_reporting
 from pipestudio.runtime.engine.rendezvous import StoreAddress, address_from_env
 
 #: How the launcher may start its children (see the module docstring).
@@ -75,8 +75,7 @@ def _child(config: EngineConfig, rank: int, address: StoreAddress, conn: Connect
                                     lambda event: conn.send(("event", event)),
                                     ranks_here=world_size)
     conn.close()
-    if not ended_well:
-        os._exit(1)
+    exit_now(0 if ended_well else 1)
 
 
 def launch(config: EngineConfig, sink: EventSink | None = None, *,

@@ -121,14 +121,34 @@ class LiveRepartition:
         self.channel.progress()
 
     def after_update(self, applied: int) -> None:
-        """Send the versions and hand-offs due now that ``applied`` micro-batches are in."""
+        """Send the versions and hand-offs due now that ``applied`` micro-batches are in:
+        the weights to every new stage first (each waits for them before a forward), then
+        the training state (waited for only before an update)."""
         self.applied = applied
+        due = []
         for t in self.transitions:
             for peer, layers in t.outgoing.items():
                 if peer not in t.handed_off:
-                    self._send_due(t, peer, layers)
+                    self._send_versions(t, peer, layers)
+                    if self.applied >= t.switch_mb:
+                        due.append((t, peer, {name: self.modules[name] for name in layers}))
+        for t, peer, modules in due:
+            t.sent_bytes += self.channel.send(layer_weights(modules), peer,
+                                              tag(t.migration_id, WEIGHTS_SLOT))
+        for t, peer, modules in due:
+            t.sent_bytes += self.channel.send(layer_training(modules, self.worker.optimizer),
+                                              peer, tag(t.migration_id, TRAINING_SLOT))
+            t.handed_off.add(peer)
+            prefixes = tuple(f"{name}." for name in modules)
+            for full in [full for full in self.owned if full.startswith(prefixes)]:
+                del self.owned[full]
+        if due:
+            self._rebuild_optimizer({})
+            for t in {id(t): t for t, _, _ in due}.values():
+                self._maybe_done(t)
 
-    def _send_due(self, t: Transition, peer: int, layers: list[str]) -> None:
+    def _send_versions(self, t: Transition, peer: int, layers: list[str]) -> None:
+        """``pipedream``: the weight versions of ``layers`` the peer needs, as they are made."""
         modules = {name: self.modules[name] for name in layers}
         for version in sorted(t.needed.get(peer, ())):
             if (peer, version) in t.versions_sent:
@@ -140,17 +160,6 @@ class LiveRepartition:
                 t.sent_bytes += self.channel.send(
                     layer_versions(modules), peer, tag(t.migration_id, 1 + t.switch_mb - version))
                 t.versions_sent.add((peer, version))
-        if self.applied >= t.switch_mb:
-            for message, slot in ((layer_weights(modules), WEIGHTS_SLOT),
-                                  (layer_training(modules, self.worker.optimizer),
-                                   TRAINING_SLOT)):
-                t.sent_bytes += self.channel.send(message, peer, tag(t.migration_id, slot))
-            t.handed_off.add(peer)
-            prefixes = tuple(f"{name}." for name in layers)
-            for full in [full for full in self.owned if full.startswith(prefixes)]:
-                del self.owned[full]
-            self._rebuild_optimizer({})
-            self._maybe_done(t)
 
     def _receive(self, t: Transition, peer: int, slot: int, what: str) -> dict[str, Any]:
         start, before = time.perf_counter(), self.channel.received_bytes
@@ -161,13 +170,15 @@ class LiveRepartition:
         t.received_bytes += self.channel.received_bytes - before
         return message
 
-    def ensure_arrived(self, microbatch: int) -> None:
-        """Receive the weights of layers arriving for ``microbatch`` or earlier."""
+    def ensure_arrived(self, microbatch: int, layer: str | None = None) -> None:
+        """Receive the weights of layers arriving for ``microbatch`` or earlier (with
+        ``layer``: only of the message that brings it, so a stage's forward can run the
+        layers it has while a later one is still on its way)."""
         for t in self.transitions:
             if t.switch_mb > microbatch:
                 continue
             for peer, layers in t.incoming.items():
-                if peer in t.received:
+                if peer in t.received or (layer is not None and layer not in layers):
                     continue
                 modules = {name: self.modules[name] for name in layers}
                 load_layer_weights(modules, self._receive(t, peer, WEIGHTS_SLOT,

@@ -13,9 +13,10 @@ consecutive ``recompute`` layers runs under ``torch.utils.checkpoint`` (non-reen
 keeps only the run's inputs and repeats its forward during the backward (GPipe's
 rematerialization); ``swap`` layers run inside the ``SwapSpace``'s saved-tensor hooks.
 
-The backward uses ``torch.autograd.grad`` towards the weights and received inputs, so the
-gradients of micro-batches that share one stashed version never mix; the caller adds them
-into the live parameters' ``.grad``.
+The backward on the live parameters lets autograd accumulate into their ``.grad``, as
+``loss.backward()`` does; on a stashed version it uses ``torch.autograd.grad`` towards the
+weights and received inputs, so the gradients of micro-batches that share one version never
+mix, and the caller adds them into the live parameters' ``.grad``.
 """
 
 import contextlib
@@ -90,12 +91,18 @@ class StageRunner:
 
     def forward(self, microbatch: int, step: int, received: dict[str, Tensor],
                 data: Tensor | None, targets: Tensor | None,
-                weights: Mapping[str, Tensor]) -> ForwardState:
+                weights: Mapping[str, Tensor],
+                before_layer: Callable[[str], None] | None = None) -> ForwardState:
+        """The micro-batch's forward; ``before_layer(name)`` is called before each layer
+        runs (a layer that migrated here may still be arriving: ``live.py``)."""
         acts: dict[str, Tensor] = dict(received)
         if data is not None:
             acts[DATA] = data
         static = self.static_storages(weights) if "swap" in self.io.policies.values() else set()
         for idx, (policy, positions) in enumerate(self.blocks):
+            if before_layer is not None:
+                for pos in positions:
+                    before_layer(self.names[pos])
             if policy == "recompute":
                 self._recompute_block(idx, acts, weights, microbatch, step)
             else:
@@ -146,9 +153,21 @@ class StageRunner:
         results = checkpoint(run, *[acts[src] for src in outside], use_reentrant=False)
         acts.update(zip(handed_on, results, strict=True))
 
-    def backward(self, state: ForwardState, grads: Mapping[str, Tensor]
+    def backward(self, state: ForwardState, grads: Mapping[str, Tensor],
+                 hand_on_first: Callable[[dict[str, Tensor]], None] | None = None
                  ) -> tuple[dict[str, Tensor | None], dict[str, Tensor]]:
-        """Gradients of the weights (by parameter name) and of the received inputs."""
+        """Gradients of the weights (by parameter name) and of the received inputs.
+
+        On the live parameters (synchronous schedules) autograd adds the weights' gradients
+        into their ``.grad`` itself, as each is made, and none are returned: collecting
+        them all and adding them afterwards cost a third more time on the CPU (fresh
+        buffers for every gradient, then a pass over each). Stashed versions get theirs
+        returned, to be added by the caller (``weights.set_gradients``).
+
+        With ``hand_on_first`` (live parameters only) the received inputs' gradients are
+        computed first and handed to it, then the weights' in a second pass over the
+        graph: the previous stage, waiting for them, starts sooner, for more work here
+        (the second pass repeats what lies between the two)."""
         roots: list[Tensor] = []
         root_grads: list[Tensor | None] = []
         if state.loss is not None:
@@ -160,17 +179,33 @@ class StageRunner:
                 root_grads.append(grad)
         wrt = trainable(state.weights)
         leaves = [(name, leaf) for name, leaf in state.inputs.items() if leaf.requires_grad]
-        results: Sequence[Tensor | None] = [None] * (len(wrt) + len(leaves))
-        if roots and (wrt or leaves):
-            results = torch.autograd.grad(roots, [t for _, t in wrt] + [t for _, t in leaves],
-                                          root_grads, allow_unused=True)
-        weight_grads = {name: grad for (name, _), grad in zip(wrt, results, strict=False)}
+        weights, inputs = [t for _, t in wrt], [t for _, t in leaves]
+        if not roots or not (wrt or leaves):
+            return {}, self._input_grads(state, leaves, [None] * len(leaves))
+        if state.weights is not self.params:  # a stashed version
+            results = torch.autograd.grad(roots, weights + inputs, root_grads,
+                                          allow_unused=True)
+            return ({name: grad for (name, _), grad in zip(wrt, results, strict=False)},
+                    self._input_grads(state, leaves, results[len(wrt):]))
+        if hand_on_first is not None and leaves:
+            hand_on_first(self._input_grads(state, leaves, torch.autograd.grad(
+                roots, inputs, root_grads, retain_graph=True, allow_unused=True)))
+            if wrt:
+                torch.autograd.backward(roots, root_grads, inputs=weights)
+            return {}, {}
+        torch.autograd.backward(roots, root_grads, inputs=weights + inputs)
+        return {}, self._input_grads(state, leaves, [leaf.grad for _, leaf in leaves])
+
+    @staticmethod
+    def _input_grads(state: ForwardState, leaves: list[tuple[str, Tensor]],
+                     leaf_grads: Sequence[Tensor | None]) -> dict[str, Tensor]:
+        """The gradient of every floating-point input received (zeros where none flowed)."""
         input_grads = {name: torch.zeros_like(state.inputs[name]) for name in state.inputs
                        if state.inputs[name].is_floating_point()}
-        for (name, _), grad in zip(leaves, results[len(wrt):], strict=True):
+        for (name, _), grad in zip(leaves, leaf_grads, strict=True):
             if grad is not None:
                 input_grads[name] = grad
-        return weight_grads, input_grads
+        return input_grads
 
 
 def _split_blocks(names: list[str], policies: Mapping[str, str]) -> list[tuple[str, list[int]]]:

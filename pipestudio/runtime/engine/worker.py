@@ -8,7 +8,9 @@ back. A forward waits for its inputs, runs the stage and sends its outputs; a ba
 waits for the gradients of what it sent, runs autograd and sends the gradients of what it
 received; an all-reduce sums the replicas' gradients; an update steps the optimizer. Under
 ``pipedream`` the forward and backward run on stashed weight versions (``weights.py``).
-When a step's last op is done the worker publishes the step's ops and metrics.
+When a step's last op is done the worker publishes the step's ops and metrics; after
+the first one it settles the heap (``pipestudio/heap.py``), so that no full collection
+stalls the pipeline for 0.1-0.2 s later on.
 
 Live repartition (``live.py``): each micro-batch runs on the partition in effect for it, so
 the stage's layers, the tensors it receives and sends, and its optimizer may change between
@@ -22,6 +24,7 @@ from collections import Counter
 import torch
 from torch import Tensor
 
+from pipestudio.heap import settle_heap
 from pipestudio.runtime.engine import checkpoint as ckpt
 from pipestudio.runtime.engine.clock import Marker
 from pipestudio.runtime.engine.config import EngineConfig
@@ -74,6 +77,10 @@ class Worker:
         control = self.control
         self.live = LiveRepartition(self, control)
         self.meter = LayerMeter(spec.layers) if control is not None and control.measures else None
+        #: Whether the heap was settled after the first step (``pipestudio/heap.py``).
+        self.settled = False
+        #: Per step of the current segment, the micro-batch of this worker's last backward.
+        self.last_backward: dict[int, int | None] = {}
 
     def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
         if not params:
@@ -109,6 +116,7 @@ class Worker:
                 [op.microbatch for op in ops if op.kind == "forward"], required,
                 self.live.ensure_arrived, self.live.fetch)
         left = Counter(op.step for op in ops)
+        self.last_backward = {op.step: op.microbatch for op in ops if op.kind == "backward"}
         for idx, op in enumerate(ops):
             self.live.learn_until(max(o.step for o in ops[idx:idx + 3 * _LOOKAHEAD]))
             self._prepare(ops, idx)
@@ -126,6 +134,9 @@ class Worker:
                 if self.plan.schedule != "pipedream":
                     self.transport.drain()
                 self.recorder.finish_step(op.step)
+                if not self.settled:  # torch imports what the first step needed lazily
+                    settle_heap()
+                    self.settled = True
                 if self.control is not None:
                     self.control.after_step(op.step, self.recorder, self.meter)
         self.transport.drain()
@@ -177,10 +188,14 @@ class Worker:
         part = self.live.partition(mb)
         io = part.io
         self._post(ACTIVATION, mb, io.receives)
-        # layers arriving for ``mb`` were sent before its activations: wait for them first
+        # layers arriving for ``mb``: each is waited for just before it runs, so the
+        # layers before it overlap its transfer
+        before_layer = None
         if self.versions is None:
-            self.live.ensure_arrived(mb)
             weights = part.runner.params
+            if self.live.transitions:
+                def before_layer(layer: str) -> None:
+                    self.live.ensure_arrived(mb, layer)
         else:
             weights = part.positional(self.versions.for_forward(
                 mb, [full for _, full in part.keys]))
@@ -196,7 +211,7 @@ class Worker:
         if self.meter is not None:
             self.meter.arm(True)
         state = part.runner.forward(mb, step, received, data if io.reads_data else None,
-                                    targets, weights)
+                                    targets, weights, before_layer)
         if self.meter is not None:
             self.meter.arm(False)
         self.recorder.stop(record)
@@ -216,13 +231,22 @@ class Worker:
             grads[layer] = grads[layer] + grad if layer in grads else grad
         state = self.states.pop(mb)
         self.watchdog.doing(f"the backward of micro-batch {mb} (step {step})")
+
+        def hand_on(input_grads: dict[str, Tensor]) -> None:
+            for transfer in part.io.receives:
+                if transfer.layer in input_grads:
+                    self.transport.send(GRADIENT, transfer, mb, input_grads[transfer.layer],
+                                        step)
+
+        # the step's last backward: the previous stage waits for it with nothing else to
+        # do, and this one has only its update left, so its gradients go first
+        first = (hand_on if self.versions is None and self.meter is None
+                 and self.last_backward.get(step) == mb else None)
         record = self.recorder.start("backward", mb, step)
-        weight_grads, input_grads = part.runner.backward(state, grads)
+        weight_grads, input_grads = part.runner.backward(state, grads, first)
         self.recorder.stop(record)
         set_gradients(part.runner.params, weight_grads, accumulate=self.versions is None)
-        for transfer in part.io.receives:
-            if transfer.layer in input_grads:
-                self.transport.send(GRADIENT, transfer, mb, input_grads[transfer.layer], step)
+        hand_on(input_grads)
         self.swap.release(mb)
         if self.versions is not None:
             self.versions.release(mb)
