@@ -3,7 +3,6 @@
 import itertools
 import json
 import re
-import time
 
 import pytest
 
@@ -179,17 +178,15 @@ def test_run_charts_measure_throughput_and_mark_migrations():
     assert any(a["text"] == "device limit 2.00 GiB" for a in memory["layout"]["annotations"])
 
 
-def test_plan_view_of_1000_layers_on_16_stages_builds_in_well_under_a_second():
+def test_plan_view_of_1000_layers_on_16_stages_stays_a_few_traces():
+    # its build time is bench/bench_dashboard.py's to measure, not a unit test's
     profile = big_profile(1000)
     plan = plan_template(profile, 16, 32, "1f1b")
     result = simulate(profile, plan, cluster_template([16], [100.0],
                                                        device_memory_bytes=2**30))
-    started = time.perf_counter()
     figures = [stage_charts.stage_compute_figure(result), stage_charts.stage_memory_figure(result),
                gantt.schedule_gantt(result), memory_charts.memory_timeline_figure(result)]
     encoded = json.dumps(figures)
-    elapsed_s = time.perf_counter() - started
-    assert elapsed_s < 0.3, f"{elapsed_s:.3f} s"
     # a shape and a hover trace per op kind, not an element per op
     assert len(figures[2]["data"]) == len(figures[2]["layout"]["shapes"]) <= 10
     assert len(encoded) < 2_000_000
