@@ -12,19 +12,26 @@ Two kinds of message go from a layer's old stage to its new one (``transition.py
 
 A message is a nested dict of tensors and plain values, sent raw, without pickling: every
 tensor's bytes are packed into one flat ``uint8`` *payload*, each at a 64-byte-aligned
-offset so that the receiver's tensors are views of it, and a small JSON *header* names each
-tensor's path, dtype, shape and offset, the plain values and the payload's size. The
-payload goes by ``isend``/``irecv`` on the default (gloo) group with a tag above the
-transport's (``2**30 + migration * 1024 + slot``); the header goes through the job's store.
+offset so that the receiver's tensors are views of it, and a *header* names each tensor's
+path, dtype, shape and offset, the plain values and the payload's size. Each message is one
+``isend``/``irecv`` on the default (gloo) group with a tag above the transport's
+(``2**30 + migration * 1024 + slot``); nothing goes through the job's store.
 
-Gloo moves a message's bytes only once both ends have posted it, so the receiver posts the
-payload's receive as soon as its header is in the store: it ``expect``\\ s its messages as
-soon as it learns of the migration, and the worker calls ``progress`` between ops, which
-checks the store for their headers. The bytes then travel (gloo's own threads) while both
-ranks compute, and the sender's only work is one copy into the payload, which is also what
-freezes a version that training goes on to change. Sends are waited for when the run ends.
+Gloo moves a message's bytes only once both ends have posted it, so the receiver must post
+early, and to post it must know the message's size. Versions and weights have a *known
+layout*: every rank holds a copy of every layer, so the receiver derives their header from
+its own copy and posts their receives as soon as it learns of the migration. Their body is
+a 64-byte prefix (a digest of the sender's header, checked against the receiver's, and the
+sizes of the message announced to follow) and the payload. The training state's layout
+depends on the sender's gradients and optimizer (*described*): its body is its JSON header,
+padded to 64 bytes, and the payload, and the weights message before it announces its sizes,
+so its receive is posted the moment the weights are taken, a step's forwards and backwards
+before the update needs it. The bytes travel on gloo's own threads while both ranks
+compute; the sender's only work is one copy into the payload, which is also what freezes a
+version that training goes on to change. Sends are waited for when the run ends.
 """
 
+import hashlib
 import json
 import math
 from collections.abc import Iterator, Mapping
@@ -42,6 +49,7 @@ from pipestudio.runtime.engine.faults import Watchdog
 _TAG_BASE = 2 ** 30
 _SLOTS = 1024
 _ALIGN_BYTES = 64
+_PREFIX_BYTES = 64  # int64: digest of the header, sizes of the announced message
 WEIGHTS_SLOT = 0
 TRAINING_SLOT = _SLOTS - 1  # versions use the slots between
 
@@ -121,25 +129,43 @@ def _view(payload: Tensor, entry: Mapping[str, Any]) -> Tensor:
     return payload[offset:offset + num_bytes].view(dtype).view(entry["shape"])
 
 
-def pack(message: Any) -> tuple[dict[str, Any], Tensor]:
-    """(header, payload) of a message (module docstring); the tensors are copied once."""
-    tensors: list[tuple[dict[str, Any], Tensor]] = []
+def _aligned(num_bytes: int) -> int:
+    return -(-num_bytes // _ALIGN_BYTES) * _ALIGN_BYTES
+
+
+def _layout(message: Any) -> tuple[dict[str, Any], list[Tensor]]:
+    """(header, the tensors in its order) of a message, nothing copied."""
+    entries: list[dict[str, Any]] = []
+    tensors: list[Tensor] = []
     values: list[dict[str, Any]] = []
     offset = 0
     for path, leaf in _leaves(message):
         if torch.is_tensor(leaf):
-            entry = {"path": path, "dtype": str(leaf.dtype).removeprefix("torch."),
-                     "shape": list(leaf.shape), "offset": offset}
-            tensors.append((entry, leaf))
-            offset += -(-leaf.numel() * leaf.element_size() // _ALIGN_BYTES) * _ALIGN_BYTES
+            entries.append({"path": list(path), "dtype": str(leaf.dtype).removeprefix("torch."),
+                            "shape": list(leaf.shape), "offset": offset})
+            tensors.append(leaf)
+            offset += _aligned(leaf.numel() * leaf.element_size())
         else:
-            values.append({"path": path, "value": leaf})
-    payload = torch.empty(offset, dtype=torch.uint8)
-    with torch.no_grad():
-        for entry, leaf in tensors:
-            _view(payload, entry).copy_(leaf)
-    header = {"tensors": [entry for entry, _ in tensors], "values": values,
-              "num_bytes": offset}
+            values.append({"path": list(path), "value": leaf})
+    return {"tensors": entries, "values": values, "num_bytes": offset}, tensors
+
+
+def describe(message: Any) -> dict[str, Any]:
+    """The header ``pack`` gives ``message``, without copying its tensors."""
+    return _layout(message)[0]
+
+
+@torch.no_grad()
+def _fill(payload: Tensor, header: Mapping[str, Any], tensors: list[Tensor]) -> None:
+    for entry, leaf in zip(header["tensors"], tensors, strict=True):
+        _view(payload, entry).copy_(leaf)
+
+
+def pack(message: Any) -> tuple[dict[str, Any], Tensor]:
+    """(header, payload) of a message (module docstring); the tensors are copied once."""
+    header, tensors = _layout(message)
+    payload = torch.empty(header["num_bytes"], dtype=torch.uint8)
+    _fill(payload, header, tensors)
     return header, payload
 
 
@@ -155,69 +181,89 @@ def unpack(header: Mapping[str, Any], payload: Tensor) -> dict[str, Any]:
     return result
 
 
+def _digest(header: Mapping[str, Any]) -> int:
+    text = json.dumps(header, sort_keys=True).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
+
+
+class Outgoing:
+    """A message about to be sent: its header now, its bytes copied when it is sent."""
+
+    def __init__(self, message: Any) -> None:
+        self.header, self._tensors = _layout(message)
+        try:
+            self.text = json.dumps(self.header).encode()
+        except TypeError as exc:
+            raise EngineError(f"migration message: {exc}") from exc
+
+    @property
+    def described_bytes(self) -> tuple[int, int]:
+        """(header bytes, body bytes) of this message sent with its header."""
+        return len(self.text), _aligned(len(self.text)) + self.header["num_bytes"]
+
+    def body(self, described: bool, announce: "Outgoing | None") -> Tensor:
+        """The bytes on the wire: the header (``described``) or the prefix, then the payload."""
+        if described:
+            start = _aligned(len(self.text))
+            body = torch.empty(start + self.header["num_bytes"], dtype=torch.uint8)
+            body[:len(self.text)] = torch.frombuffer(bytearray(self.text), dtype=torch.uint8)
+        else:
+            start = _PREFIX_BYTES
+            body = torch.empty(start + self.header["num_bytes"], dtype=torch.uint8)
+            sizes = announce.described_bytes if announce is not None else (0, 0)
+            body[:_PREFIX_BYTES].view(torch.int64)[:3] = torch.tensor(
+                [_digest(self.header), *sizes], dtype=torch.int64)
+        _fill(body[start:], self.header, self._tensors)
+        return body
+
+
 @dataclass
 class _Incoming:
-    """A message this rank expects: its header's store key, then its posted receive."""
+    """A message whose receive is posted: ``header`` when its layout is known here, else
+    the size of the header at the start of its body; ``follow``, the tag of the described
+    message its prefix announces."""
 
-    peer: int
-    tag: int
-    key: str
-    header: dict[str, Any] | None = None
-    payload: Tensor | None = None
-    work: dist.Work | None = None
+    body: Tensor
+    work: dist.Work
+    header: dict[str, Any] | None
+    header_bytes: int = 0
+    follow: int | None = None
 
 
 class Channel:
     """Sends and receives migration messages of one rank (module docstring)."""
 
-    def __init__(self, store: Any, rank: int, timeout_s: float, watchdog: Watchdog) -> None:
-        self.store, self.rank = store, rank
+    def __init__(self, rank: int, timeout_s: float, watchdog: Watchdog) -> None:
+        self.rank = rank
         self.timeout = timedelta(seconds=timeout_s)
         self.watchdog = watchdog
         self._sends: list[tuple[dist.Work, Tensor]] = []
-        self._incoming: dict[str, _Incoming] = {}
+        self._incoming: dict[tuple[int, int], _Incoming] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
 
-    def _key(self, message_tag: int, src: int, dst: int) -> str:
-        return f"migration/{message_tag}/{src}-{dst}"
+    def send(self, message: Outgoing, peer: int, message_tag: int, *, described: bool = False,
+             announce: Outgoing | None = None) -> int:
+        """Copy ``message`` into its body and start sending it; a known-layout message may
+        ``announce`` the described one that follows it to the same peer. Returns bytes."""
+        body = message.body(described, announce)
+        self._sends.append((dist.isend(body, peer, tag=message_tag), body))
+        self.sent_bytes += body.numel()
+        return body.numel()
 
-    def send(self, message: Any, peer: int, message_tag: int) -> int:
-        """Pack ``message``, start sending its payload and publish its header."""
-        header, payload = pack(message)
-        try:
-            text = json.dumps(header)
-        except TypeError as exc:
-            raise EngineError(f"migration message {message_tag}: {exc}") from exc
-        if payload.numel():
-            self._sends.append((dist.isend(payload, peer, tag=message_tag), payload))
-        self.store.set(self._key(message_tag, self.rank, peer), text)
-        self.sent_bytes += payload.numel()
-        return payload.numel()
+    def expect(self, peer: int, message_tag: int, header: dict[str, Any],
+               follow: int | None = None) -> None:
+        """Post the receive of a message with a known layout (``header``, derived here);
+        ``follow``: the tag of the described message it announces."""
+        if (peer, message_tag) not in self._incoming:
+            self._post(peer, message_tag, _PREFIX_BYTES + header["num_bytes"], header,
+                       follow=follow)
 
-    def expect(self, peer: int, message_tag: int) -> None:
-        """Note a message to come, so that ``progress`` posts its receive early."""
-        key = self._key(message_tag, peer, self.rank)
-        self._incoming.setdefault(key, _Incoming(peer, message_tag, key))
-
-    def _post(self, incoming: _Incoming) -> None:
-        incoming.header = json.loads(self.store.get(incoming.key).decode())
-        self.store.delete_key(incoming.key)
-        incoming.payload = torch.empty(incoming.header["num_bytes"], dtype=torch.uint8)
-        if incoming.payload.numel():
-            incoming.work = dist.irecv(incoming.payload, incoming.peer, tag=incoming.tag)
-
-    def progress(self) -> None:
-        """Post the receive of every expected message whose header has come; a peer sends
-        in the order they were expected, so one store lookup per peer tells what is new."""
-        behind: set[int] = set()
-        for incoming in self._incoming.values():
-            if incoming.header is not None or incoming.peer in behind:
-                continue
-            if self.store.check([incoming.key]):
-                self._post(incoming)
-            else:
-                behind.add(incoming.peer)
+    def _post(self, peer: int, message_tag: int, num_bytes: int, header: dict[str, Any] | None,
+              header_bytes: int = 0, follow: int | None = None) -> None:
+        body = torch.empty(num_bytes, dtype=torch.uint8)
+        work = dist.irecv(body, peer, tag=message_tag)
+        self._incoming[(peer, message_tag)] = _Incoming(body, work, header, header_bytes, follow)
 
     def _wait(self, work: dist.Work, what: str, peer: int | None) -> None:
         self.watchdog.doing(what, waiting_on=peer)
@@ -227,21 +273,25 @@ class Channel:
             raise self.watchdog.failure(what, peer, exc) from exc
 
     def receive(self, peer: int, message_tag: int, what: str) -> dict[str, Any]:
-        """The message from ``peer`` with ``message_tag`` (waiting for it if need be)."""
-        self.expect(peer, message_tag)
-        incoming = self._incoming.pop(self._key(message_tag, peer, self.rank))
-        if incoming.header is None:
-            self.watchdog.doing(what, waiting_on=peer)
-            try:
-                self.store.wait([incoming.key], self.timeout)
-            except Exception as exc:
-                raise self.watchdog.failure(what, peer, exc) from exc
-            self._post(incoming)
-        if incoming.work is not None:
-            self._wait(incoming.work, what, peer)
-        assert incoming.header is not None and incoming.payload is not None
-        self.received_bytes += incoming.payload.numel()
-        return unpack(incoming.header, incoming.payload)
+        """The message from ``peer`` with ``message_tag`` (waiting for it if need be); it
+        must have been expected, or announced by one received before."""
+        incoming = self._incoming.pop((peer, message_tag), None)
+        if incoming is None:
+            raise EngineError(f"{what}: message {message_tag} was neither expected nor "
+                              "announced")
+        self._wait(incoming.work, what, peer)
+        self.received_bytes += incoming.body.numel()
+        if incoming.header is None:  # described: the header leads the body
+            text = bytes(incoming.body[:incoming.header_bytes].numpy())
+            header = json.loads(text.decode())
+            return unpack(header, incoming.body[_aligned(incoming.header_bytes):])
+        digest, header_bytes, num_bytes = incoming.body[:_PREFIX_BYTES].view(torch.int64)[:3]
+        if int(digest) != _digest(incoming.header):
+            raise EngineError(f"{what}: the sender's layout of these layers differs from "
+                              f"this rank's copy ({incoming.header['num_bytes']} bytes here)")
+        if incoming.follow is not None:
+            self._post(peer, incoming.follow, int(num_bytes), None, int(header_bytes))
+        return unpack(incoming.header, incoming.body[_PREFIX_BYTES:])
 
     def drain(self) -> None:
         """Wait for every message this rank sent (its peers have received them)."""

@@ -4,11 +4,11 @@ The worker asks ``partition(mb)`` which layers to run a micro-batch on, calls
 ``learn_until(step)`` before it first touches an op of a step (the migrations that the
 job's coordinator announced for that step begin then, ``control.py``), ``after_update``
 after every update (versions and hand-offs that became due are sent) and
-``ensure_arrived(mb)`` before it needs the weights of a layer arriving for ``mb``,
-``ensure_trainable()`` before an update (or a checkpoint) needs their optimizer state, and
-``progress()`` between ops, so the receives of the messages a migration brings are posted
-as soon as their senders have sent them (a rank expects them from the moment it learns of
-the migration). The protocol is ``transition.py``'s; the messages are ``handoff.py``'s.
+``ensure_arrived(mb)`` before it needs the weights of a layer arriving for ``mb`` and
+``ensure_trainable()`` before an update (or a checkpoint) needs their optimizer state. A
+rank posts the receives of the versions and weights a migration brings it as soon as it
+learns of the migration, and that of the training state once the weights are in. The
+protocol is ``transition.py``'s; the messages are ``handoff.py``'s.
 """
 
 import time
@@ -22,6 +22,8 @@ from pipestudio.runtime.engine.handoff import (
     TRAINING_SLOT,
     WEIGHTS_SLOT,
     Channel,
+    Outgoing,
+    describe,
     layer_training,
     layer_versions,
     layer_weights,
@@ -57,8 +59,7 @@ class LiveRepartition:
         self.owned: dict[str, nn.Parameter] = first.qualified()
         self.untrained: set[str] = set()  # owned, optimizer state not arrived yet
         self.transitions: list[Transition] = []
-        self.channel = Channel(worker.ctx.store, worker.ctx.rank, worker.ctx.timeout_s,
-                               worker.watchdog)
+        self.channel = Channel(worker.ctx.rank, worker.ctx.timeout_s, worker.watchdog)
         self.start_step = 0
         self.known_step = -1
         self.applied = 0
@@ -102,12 +103,15 @@ class LiveRepartition:
                                 started_ms=w.ctx.clock.now_ms())
         for peer in outgoing:
             transition.needed[peer] = self._needed(plan, layout.worker(peer)[0], step)
-        for peer in incoming:
+        for peer, layers in incoming.items():
+            modules = {name: self.modules[name] for name in layers}
+            versions = describe(layer_versions(modules))
             for version in sorted(self._needed(plan, w.stage_idx, step)):
-                self.channel.expect(peer, tag(transition.migration_id,
-                                              1 + switch_mb - version))
-            self.channel.expect(peer, tag(transition.migration_id, WEIGHTS_SLOT))
-            self.channel.expect(peer, tag(transition.migration_id, TRAINING_SLOT))
+                self.channel.expect(peer, tag(transition.migration_id, 1 + switch_mb - version),
+                                    versions)
+            self.channel.expect(peer, tag(transition.migration_id, WEIGHTS_SLOT),
+                                describe(layer_weights(modules)),
+                                follow=tag(transition.migration_id, TRAINING_SLOT))
         self.transitions.append(transition)
         self.after_update(self.applied)
 
@@ -116,14 +120,10 @@ class LiveRepartition:
         return needed_versions(plan, stage_idx, step, self.start_step, config.steps,
                                config.checkpoint_every)
 
-    def progress(self) -> None:
-        """Post the receives of the migration messages that have been sent to this rank."""
-        self.channel.progress()
-
     def after_update(self, applied: int) -> None:
         """Send the versions and hand-offs due now that ``applied`` micro-batches are in:
-        the weights to every new stage first (each waits for them before a forward), then
-        the training state (waited for only before an update)."""
+        the weights to every new stage first (each waits for them before a forward), each
+        announcing the training state that follows (waited for only before an update)."""
         self.applied = applied
         due = []
         for t in self.transitions:
@@ -132,12 +132,14 @@ class LiveRepartition:
                     self._send_versions(t, peer, layers)
                     if self.applied >= t.switch_mb:
                         due.append((t, peer, {name: self.modules[name] for name in layers}))
-        for t, peer, modules in due:
-            t.sent_bytes += self.channel.send(layer_weights(modules), peer,
-                                              tag(t.migration_id, WEIGHTS_SLOT))
-        for t, peer, modules in due:
-            t.sent_bytes += self.channel.send(layer_training(modules, self.worker.optimizer),
-                                              peer, tag(t.migration_id, TRAINING_SLOT))
+        training = [Outgoing(layer_training(modules, self.worker.optimizer))
+                    for _, _, modules in due]
+        for (t, peer, modules), state in zip(due, training, strict=True):
+            t.sent_bytes += self.channel.send(Outgoing(layer_weights(modules)), peer,
+                                              tag(t.migration_id, WEIGHTS_SLOT), announce=state)
+        for (t, peer, modules), state in zip(due, training, strict=True):
+            t.sent_bytes += self.channel.send(state, peer, tag(t.migration_id, TRAINING_SLOT),
+                                              described=True)
             t.handed_off.add(peer)
             prefixes = tuple(f"{name}." for name in modules)
             for full in [full for full in self.owned if full.startswith(prefixes)]:
@@ -158,7 +160,8 @@ class LiveRepartition:
                                   f"{layers} was needed after it was replaced")
             if version == self.applied:
                 t.sent_bytes += self.channel.send(
-                    layer_versions(modules), peer, tag(t.migration_id, 1 + t.switch_mb - version))
+                    Outgoing(layer_versions(modules)), peer,
+                    tag(t.migration_id, 1 + t.switch_mb - version))
                 t.versions_sent.add((peer, version))
 
     def _receive(self, t: Transition, peer: int, slot: int, what: str) -> dict[str, Any]:

@@ -128,7 +128,6 @@ class Worker:
                 self.config.before_op(self.ctx.rank, op)
             self._run(op)
             self.transport.reap()
-            self.live.progress()
             left[op.step] -= 1
             if left[op.step] == 0:
                 if self.plan.schedule != "pipedream":

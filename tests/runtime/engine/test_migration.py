@@ -9,18 +9,30 @@ engine), which without migrations equals the engine's reference (``reference.py`
 """
 
 import json
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import Tensor
 
 from pipestudio.planner import Plan
 from pipestudio.planner.schedule import BACKWARD, worker_order
 from pipestudio.runtime.engine import EngineConfig, launch
-from pipestudio.runtime.engine.handoff import pack, unpack
+from pipestudio.runtime.engine.errors import EngineError
+from pipestudio.runtime.engine.handoff import (
+    WEIGHTS_SLOT,
+    Channel,
+    Outgoing,
+    describe,
+    pack,
+    tag,
+    unpack,
+)
 from pipestudio.runtime.engine.repartition import (
     RepartitionConfig,
     ScriptedMigration,
@@ -190,3 +202,73 @@ def test_messages_go_raw_and_come_back_equal() -> None:
     same(got, expected)
     raw_bytes = (15 + 5 + 15) * 4 + 8 + 15 * 2
     assert header["num_bytes"] <= raw_bytes + 64 * 5  # bytes and alignment, no pickling
+
+
+def test_bodies_carry_what_the_receiver_needs_to_post_and_check() -> None:
+    weights = {"block0": {"params": {"weight": torch.randn(4, 3), "bias": torch.randn(4)},
+                          "buffers": {}}}
+    training = {"block0": {"grads": {"bias": torch.randn(4)},
+                           "optimizer": {"bias": {"step": torch.tensor(2.0),
+                                                  "exp_avg": torch.randn(4)}}}}
+    state = Outgoing(training)
+    # a known layout: the receiver derives the header from its own copy of the layer
+    copy = {"block0": {"params": {"weight": torch.zeros(4, 3), "bias": torch.zeros(4)},
+                       "buffers": {}}}
+    header = describe(copy)
+    body = Outgoing(weights).body(described=False, announce=state)
+    assert body.numel() == 64 + header["num_bytes"]
+    header_bytes, num_bytes = body[:64].view(torch.int64)[1:3].tolist()
+    assert (header_bytes, num_bytes) == state.described_bytes
+    got = unpack(header, body[64:])
+    assert torch.equal(got["block0"]["params"]["weight"], weights["block0"]["params"]["weight"])
+    # a described body leads with its header, then the payload at a 64-byte boundary
+    body = state.body(described=True, announce=None)
+    assert body.numel() == num_bytes
+    text = bytes(body[:header_bytes].numpy()).decode()
+    got = unpack(json.loads(text), body[-(-header_bytes // 64) * 64:])
+    assert torch.equal(got["block0"]["optimizer"]["bias"]["exp_avg"],
+                       training["block0"]["optimizer"]["bias"]["exp_avg"])
+    assert got["block0"]["grads"]["bias"].data_ptr() % 64 == 0
+
+
+class _Watch:
+    def doing(self, what: str, waiting_on: int | None = None) -> None:
+        pass
+
+    def failure(self, what: str, peer: int | None, exc: Exception) -> Exception:
+        return exc
+
+
+def _mismatch_rank(rank: int, init: str, answers: Any) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+                            timeout=timedelta(seconds=20))
+    torch.set_num_threads(1)
+    channel = Channel(rank, 20.0, _Watch())  # type: ignore[arg-type]
+    try:
+        if rank == 0:
+            channel.send(Outgoing({"w": torch.ones(4, 3)}), 1, tag(1, WEIGHTS_SLOT))
+            channel.drain()
+        else:  # same bytes, another shape: the digest tells them apart
+            channel.expect(0, tag(1, WEIGHTS_SLOT), describe({"w": torch.ones(3, 4)}))
+            try:
+                channel.receive(0, tag(1, WEIGHTS_SLOT), "receiving layers ['w']")
+                answers.put("no error")
+            except EngineError as exc:
+                answers.put(str(exc))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_layout_that_differs_from_the_senders_is_refused(tmp_path: Path) -> None:
+    context = mp.get_context("spawn")
+    answers = context.Queue()
+    init = f"file://{tmp_path / 'store'}"
+    ranks = [context.Process(target=_mismatch_rank, args=(rank, init, answers))
+             for rank in range(2)]
+    for process in ranks:
+        process.start()
+    answer = answers.get(timeout=60)
+    for process in ranks:
+        process.join(timeout=30)
+    assert "receiving layers ['w']: the sender's layout" in answer
+    assert all(process.exitcode == 0 for process in ranks)
