@@ -181,8 +181,8 @@ def unpack(header: Mapping[str, Any], payload: Tensor) -> dict[str, Any]:
     return result
 
 
-def _digest(header: Mapping[str, Any]) -> int:
-    text = json.dumps(header, sort_keys=True).encode()
+def _digest(text: bytes) -> int:
+    """Of a header's JSON; both ends build a layer's header in the same order."""
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
 
 
@@ -204,15 +204,14 @@ class Outgoing:
     def body(self, described: bool, announce: "Outgoing | None") -> Tensor:
         """The bytes on the wire: the header (``described``) or the prefix, then the payload."""
         if described:
+            lead = torch.frombuffer(bytearray(self.text), dtype=torch.uint8)
             start = _aligned(len(self.text))
-            body = torch.empty(start + self.header["num_bytes"], dtype=torch.uint8)
-            body[:len(self.text)] = torch.frombuffer(bytearray(self.text), dtype=torch.uint8)
         else:
-            start = _PREFIX_BYTES
-            body = torch.empty(start + self.header["num_bytes"], dtype=torch.uint8)
             sizes = announce.described_bytes if announce is not None else (0, 0)
-            body[:_PREFIX_BYTES].view(torch.int64)[:3] = torch.tensor(
-                [_digest(self.header), *sizes], dtype=torch.int64)
+            lead = torch.tensor([_digest(self.text), *sizes], dtype=torch.int64).view(torch.uint8)
+            start = _PREFIX_BYTES
+        body = torch.empty(start + self.header["num_bytes"], dtype=torch.uint8)
+        body[:lead.numel()] = lead
         _fill(body[start:], self.header, self._tensors)
         return body
 
@@ -286,7 +285,7 @@ class Channel:
             header = json.loads(text.decode())
             return unpack(header, incoming.body[_aligned(incoming.header_bytes):])
         digest, header_bytes, num_bytes = incoming.body[:_PREFIX_BYTES].view(torch.int64)[:3]
-        if int(digest) != _digest(incoming.header):
+        if int(digest) != _digest(json.dumps(incoming.header).encode()):
             raise EngineError(f"{what}: the sender's layout of these layers differs from "
                               f"this rank's copy ({incoming.header['num_bytes']} bytes here)")
         if incoming.follow is not None:

@@ -78,6 +78,11 @@ class LiveRepartition:
     def latest(self) -> Partition:
         return self.partitions[-1]
 
+    @property
+    def arriving(self) -> bool:
+        """Whether the weights of some layer migrating here have not been taken yet."""
+        return any(len(t.received) < len(t.incoming) for t in self.transitions)
+
     def learn_until(self, step: int) -> None:
         """Begin the migrations announced for steps up to ``step``."""
         if self.control is None:

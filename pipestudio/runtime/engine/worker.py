@@ -192,7 +192,7 @@ class Worker:
         before_layer = None
         if self.versions is None:
             weights = part.runner.params
-            if self.live.transitions:
+            if self.live.arriving:
                 def before_layer(layer: str) -> None:
                     self.live.ensure_arrived(mb, layer)
         else:
