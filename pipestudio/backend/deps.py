@@ -1,9 +1,10 @@
 """What routes depend on: the application context, a database session, the API token."""
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
+from anyio import CancelScope, to_thread
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -13,7 +14,7 @@ from pipestudio.backend.context import AppContext
 _bearer = HTTPBearer(auto_error=False, description="The API token (PIPESTUDIO_API_TOKEN).")
 
 
-def get_context(request: Request) -> AppContext:
+async def get_context(request: Request) -> AppContext:
     context: AppContext = request.app.state.context
     return context
 
@@ -21,19 +22,41 @@ def get_context(request: Request) -> AppContext:
 ContextDep = Annotated[AppContext, Depends(get_context)]
 
 
-def get_session(context: ContextDep) -> Iterator[Session]:
+async def get_session(context: ContextDep) -> AsyncIterator[Session]:
     """A session committed when the route returns, before its answer is sent: a client
     that reads right after a 201 finds what it created (``scope="function"``; the default
     scope would commit only after the response, racing the client's next request). A
-    commit that fails then answers through the error handlers like any route error."""
-    with context.db.session() as session:
+    commit that fails then answers through the error handlers like any route error.
+
+    Opening a session does no I/O, so it happens on the event loop; only the commit (or
+    rollback) and close go to a worker thread, in one hop. A sync generator would cost a
+    thread hop to open and another to close, each a wait for the GIL and the loop when
+    the backend is busy."""
+    session = context.db.factory()
+    try:
         yield session
+    except BaseException:
+        with CancelScope(shield=True):
+            await to_thread.run_sync(_end, session, False)
+        raise
+    with CancelScope(shield=True):
+        await to_thread.run_sync(_end, session, True)
+
+
+def _end(session: Session, commit: bool) -> None:
+    try:
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
+    finally:
+        session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-def require_token(context: ContextDep, credentials: Annotated[
+async def require_token(context: ContextDep, credentials: Annotated[
         HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """Mutating calls carry ``Authorization: Bearer <API token>``."""
     token = context.settings.api_token

@@ -28,6 +28,6 @@ def get_worker(session: SessionDep, worker_id: str) -> WorkerPublic:
 
 
 @health.get("")
-def get_health(context: ContextDep) -> HealthPublic:
+async def get_health(context: ContextDep) -> HealthPublic:
     return HealthPublic(status="ok", version=__version__, database=context.db.dialect,
                         workers_online=len(context.hub.links))
