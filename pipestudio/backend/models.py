@@ -150,7 +150,8 @@ class RunRank(Base):
 
 class Metric(Base):
     __tablename__ = "metrics"
-    __table_args__ = (Index("ix_metrics_run_kind_time", "run_id", "kind", "time_ms"),)
+    __table_args__ = (Index("ix_metrics_run_kind_time", "run_id", "kind", "time_ms"),
+                      Index("ix_metrics_run_time", "run_id", "time_ms", "id"))
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     worker_id: Mapped[str | None] = mapped_column(String(64))

@@ -94,6 +94,17 @@ def test_metrics_time_range_and_downsampling(client: TestClient, fake: Workers) 
     assert [m["step"] for m in thin["data"]] == list(range(0, 100, 10))
     bad = client.get(url, params={"start_ms": 5, "end_ms": 1})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "end_ms"]
+    memory = {"type": "memory", "stage": 1, "step": 3, "time_ms": 102.0, "allocated": 1}
+    workers[1].expect_ack(workers[1].send({"type": "events", "run_id": run_id,
+                                           "events": [memory]}))
+    every = client.get(url, params={"start_ms": 100, "end_ms": 115}).json()["data"]
+    assert [(m["kind"], m["step"]) for m in every] == [("memory", 3), ("step", 10),
+                                                       ("step", 11)]
+    steps = client.get(url, params={"start_ms": 100, "end_ms": 115, "kind": "step"}).json()
+    assert [m["step"] for m in steps["data"]] == [10, 11]
+    both = client.get(url, params={"start_ms": 100, "end_ms": 115,
+                                   "kind": ["step", "memory"]}).json()
+    assert both["data"] == every
 
 
 def test_a_gap_in_numbers_closes_the_connection(client: TestClient, fake: Workers) -> None:
