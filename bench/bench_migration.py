@@ -19,7 +19,8 @@ last stage's ends of consecutive steps (what a pipelined stream delivers, every 
 
 One step takes tens of milliseconds, so on a shared machine a single step is noisy:
 ``--runs N`` repeats the whole measurement (schedules interleaved within a run) and prints
-every run with the load average before it, then the median over runs. Beside the
+every run with the load average before it, then the median over runs, and each
+migration's ratio as a median over the runs (steady steps likewise, for scale). Beside the
 migrating steps, every steady step is put over its neighbours the same way (``noise``: the
 largest such ratio in the run), so a migration's ratio can be read against what the
 machine does to steps that migrate nothing; the summary counts single migrations and
@@ -168,6 +169,19 @@ def _row(schedule: str, r: dict[str, Any]) -> str:
             f"{r['restart_cost_ms'] / 1e3:10.1f} {r['live_s']:7.1f} {r['restart_s']:9.1f}")
 
 
+def _per_step(runs: list[dict[str, Any]]) -> str:
+    """Each migrating step's ratio as a median over the runs (one figure per migration,
+    with a single step's noise taken out), beside the same statistic for every steady step:
+    the largest of those says how far a step that moves nothing strays by this measure."""
+    steps = [parse_migration(m).step for m in MIGRATIONS]
+    migrating = [statistics.median(r["ratios"][i] for r in runs) for i in range(len(steps))]
+    steady = [statistics.median(r["steady_ratios"][i] for r in runs)
+              for i in range(len(runs[0]["steady_ratios"]))]
+    shown = ", ".join(f"step {s} {x:.2f}" for s, x in zip(steps, migrating, strict=True))
+    return (f"per migration, median over {len(runs)} runs: {shown}; steady steps the same "
+            f"way: max {max(steady):.2f}, median {statistics.median(steady):.2f}")
+
+
 def main() -> int:
     global MICROBATCH_SIZE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -208,6 +222,7 @@ def main() -> int:
               f"{TARGET}: {sum(x > TARGET for x in single)} of {len(single)} (max "
               f"{max(single):.2f}); steady steps over {TARGET} times their neighbours: "
               f"{sum(x > TARGET for x in steady)} of {len(steady)} (max {max(steady):.2f})")
+        print(f"  {_per_step(runs)}")
     print(f"target: the migrating step at most {TARGET}x a steady step")
     return 1 if failed else 0
 
