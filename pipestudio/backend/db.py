@@ -56,6 +56,17 @@ def make_engine(url: str) -> Engine:
     return create_engine(parsed, pool_size=20, max_overflow=20, pool_pre_ping=True)
 
 
+def finish(session: Session, *, commit: bool) -> None:
+    """Commit (or roll back) and close ``session``; closed even when the commit fails."""
+    try:
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
+    finally:
+        session.close()
+
+
 class Database:
     """The engine and a session factory; ``session()`` commits or rolls back."""
 
@@ -69,13 +80,13 @@ class Database:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        with self.factory() as session:
-            try:
-                yield session
-                session.commit()
-            except BaseException:
-                session.rollback()
-                raise
+        session = self.factory()
+        try:
+            yield session
+        except BaseException:
+            finish(session, commit=False)
+            raise
+        finish(session, commit=True)
 
     def dispose(self) -> None:
         self.engine.dispose()

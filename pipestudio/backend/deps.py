@@ -2,6 +2,7 @@
 
 import secrets
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated
 
 from anyio import CancelScope, to_thread
@@ -10,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from pipestudio.backend.context import AppContext
+from pipestudio.backend.db import finish
 
 _bearer = HTTPBearer(auto_error=False, description="The API token (PIPESTUDIO_API_TOKEN).")
 
@@ -37,20 +39,10 @@ async def get_session(context: ContextDep) -> AsyncIterator[Session]:
         yield session
     except BaseException:
         with CancelScope(shield=True):
-            await to_thread.run_sync(_end, session, False)
+            await to_thread.run_sync(partial(finish, session, commit=False))
         raise
     with CancelScope(shield=True):
-        await to_thread.run_sync(_end, session, True)
-
-
-def _end(session: Session, commit: bool) -> None:
-    try:
-        if commit:
-            session.commit()
-        else:
-            session.rollback()
-    finally:
-        session.close()
+        await to_thread.run_sync(partial(finish, session, commit=True))
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
