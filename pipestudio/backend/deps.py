@@ -35,14 +35,13 @@ async def get_session(context: ContextDep) -> AsyncIterator[Session]:
     thread hop to open and another to close, each a wait for the GIL and the loop when
     the backend is busy."""
     session = context.db.factory()
+    commit = False
     try:
         yield session
-    except BaseException:
+        commit = True
+    finally:
         with CancelScope(shield=True):
-            await to_thread.run_sync(partial(finish, session, commit=False))
-        raise
-    with CancelScope(shield=True):
-        await to_thread.run_sync(partial(finish, session, commit=True))
+            await to_thread.run_sync(partial(finish, session, commit=commit))
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
