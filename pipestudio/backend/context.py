@@ -68,8 +68,8 @@ class AppContext:
 
     def _check(self, seen: dict[str, float], timeout_s: float) -> Actions:
         with self.db.session() as session:
-            workers.touch(session, seen)
-            actions = workers.check_silence(session, self.hub, timeout_s)
+            online = workers.touch(session, seen)
+            actions = workers.check_silence(session, online, self.hub, timeout_s)
         actions.extend(self._relaunch(set(seen)))
         return actions
 

@@ -4,7 +4,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
@@ -80,13 +80,16 @@ class Workers(Repository[models.Worker]):
         return list(self.session.scalars(select(models.Worker).where(
             models.Worker.state == "online").order_by(models.Worker.created_at)))
 
-    def locked(self, ids: Iterable[str]) -> dict[str, models.Worker]:
-        """The workers with these ids, row-locked until the transaction ends (PostgreSQL;
-        SQLite locks the whole database anyway). Every transaction that changes several
-        workers locks them here first, in id order, so that no two of them deadlock."""
+    def locked(self, ids: Iterable[str], *, online: bool = False) -> dict[str, models.Worker]:
+        """The workers with these ids (and with ``online``, every online worker too),
+        row-locked until the transaction ends (PostgreSQL; SQLite locks the whole database
+        anyway). Every transaction that changes several workers locks them here first, in
+        id order, so that no two of them deadlock."""
+        chosen: ColumnElement[bool] = models.Worker.id.in_(set(ids))
+        if online:
+            chosen = or_(chosen, models.Worker.state == "online")
         return {worker.id: worker for worker in self.session.scalars(
-            select(models.Worker).where(models.Worker.id.in_(set(ids)))
-            .order_by(models.Worker.id).with_for_update())}
+            select(models.Worker).where(chosen).order_by(models.Worker.id).with_for_update())}
 
 
 class Runs(Repository[models.Run]):

@@ -68,6 +68,44 @@ def test_watchdog_and_ingest_lock_workers_in_one_order(postgres_database: str) -
         db.dispose()
 
 
+def test_the_watchdog_locks_and_judges_online_workers_it_did_not_hear_from(
+        postgres_database: str) -> None:
+    """``touch`` locks every online worker, heard from or not (``check_silence`` may mark
+    any of them offline), in the same query that reads them, and hands them on: a worker
+    the writer holds that the watchdog did not hear from still makes it wait."""
+    empty_postgres(postgres_database)
+    db = Database(postgres_database)
+    upgrade(db.engine)
+    with db.session() as session:
+        session.add_all([_worker("a"), _worker("b"), _worker("c")])
+        session.flush()
+        session.get_one(models.Worker, "b").state = "offline"
+    answers: list[list[str]] = []
+    failures: list[BaseException] = []
+
+    def watchdog() -> None:
+        try:
+            with db.session() as session:
+                online = workers.touch(session, {"b": time.monotonic()})
+                answers.append([w.id for w in online])
+        except BaseException as exc:  # reported by the test below
+            failures.append(exc)
+
+    try:
+        with db.session() as ingest:
+            Workers(ingest).locked(["c"])["c"].last_seq = 1
+            ingest.flush()
+            thread = threading.Thread(target=watchdog)
+            thread.start()
+            time.sleep(0.5)
+            assert not answers, "the watchdog went on while the writer held online worker c"
+        thread.join(10)
+        assert not failures, failures
+        assert answers == [["a", "c"]]  # online, in registration order; b is offline
+    finally:
+        db.dispose()
+
+
 def test_ingest_retries_a_batch_chosen_as_a_deadlock_victim(
         client: TestClient, fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     store = Ingestor._store

@@ -59,12 +59,14 @@ def register(session: Session, hello: dict[str, Any]) -> tuple[models.Worker, Ac
     return worker, actions
 
 
-def check_silence(session: Session, hub: Hub, timeout_s: float) -> Actions:
-    """Mark silent workers offline and fail the active runs that used them."""
+def check_silence(session: Session, online: list[models.Worker], hub: Hub, timeout_s: float
+                  ) -> Actions:
+    """Mark silent workers of ``online`` (``touch``'s answer) offline and fail the active
+    runs that used them."""
     now = time.monotonic()
     actions = Actions()
     silent = {}
-    for worker in Workers(session).online():
+    for worker in online:
         quiet_s = now - hub.silent_since(worker.id)
         if quiet_s > timeout_s:
             worker.state = "offline"
@@ -82,18 +84,22 @@ def check_silence(session: Session, hub: Hub, timeout_s: float) -> Actions:
     return actions
 
 
-def touch(session: Session, seen: dict[str, float]) -> None:
-    """Persist when workers were last heard from (the hub keeps it in memory).
+def touch(session: Session, seen: dict[str, float]) -> list[models.Worker]:
+    """Persist when workers were last heard from (the hub keeps it in memory); the online
+    workers, in registration order, for ``check_silence``.
 
     First it locks every worker the watchdog's transaction may change (those heard from
     and those online, which ``check_silence`` may mark offline) in id order, as the ingest
     writer does (``Workers.locked``): without it the two deadlocked on PostgreSQL under load.
+    One query reads and locks them all, so a worker that comes online meanwhile is neither
+    missed by the lock nor judged unlocked.
     """
     now = time.monotonic()
-    workers = Workers(session)
-    locked = workers.locked(set(seen) | {worker.id for worker in workers.online()})
+    locked = Workers(session).locked(seen, online=True)
     for worker_id, last in seen.items():
         worker = locked.get(worker_id)
         if worker is not None:
             worker.last_seen_at = models.utcnow().fromtimestamp(
                 time.time() - (now - last), models.utcnow().tzinfo)
+    return sorted((w for w in locked.values() if w.state == "online"),
+                  key=lambda w: w.created_at)
