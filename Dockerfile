@@ -28,7 +28,10 @@ COPY profiles ./profiles
 # migrations, the dashboard's stylesheet) are used from /app as they are in a checkout.
 RUN pip install -e ".[runtime,backend,dashboard]"
 
-RUN useradd --create-home --uid 1000 pipestudio && mkdir -p /data && chown pipestudio /data
+# /data/checkpoints belongs to the user, so that a new volume mounted there (Compose's
+# checkpoints) does too.
+RUN useradd --create-home --uid 1000 pipestudio && mkdir -p /data/checkpoints \
+    && chown -R pipestudio /data
 USER pipestudio
 
 # Without PostgreSQL the backend keeps a SQLite file in /data (mount a volume there).

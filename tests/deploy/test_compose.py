@@ -23,6 +23,7 @@ from tests.deploy.compose import (
 )
 
 SERVICES = {"postgres", "migrate", "backend", "worker-cpu-0", "worker-cpu-1", "worker-gpu"}
+WORKERS = ("worker-cpu-0", "worker-cpu-1", "worker-gpu")
 PIPESTUDIO_VARIABLES = {f"PIPESTUDIO_{name.upper()}" for name in Settings.model_fields}
 
 
@@ -76,7 +77,7 @@ def test_services_are_wired_as_deployed(services: dict[str, dict[str, Any]]) -> 
     for url in (backend["environment"]["PIPESTUDIO_DATABASE_URL"],
                 migrate["environment"]["PIPESTUDIO_DATABASE_URL"]):
         assert url == "postgresql://pipestudio:pipestudio@postgres:5432/pipestudio"
-    for name in ("worker-cpu-0", "worker-cpu-1", "worker-gpu"):
+    for name in WORKERS:
         worker = services[name]
         assert worker["command"][:2] == ["pipestudio", "worker"], name
         assert "http://backend:8000" in worker["command"], name
@@ -97,7 +98,10 @@ def test_gpu_worker_reserves_nvidia_devices(services: dict[str, dict[str, Any]])
 
 def test_configuration_is_only_environment(services: dict[str, dict[str, Any]]) -> None:
     for name, service in services.items():
-        assert "volumes" not in service or name == "postgres", f"{name} mounts files"
+        # named data volumes only (the database's, the checkpoints'), no files from the host
+        for volume in service.get("volumes", []):
+            assert volume.split(":")[0] in {"postgres-data", "checkpoints"}, \
+                f"{name} mounts {volume}"
         assert "env_file" not in service, name
         for variable in service.get("environment", {}):
             if variable.startswith("PIPESTUDIO_"):
@@ -106,6 +110,24 @@ def test_configuration_is_only_environment(services: dict[str, dict[str, Any]]) 
                 assert name == "postgres" and variable.startswith("POSTGRES_"), variable
     backend_settings = {v for v in services["backend"]["environment"]}
     assert backend_settings == PIPESTUDIO_VARIABLES, "every setting reaches the backend"
+
+
+@pytest.mark.parametrize("path", [None, "/srv/checkpoints"])
+def test_workers_share_the_checkpoints_where_the_backend_says(path: str | None) -> None:
+    """Runs checkpoint and resume out of the box: every worker mounts one volume at the
+    path the backend hands out (``PIPESTUDIO_CHECKPOINT_DIR``, by default the image's
+    ``/data/checkpoints``, which belongs to the image's user)."""
+    env = {**TOKENS, **({"PIPESTUDIO_CHECKPOINT_DIR": path} if path else {})}
+    compose = load(env)
+    services = compose["services"]
+    where = services["backend"]["environment"]["PIPESTUDIO_CHECKPOINT_DIR"]
+    assert where == (path or "/data/checkpoints")
+    for name in WORKERS:
+        assert services[name]["volumes"] == [f"checkpoints:{where}"], name
+    assert "checkpoints" in compose["volumes"]
+    assert "volumes" not in services["backend"] and "volumes" not in services["migrate"]
+    assert re.search(r"mkdir -p /data/checkpoints\s*\\?\s*&& chown -R pipestudio /data",
+                     DOCKERFILE.read_text())
 
 
 def test_dockerfile_builds_the_image_the_services_use(services: dict[str, dict[str, Any]]
