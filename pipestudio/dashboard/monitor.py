@@ -86,20 +86,37 @@ def merge_markers(markers: list[Marker]) -> list[Marker]:
     return [Marker(step, " / ".join(found)) for step, found in texts.items()]
 
 
+def latest_attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per worker and step, in step order, from the latest attempt that reported
+    it: a run that resumed from a checkpoint runs again the steps its failed attempt had
+    got past, and each attempt's clock starts at 0, so both records of a step cannot be
+    drawn together."""
+    kept: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    for event in events:
+        key = (event.get("stage"), event.get("replica", 0), event.get("step"))
+        if key not in kept or event.get("attempt", 0) >= kept[key].get("attempt", 0):
+            kept[key] = event
+    return sorted(kept.values(), key=lambda e: (e["step"], e["stage"], e.get("replica", 0)))
+
+
 def last_step_ops(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ops of the newest step that every worker has reported."""
+    """The ops of the newest step that every worker has reported, from the latest attempt
+    that ran it."""
     if not ops:
         return []
     newest = max(op["step"] for op in ops)
-    return [op for op in ops if op["step"] == newest]
+    attempt = max(op.get("attempt", 0) for op in ops if op["step"] == newest)
+    return [op for op in ops if op["step"] == newest and op.get("attempt", 0) == attempt]
 
 
 def fetch_view(client: ApiClient, run_id: int) -> RunView:
     run = client.run(run_id)
     plan = client.plan(run["plan_id"])
     view = RunView(run, plan)
-    view.steps = [flatten(m) for m in client.metrics(run_id, ["step"], max_points=2000)]
-    view.memory = [flatten(m) for m in client.metrics(run_id, ["memory"], max_points=2000)]
+    view.steps = latest_attempts([flatten(m) for m in client.metrics(run_id, ["step"],
+                                                                     max_points=2000)])
+    view.memory = latest_attempts([flatten(m) for m in client.metrics(run_id, ["memory"],
+                                                                      max_points=2000)])
     if view.steps:
         newest = max(e["step"] for e in view.steps)
         since = min(e["start_ms"] for e in view.steps if e["step"] == newest)

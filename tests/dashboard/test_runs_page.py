@@ -118,6 +118,47 @@ def test_live_view_draws_measurements_and_the_migration():
     assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X") == 4
 
 
+class ResumedBackend(RecordedBackend):
+    """A run whose first attempt reached step 3 and failed; the second resumed from the
+    checkpoint of step 2 with its clock at 0 again, and is at step 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+        def step(stage, k, attempt, start_ms):
+            return metric("step", stage, k, f"2026-01-01T00:0{attempt}:0{k}", attempt=attempt,
+                          start_ms=start_ms + stage, end_ms=start_ms + 50 + stage,
+                          busy_ms=40.0 + attempt, recompute_ms=0.0, swap_bytes=0,
+                          samples_per_s=160.0,
+                          **({"loss": 2.0 - k / 10 - attempt} if stage == 1 else {}))
+
+        first = [step(s, k, 0, 100.0 * k) for k in range(4) for s in range(2)]
+        second = [step(s, k, 1, 100.0 * (k - 2)) for k in range(2, 5) for s in range(2)]
+        self.steps = sorted(first + second, key=lambda m: m["data"]["start_ms"])  # time order
+        self.memory = [metric("memory", s, k, "x", attempt=a, peak_bytes=2**28 * (1 + a))
+                       for a, ks in ((0, range(4)), (1, range(2, 5))) for k in ks
+                       for s in range(2)]
+        self.ops = [metric("op", s, k, "x", attempt=a, op="forward", microbatch=0,
+                           start_ms=float(k), end_ms=k + 5.0)
+                    for a, k in ((0, 3), (1, 3), (1, 4)) for s in range(2)]
+
+
+def test_a_resumed_run_shows_each_step_once_from_its_latest_attempt():
+    view = monitor.fetch_view(ResumedBackend(), 5)
+    assert [(e["step"], e["stage"], e["attempt"]) for e in view.steps] == [
+        (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (2, 0, 1), (2, 1, 1), (3, 0, 1),
+        (3, 1, 1), (4, 0, 1), (4, 1, 1)]
+    assert {(e["step"], e["attempt"]) for e in view.memory if e["step"] >= 2} == {
+        (2, 1), (3, 1), (4, 1)}
+    assert {(op["step"], op["attempt"]) for op in view.ops} == {(4, 1)}
+    _gantt, throughput, busy, _memory, _swap, loss = monitor.figures(view)
+    # one point per step, each over a span on one attempt's clock (50 ms + 1 ms offset)
+    assert throughput["data"][0]["x"] == [0, 1, 2, 3, 4]
+    assert throughput["data"][0]["y"] == pytest.approx([160.0 * 50 / 51] * 5)
+    assert busy["data"][0]["y"] == [40.0, 40.0, 41.0, 41.0, 41.0]
+    assert loss["data"][0]["y"] == pytest.approx([2.0, 1.9, 0.8, 0.7, 0.6])
+
+
 def test_the_run_picker_follows_the_watched_runs_state():
     picked = [{"label": "run 5: plan 7, mlp, starting", "value": 5},
               {"label": "run 4: plan 7, mlp, finished", "value": 4}]
