@@ -239,7 +239,8 @@ def apply_message(session: Session, worker_id: str, message: dict[str, Any]) -> 
                                     int(message.get("port", 0)))
     if kind == "run_state":
         return messages.apply_run_state(session, worker_id, run, str(message.get("state")),
-                                        message.get("message"))
+                                        message.get("message"),
+                                        retry=message.get("retry") is not False)
     if kind == "command_result":
         return messages.apply_command_result(session, worker_id, run, message)
     log.info("worker %s sent unknown message type %r", worker_id, kind)

@@ -119,3 +119,19 @@ def test_a_resume_without_free_slots_fails_after_the_wait(client: TestClient,
     run = _wait_state(client, run_id, "failed", [a])
     assert "attempt 1 could not start within 3 s" in run["message"], run["message"]
     assert "needs 2 ranks" in run["message"]
+
+
+def test_a_refused_configuration_fails_the_run_instead_of_resuming(client: TestClient,
+                                                                   fake: Workers) -> None:
+    a, b = fake("a"), fake("b")
+    run_id = _launch(client, on_failure="resume", max_resumes=2)["id"]
+    for worker in (a, b):
+        worker.expect("assign")
+    text = "worker a: stage 0 names layer 'block9', which the model does not have"
+    a.expect_ack(a.send({"type": "run_state", "run_id": run_id, "attempt": 0,
+                         "state": "failed", "message": text, "retry": False}))
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert (run["state"], run["attempt"], run["message"]) == ("failed", 0, text)
+    kinds = [e["kind"] for e in client.get(f"/api/runs/{run_id}/events").json()["data"]]
+    assert kinds == ["launch", "failed"]
+    assert b.expect("command")["command"] == "stop"

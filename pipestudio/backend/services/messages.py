@@ -153,9 +153,11 @@ def apply_store(session: Session, run: models.Run, host: str, port: int) -> Acti
 
 
 def apply_run_state(session: Session, worker_id: str, run: models.Run, state: str,
-                    message: str | None) -> Actions:
+                    message: str | None, *, retry: bool = True) -> Actions:
     """A worker's ranks of the run's current attempt started or ended (the caller drops
-    what an earlier attempt's ranks say); the run ends when one fails or all finish."""
+    what an earlier attempt's ranks say); the run ends when one fails or all finish. A
+    failure the worker says another attempt would repeat (``retry`` false: it refused the
+    run's configuration) fails the run even when it asked to resume."""
     ranks = Runs(session).ranks(run.id)
     for rank in ranks:
         if rank.worker_id == worker_id:
@@ -163,7 +165,7 @@ def apply_run_state(session: Session, worker_id: str, run: models.Run, state: st
     session.flush()
     if state == "failed":
         return end_run(session, run, "failed", message or f"worker {worker_id} failed",
-                       skip_worker=worker_id)
+                       skip_worker=worker_id, resume=retry)
     if state == "finished" and all(r.state == "finished" for r in ranks):
         return end_run(session, run, "finished", message)
     actions = Actions()

@@ -58,9 +58,12 @@ class Agent:
         elif kind == "command":
             await asyncio.to_thread(self._command, message)
 
-    def _state(self, key: Key, state: str, text: str | None = None) -> None:
+    def _state(self, key: Key, state: str, text: str | None = None, *,
+               retry: bool = True) -> None:
+        """Report the ranks' state; ``retry`` false: the failure is the run's own (its
+        configuration), so another attempt would fail the same way."""
         self._post({"type": "run_state", "run_id": key[0], "attempt": key[1], "state": state,
-                    "message": text})
+                    "message": text, **({} if retry else {"retry": False})})
 
     def _post(self, message: dict[str, Any]) -> None:
         assert self._loop is not None, "the agent is not running"
@@ -72,7 +75,7 @@ class Agent:
         try:
             engine_config(message["config"])
         except ValueError as exc:
-            self._end(key, "failed", f"worker {self.name}: {exc}")
+            self._end(key, "failed", f"worker {self.name}: {exc}", retry=False)
             return
         if message.get("open_store"):
             store = open_store(int(message["world_size"]),
@@ -101,8 +104,8 @@ class Agent:
         group.start()
         self._state(key, "running", f"ranks {ranks} started on {self.name}")
 
-    def _end(self, key: Key, state: str, text: str | None) -> None:
-        self._state(key, state, text)
+    def _end(self, key: Key, state: str, text: str | None, *, retry: bool = True) -> None:
+        self._state(key, state, text, retry=retry)
         self.assignments.pop(key, None)
         group = self.groups.pop(key, None)
         self.stores.pop(key, None)
