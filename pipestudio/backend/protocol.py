@@ -10,8 +10,8 @@ Every message is a JSON object with a ``type``. A worker connects with
     worker -> server   events       seq, run_id, events [engine events, each with sent_at]
     worker -> server   store        seq, run_id, attempt, host, port      (rank 0's worker)
     worker -> server   run_state    seq, run_id, attempt, state, message  (its ranks
-                                    started/ended), retry (false: it refused the run's
-                                    configuration, and no attempt resumes it)
+                                    started/ended), retry (false: it refused the
+                                    assignment, and no attempt resumes the run)
     worker -> server   command_result  seq, run_id, command_id, ok, message
     server -> worker   ack          seq                           (stored, exactly once)
     server -> worker   assign       run_id, attempt, world_size, ranks, config, open_store

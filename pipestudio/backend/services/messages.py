@@ -156,8 +156,8 @@ def apply_run_state(session: Session, worker_id: str, run: models.Run, state: st
                     message: str | None, *, retry: bool = True) -> Actions:
     """A worker's ranks of the run's current attempt started or ended (the caller drops
     what an earlier attempt's ranks say); the run ends when one fails or all finish. A
-    failure the worker says another attempt would repeat (``retry`` false: it refused the
-    run's configuration) fails the run even when it asked to resume."""
+    failure the worker says another attempt would likely repeat (``retry`` false: it
+    refused the assignment) fails the run even when it asked to resume."""
     ranks = Runs(session).ranks(run.id)
     for rank in ranks:
         if rank.worker_id == worker_id:

@@ -60,8 +60,9 @@ class Agent:
 
     def _state(self, key: Key, state: str, text: str | None = None, *,
                retry: bool = True) -> None:
-        """Report the ranks' state; ``retry`` false: the failure is the run's own (its
-        configuration), so another attempt would fail the same way."""
+        """Report the ranks' state; ``retry`` false: this worker refused the assignment
+        (its configuration, or a model that cannot be built here), which another attempt
+        would most likely meet again."""
         self._post({"type": "run_state", "run_id": key[0], "attempt": key[1], "state": state,
                     "message": text, **({} if retry else {"retry": False})})
 
