@@ -99,6 +99,14 @@ def latest_attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(kept.values(), key=lambda e: (e["step"], e["stage"], e.get("replica", 0)))
 
 
+def measured_steps(client: ApiClient, run_id: int, kind: str, max_points: int = 5000
+                   ) -> list[dict[str, Any]]:
+    """The run's ``step`` or ``memory`` metrics as engine events, one per worker and step
+    (``latest_attempts``)."""
+    return latest_attempts([flatten(m) for m in client.metrics(run_id, [kind],
+                                                                max_points=max_points)])
+
+
 def last_step_ops(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ops of the newest step that every worker has reported, from the latest attempt
     that ran it."""
@@ -113,10 +121,8 @@ def fetch_view(client: ApiClient, run_id: int) -> RunView:
     run = client.run(run_id)
     plan = client.plan(run["plan_id"])
     view = RunView(run, plan)
-    view.steps = latest_attempts([flatten(m) for m in client.metrics(run_id, ["step"],
-                                                                     max_points=2000)])
-    view.memory = latest_attempts([flatten(m) for m in client.metrics(run_id, ["memory"],
-                                                                      max_points=2000)])
+    view.steps = measured_steps(client, run_id, "step", max_points=2000)
+    view.memory = measured_steps(client, run_id, "memory", max_points=2000)
     if view.steps:
         newest = max(e["step"] for e in view.steps)
         since = min(e["start_ms"] for e in view.steps if e["step"] == newest)

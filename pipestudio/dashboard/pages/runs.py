@@ -67,8 +67,7 @@ def propose(context: Context, run_id: int | None) -> Any:
         run = context.client.run(run_id)
         plan_row = context.client.plan(run["plan_id"])
         profile = context.profile(plan_row["profile_id"])
-        steps = monitor.latest_attempts([monitor.flatten(m) for m in
-                                         context.client.metrics(run_id, ["step"])])
+        steps = monitor.measured_steps(context.client, run_id, "step")
         observed = observed_profile(profile, Plan.model_validate(plan_row["document"]), steps)
         created = context.client.create_proposal({"run_id": run_id, "observed_profile":
                                                   observed.model_dump(mode="json")})
