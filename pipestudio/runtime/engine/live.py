@@ -12,6 +12,7 @@ protocol is ``transition.py``'s; the messages are ``handoff.py``'s.
 """
 
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
@@ -101,17 +102,21 @@ class LiveRepartition:
                              plan.num_microbatches, w.ctx.device, w.swap, w.recorder)
         step = decision["step"]
         switch_mb = step * plan.num_microbatches
-        outgoing, incoming = exchanges(self.latest.layout, layout, w.ctx.rank)
+        old_layout = self.latest.layout
+        outgoing, incoming = exchanges(old_layout, layout, w.ctx.rank)
         self.partitions.append(Partition(switch_mb, plan, layout, io, runner,
                                          runner_keys(runner)))
         transition = Transition(decision["id"], step, switch_mb, outgoing, incoming,
                                 started_ms=w.ctx.clock.now_ms())
         for peer in outgoing:
-            transition.needed[peer] = self._needed(plan, layout.worker(peer)[0], step)
+            needed = self._needed(plan, w.stage_idx, layout.worker(peer)[0], step)
+            transition.needed[peer] = set(needed.values())
         for peer, layers in incoming.items():
             modules = {name: self.modules[name] for name in layers}
             versions = describe(layer_versions(modules))
-            for version in sorted(self._needed(plan, w.stage_idx, step)):
+            older = self._needed(plan, old_layout.worker(peer)[0], w.stage_idx, step)
+            transition.older[peer] = older
+            for version in sorted(set(older.values())):
                 self.channel.expect(peer, tag(transition.migration_id, 1 + switch_mb - version),
                                     versions)
             self.channel.expect(peer, tag(transition.migration_id, WEIGHTS_SLOT),
@@ -120,10 +125,21 @@ class LiveRepartition:
         self.transitions.append(transition)
         self.after_update(self.applied)
 
-    def _needed(self, plan: Plan, stage_idx: int, step: int) -> set[int]:
+    def _needed(self, plan: Plan, old_stage: int, new_stage: int, step: int) -> dict[int, int]:
         config = self.worker.config
-        return needed_versions(plan, stage_idx, step, self.start_step, config.steps,
+        return needed_versions(plan, old_stage, new_stage, step, self.start_step, config.steps,
                                config.checkpoint_every)
+
+    def older_versions(self, microbatch: int, version: int) -> dict[str, int]:
+        """The layers that the forward of ``microbatch``, on this stage's ``version``, runs
+        on an older version, and that version (``transition.moved_version``)."""
+        result: dict[str, int] = {}
+        for t in self.transitions:
+            for peer, layers in t.incoming.items():
+                older = t.older.get(peer, {}).get(microbatch)
+                if older is not None and older < version:
+                    result.update(dict.fromkeys(layers, older))
+        return result
 
     def after_update(self, applied: int) -> None:
         """Send the versions and hand-offs due now that ``applied`` micro-batches are in:
@@ -178,15 +194,17 @@ class LiveRepartition:
         t.received_bytes += self.channel.received_bytes - before
         return message
 
-    def ensure_arrived(self, microbatch: int, layer: str | None = None) -> None:
+    def ensure_arrived(self, microbatch: int, layer: str | None = None,
+                       skip: Collection[str] = ()) -> None:
         """Receive the weights of layers arriving for ``microbatch`` or earlier (with
         ``layer``: only of the message that brings it, so a stage's forward can run the
-        layers it has while a later one is still on its way)."""
+        layers it has while a later one is still on its way; not of those in ``skip``)."""
         for t in self.transitions:
             if t.switch_mb > microbatch:
                 continue
             for peer, layers in t.incoming.items():
-                if peer in t.received or (layer is not None and layer not in layers):
+                if (peer in t.received or (layer is not None and layer not in layers)
+                        or any(name in skip for name in layers)):
                     continue
                 modules = {name: self.modules[name] for name in layers}
                 load_layer_weights(modules, self._receive(t, peer, WEIGHTS_SLOT,
@@ -196,6 +214,11 @@ class LiveRepartition:
                         self.owned[f"{name}.{key}"] = param
                         self.untrained.add(f"{name}.{key}")
                 t.received.add(peer)
+
+    def before_snapshot(self, version: int, skip: Collection[str]) -> None:
+        """Weight stashing copies the live parameters as ``version``: the layers arriving
+        for it must be in, except those in ``skip`` (``weights.WeightVersions``)."""
+        self.ensure_arrived(version, skip=skip)
 
     def ensure_trainable(self) -> None:
         """Receive the training state of every layer whose weights have arrived."""
@@ -223,8 +246,11 @@ class LiveRepartition:
             peer = next(p for p, layers in t.incoming.items() if layer in layers)
             sources[(t.migration_id, peer)] = t
         for (_, peer), t in sources.items():
-            message = self._receive(t, peer, 1 + t.switch_mb - version,
-                                    f"receiving weight version {version} of {t.incoming[peer]}")
+            if (peer, version) not in t.fetched:
+                t.fetched[(peer, version)] = self._receive(
+                    t, peer, 1 + t.switch_mb - version,
+                    f"receiving weight version {version} of {t.incoming[peer]}")
+            message = t.fetched[(peer, version)]
             for name, params in message.items():
                 for key, value in params.items():
                     trainable = self.modules[name].get_parameter(key).requires_grad
@@ -252,6 +278,7 @@ class LiveRepartition:
     def _maybe_done(self, t: Transition) -> None:
         if not t.done:
             return
+        t.fetched.clear()
         w = self.worker
         w.recorder.sink({
             "type": "migration", "phase": "done", "id": t.migration_id, "step": t.step,

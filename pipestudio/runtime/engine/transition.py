@@ -18,15 +18,24 @@ which the new stage waits for only before its first update). Until then:
   forward that runs the layer there (the transfer overlaps the old step's tail);
 - ``pipedream`` runs on: a forward of ``mb >= M`` on the new stage runs the layer on the
   version PipeDream §3.3 gives it there (the new stage's own count of applied micro-batches,
-  or stage 0's under vertical sync), and when that version was made by the old stage's
-  last updates, the old stage sends it right after the update that makes it
-  (``needed_versions``). No flush, and no micro-batch runs any layer on another version than
-  weight stashing gives it on the partition it runs on. Under vertical sync that version is
-  the same on every partition, so the run computes exactly what it would without migrating.
+  or stage 0's under vertical sync), except while that count is still made of the old
+  stage's updates only (at most ``M``): then it runs on the older of the versions the two
+  stages give ``mb`` (``moved_version``). For a layer moving downstream that is the old
+  stage's version, made before the old stage's own forward of ``mb``, which the new
+  stage's forward follows, so it is there in time; the new stage's own count would take
+  the old stage's update after its backward of a micro-batch before ``M``, which waits for
+  the gradient the new stage sends just before that forward (a bubble of a backward, an
+  update and a transfer). For a layer moving upstream it is the new stage's count, made by
+  the old stage's update right after the backward whose gradient the new stage then runs
+  its own backward on before that forward. The old stage sends each such version right
+  after the update that makes it (``needed_versions``). No flush, and every micro-batch
+  runs forward and backward on one version. Under vertical sync the version is stage 0's
+  on every partition, so the run computes exactly what it would without migrating.
 """
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -72,6 +81,10 @@ class Transition:
     outgoing: dict[int, list[str]]  # peer rank -> layers this rank hands to it
     incoming: dict[int, list[str]]  # peer rank -> layers it hands to this rank
     needed: dict[int, set[int]] = field(default_factory=dict)  # peer -> versions to send
+    #: peer -> {micro-batch: version older than the switch its layers run on here}
+    older: dict[int, dict[int, int]] = field(default_factory=dict)
+    #: (peer, version) -> a version message received, kept for every forward that runs on it
+    fetched: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     versions_sent: set[tuple[int, int]] = field(default_factory=set)
     handed_off: set[int] = field(default_factory=set)
     received: set[int] = field(default_factory=set)  # peers whose weights are in
@@ -128,15 +141,26 @@ def forward_versions(plan: Plan, stage_idx: int, first_step: int, num_steps: int
     return result
 
 
-def needed_versions(plan: Plan, stage_idx: int, step: int, start_step: int, end_step: int,
-                    checkpoint_every: int) -> set[int]:
-    """Versions older than the switch that stage ``stage_idx`` runs a forward of the
-    switch's micro-batches or later on (``pipedream``; empty for the others)."""
+def moved_version(new_version: int, old_version: int, switch_mb: int) -> int:
+    """The version a forward on a layer's new stage runs a layer moved at ``switch_mb`` on,
+    given the versions its new and old stages run that micro-batch's forward on (module
+    docstring)."""
+    return new_version if new_version > switch_mb else min(new_version, old_version)
+
+
+def needed_versions(plan: Plan, old_stage: int, new_stage: int, step: int, start_step: int,
+                    end_step: int, checkpoint_every: int) -> dict[int, int]:
+    """For the layers moving from ``old_stage`` to ``new_stage`` at ``step``: the version,
+    older than the switch, that each forward of the switch's micro-batches or later on the
+    new stage runs them on (``pipedream``; empty for the others and where none is older)."""
     if plan.schedule != "pipedream":
-        return set()
+        return {}
     switch_mb = step * plan.num_microbatches
     for first, count in segments(plan, start_step, end_step, checkpoint_every):
         if first <= step < first + count:
-            versions = forward_versions(plan, stage_idx, first, count)
-            return {v for mb, v in versions.items() if mb >= switch_mb and v < switch_mb}
-    return set()
+            new = forward_versions(plan, new_stage, first, count)
+            old = forward_versions(plan, old_stage, first, count)
+            result = {mb: moved_version(version, old[mb], switch_mb)
+                      for mb, version in new.items() if mb >= switch_mb}
+            return {mb: version for mb, version in result.items() if version < switch_mb}
+    return {}

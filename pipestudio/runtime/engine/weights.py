@@ -15,14 +15,18 @@ micro-batch of a step on the live parameters.
 
 Parameters are named ``layer.param`` so that a version outlives a change of the stage's
 layers (live repartition, ``transition.py``): ``params`` is the worker's dict of the
-parameters it owns, which a hand-off grows or shrinks; ``on_snapshot(version)`` runs before
-the live parameters are copied as ``version`` (a layer arriving at that version must have
-arrived), and ``fetch(version, names)`` supplies the parameters of ``version`` that this
-stage did not make itself (a layer whose old stage made that version).
+parameters it owns, which a hand-off grows or shrinks; ``on_snapshot(version, skip)`` runs
+before the live parameters are copied as ``version`` (a layer arriving at that version must
+have arrived, unless it is in ``skip``), ``fetch(version, names)`` supplies the parameters
+of ``version`` that this stage did not make itself (a layer whose old stage made that
+version), and ``older(microbatch, version)`` maps each layer that the forward of
+``microbatch`` runs on a version older than the stage's ``version`` to that version (a
+layer just moved here from upstream, ``transition.moved_version``): that forward gets
+weights of its own, the stage's version with those layers' older ones.
 """
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -33,12 +37,13 @@ class WeightVersions:
 
     def __init__(self, params: dict[str, nn.Parameter], replicas: int, applied: int,
                  forwards: Iterable[int], first_stage_versions: Mapping[int, int] | None,
-                 on_snapshot: Callable[[int], None] | None = None,
-                 fetch: Callable[[int, list[str]], Mapping[str, Tensor]] | None = None
-                 ) -> None:
+                 on_snapshot: Callable[[int, Collection[str]], None] | None = None,
+                 fetch: Callable[[int, list[str]], Mapping[str, Tensor]] | None = None,
+                 older: Callable[[int, int], Mapping[str, int]] | None = None) -> None:
         self.params = params
         self.on_snapshot = on_snapshot
         self.fetch = fetch
+        self.older = older
         self.replicas = replicas
         self.first_applied = applied
         self.applied = applied
@@ -46,6 +51,8 @@ class WeightVersions:
         self.forwards_left = deque(forwards)
         self.stashes: dict[int, dict[str, Tensor]] = {}
         self.inflight: dict[int, int] = {}
+        self.own: dict[int, dict[str, Tensor]] = {}  # a forward's weights of its own
+        self.skipped: dict[int, set[str]] = {}  # layers left out of a version's snapshot
 
     def _ideal(self, microbatch: int) -> int:
         """The version micro-batch ``microbatch``'s forward runs on."""
@@ -55,11 +62,13 @@ class WeightVersions:
         return self.first_applied + self.replicas * ((wanted - self.first_applied)
                                                      // self.replicas)
 
-    def _snapshot(self) -> dict[str, Tensor]:
+    def _snapshot(self, skip: Collection[str] = (), names: Iterable[str] | None = None
+                  ) -> dict[str, Tensor]:
         if self.on_snapshot is not None:
-            self.on_snapshot(self.applied)
+            self.on_snapshot(self.applied, skip)
         return {name: param.detach().clone().requires_grad_(True) if param.requires_grad
-                else param for name, param in self.params.items()}
+                else param for name, param in self.params.items()
+                if names is None or name in names}
 
     def for_forward(self, microbatch: int, names: Sequence[str] | None = None
                     ) -> dict[str, Tensor]:
@@ -68,23 +77,46 @@ class WeightVersions:
         assert self.forwards_left and self.forwards_left[0] == microbatch, microbatch
         self.forwards_left.popleft()
         version = self._ideal(microbatch)
+        older = dict(self.older(microbatch, version)) if self.older is not None else {}
         if version == self.applied and version not in self.stashes:
-            self.stashes[version] = self._snapshot()
+            self.stashes[version] = self._snapshot(skip=older)
+            self.skipped[version] = set(older)
         assert version in self.stashes, f"weight version {version} was not kept"
         stash = self.stashes[version]
-        missing = [name for name in names or () if name not in stash]
-        if missing:
-            assert self.fetch is not None, f"parameters {missing} of version {version}"
-            stash.update(self.fetch(version, missing))
+        missing = [name for name in names or ()
+                   if name not in stash and _layer(name) not in older]
+        skipped = [name for name in missing if _layer(name) in self.skipped.get(version, ())]
+        if skipped:  # left out of the snapshot for a forward on an older version
+            stash.update(self._snapshot(names=skipped))
+            assert version == self.applied and all(name in stash for name in skipped), (
+                f"parameters {skipped} of version {version}")
+        fetched = [name for name in missing if name not in skipped]
+        if fetched:
+            assert self.fetch is not None, f"parameters {fetched} of version {version}"
+            stash.update(self.fetch(version, fetched))
         self.inflight[microbatch] = version
-        return stash
+        if not older:
+            return stash
+        by_version: dict[int, list[str]] = {}
+        for name in names or ():
+            if _layer(name) in older:
+                by_version.setdefault(older[_layer(name)], []).append(name)
+        weights = dict(stash)
+        for older_version, group in by_version.items():
+            assert self.fetch is not None, f"parameters {group} of version {older_version}"
+            weights.update(self.fetch(older_version, group))
+        self.own[microbatch] = weights
+        return weights
 
     def for_backward(self, microbatch: int) -> dict[str, Tensor]:
+        if microbatch in self.own:
+            return self.own[microbatch]
         return self.stashes[self.inflight[microbatch]]
 
     def release(self, microbatch: int) -> None:
         """The backward of ``microbatch`` is done: its version may go."""
         del self.inflight[microbatch]
+        self.own.pop(microbatch, None)
         self._collect()
 
     def before_update(self) -> None:
@@ -109,11 +141,17 @@ class WeightVersions:
         for version in list(self.stashes):
             if version not in keep and version < oldest_to_come:
                 del self.stashes[version]
+                self.skipped.pop(version, None)
 
     @property
     def num_versions(self) -> int:
         """Versions held besides the live parameters."""
         return len(self.stashes)
+
+
+def _layer(name: str) -> str:
+    """The layer of a parameter named ``layer.param``."""
+    return name.split(".", 1)[0]
 
 
 def trainable(weights: Mapping[str, Tensor]) -> list[tuple[str, Tensor]]:

@@ -114,7 +114,7 @@ class Worker:
                 self.live.owned, self.layout.replicas(self.stage_idx),
                 first_step * self.plan.num_microbatches,
                 [op.microbatch for op in ops if op.kind == "forward"], required,
-                self.live.ensure_arrived, self.live.fetch)
+                self.live.before_snapshot, self.live.fetch, self.live.older_versions)
         left = Counter(op.step for op in ops)
         self.last_backward = {op.step: op.microbatch for op in ops if op.kind == "backward"}
         for idx, op in enumerate(ops):

@@ -3,9 +3,11 @@
 Each case moves layers at two steps, in both directions and at several boundaries,
 including stages' first and last layers. Synchronous schedules and ``pipedream`` with
 vertical sync must end exactly where the run without migration ends. Plain ``pipedream``
-gives a moved layer the staleness of the stage that runs it, so it is held to a sequential
-emulation of weight stashing with per-micro-batch partitions (written here, apart from the
-engine), which without migrations equals the engine's reference (``reference.py``).
+gives a moved layer the staleness of the stage that runs it (the upstream one of its two
+stages until the new stage's count includes its own updates), so it is held to a
+sequential emulation of weight stashing with per-micro-batch partitions (written here,
+apart from the engine), which without migrations equals the engine's reference
+(``reference.py``).
 """
 
 import json
@@ -38,6 +40,7 @@ from pipestudio.runtime.engine.repartition import (
     ScriptedMigration,
     new_plan,
 )
+from pipestudio.runtime.engine.transition import forward_versions, needed_versions
 from pipestudio.runtime.models import DATA, MODELS, ModelSpec
 from pipestudio.runtime.optimizers import make_optimizer
 from tests.runtime.engine.helpers import final_params, make_plan, max_relative_difference
@@ -130,11 +133,17 @@ def _forward_versions(plan: Plan, stage_idx: int, num_mb: int) -> dict[int, int]
     return result
 
 
+def _stage_of(plan: Plan) -> dict[str, int]:
+    return {name: i for i, stage in enumerate(plan.stages) for name in stage.layers}
+
+
 def emulate_pipedream(build_spec: Any, partitions: list[tuple[int, Plan]], plan: Plan,
                       num_mb: int) -> dict[str, Tensor]:
     """Weight stashing, one micro-batch at a time: micro-batch ``mb`` runs each layer on that
     layer's parameters after the gradients of the first ``V`` micro-batches, ``V`` counted
-    on the stage that runs the layer for ``mb`` (stage 0's count with vertical sync)."""
+    on the stage that runs the layer for ``mb`` (stage 0's count with vertical sync), but
+    for a layer that moved at the switch ``M`` of ``mb``'s partition, while that count is at
+    most ``M``, the smaller of it and the count of the stage it came from."""
     spec = build_spec()
     versions = [_forward_versions(plan, s, num_mb) for s in range(plan.num_stages)]
     history = {name: [{k: v.detach().clone() for k, v in module.named_parameters()}]
@@ -143,13 +152,19 @@ def emulate_pipedream(build_spec: Any, partitions: list[tuple[int, Plan]], plan:
                   for name, module in spec.layers}
     inputs = spec.graph_inputs()
     for mb in range(num_mb):
-        part = [p for first, p in partitions if first * plan.num_microbatches <= mb][-1]
-        stage_of = {n: i for i, stage in enumerate(part.stages) for n in stage.layers}
+        index = max(i for i, (first, _) in enumerate(partitions)
+                    if first * plan.num_microbatches <= mb)
+        switch_mb = partitions[index][0] * plan.num_microbatches
+        stage_of = _stage_of(partitions[index][1])
+        before = _stage_of(partitions[max(index - 1, 0)][1])
         weights: dict[str, dict[str, Tensor]] = {}
         for name, _ in spec.layers:
             stage_idx = 0 if plan.vertical_sync else stage_of[name]
+            version = versions[stage_idx][mb]
+            if not plan.vertical_sync and before[name] != stage_idx and version <= switch_mb:
+                version = min(version, versions[before[name]][mb])
             weights[name] = {k: v.clone().requires_grad_(True)
-                             for k, v in history[name][versions[stage_idx][mb]].items()}
+                             for k, v in history[name][version].items()}
         data, targets = spec.sample(plan.microbatch_size, mb)
         acts: dict[str, Tensor] = {DATA: data}
         for name, module in spec.layers:
@@ -165,6 +180,30 @@ def emulate_pipedream(build_spec: Any, partitions: list[tuple[int, Plan]], plan:
             history[name].append({k: v.detach().clone() for k, v in module.named_parameters()})
     return {f"{name}.{k}": v.detach() for name, module in spec.layers
             for k, v in module.named_parameters()}
+
+
+def test_a_moved_layer_first_runs_on_the_upstream_stages_version() -> None:
+    """For the micro-batches whose version on the new stage would still be made of the old
+    stage's updates only, a moved layer runs on the version of the upstream one of its two
+    stages, whichever way it moves: moving downstream, the version its old stage made
+    before its own forward of the micro-batch, never one the old stage makes after a
+    backward that waits for the new stage's gradient."""
+    plan = make_plan("mlp", CASES[4][0], "pipedream")
+    step = 3
+    switch = step * plan.num_microbatches
+    for upstream in range(plan.num_stages - 1):
+        made = forward_versions(plan, upstream, 0, STEPS)
+        behind = plan.num_stages - 1 - upstream  # micro-batches the pair's versions differ
+        expected = {mb: made[mb] for mb in range(switch, switch + behind)}
+        assert all(version < switch for version in expected.values())
+        for old, new in ((upstream, upstream + 1), (upstream + 1, upstream)):
+            assert needed_versions(plan, old, new, step, 0, STEPS, 0) == expected
+    # the downstream stage's own count would take a version the old stage makes later
+    downstream = forward_versions(plan, 3, 0, STEPS)
+    assert downstream[switch] == switch > made[switch]
+    for schedule in ("gpipe", "1f1b"):
+        assert needed_versions(make_plan("mlp", CASES[4][0], schedule), 1, 2, step, 0,
+                               STEPS, 0) == {}
 
 
 def test_emulation_without_migration_equals_the_reference() -> None:
