@@ -6,10 +6,12 @@ global planner, Zhao et al. TPDS'22 §4): when it first touches an op of step ``
 writes the store key ``repartition/verdict/k``, the migrations it schedules then (often
 none), each effective at a step ``>= k + lead``. Every other rank reads that key when it
 first touches step ``k`` (a blocking ``get`` with the job's timeout), which is before it
-can post a receive for, or run, any micro-batch of the migration. The lead is 0 for
-``gpipe``/``1f1b`` (the flush separates the steps) and ``1 + ceil((W + 1) / m)`` steps under
-``pipedream`` (W the first stage's warm-up forwards, m micro-batches per step), so that
-the old stage knows before it makes the first weight version the new stage will need.
+can post a receive for, or run, any micro-batch of the migration. The lead is 1 step for
+``gpipe``/``1f1b``, so that each rank builds its new partition, posts its receives and
+sends its hand-off (``live.py``) during the step before, not between the flush and its
+first forward, and ``1 + ceil((W + 1) / m)`` steps under ``pipedream`` (W the first
+stage's warm-up forwards, m micro-batches per step), so that the old stage knows before it
+makes the first weight version the new stage will need.
 Migrations follow one another: the next takes effect at least ``max(lead, 1)`` steps later.
 
 The coordinator schedules, in order: scripted migrations (``--migrate``), commands from
@@ -55,7 +57,7 @@ _PREFIX = "repartition"
 
 def lead_steps(plan: Plan) -> int:
     if plan.schedule != "pipedream":
-        return 0
+        return 1
     return 1 + math.ceil((plan.warmup_forwards(0) + 1) / plan.num_microbatches)
 
 

@@ -13,9 +13,10 @@ i.e. once the old stage has applied the gradients of every micro-batch before ``
 (the *hand-off*: parameters and buffers, then accumulated gradients and optimizer state,
 which the new stage waits for only before its first update). Until then:
 
-- ``gpipe``/``1f1b`` update at the flush, so the hand-off is sent as soon as the rank
-  learns of the migration at the step boundary, and waited for only before the first
-  forward that runs the layer there (the transfer overlaps the old step's tail);
+- ``gpipe``/``1f1b`` update at the flush; ranks learn of the migration a step ahead
+  (``control.py``), so the hand-off is sent right after the old stage's update of the
+  step before ``M`` and waited for only before the first forward that runs the layer
+  there (the transfer overlaps the old step's tail);
 - ``pipedream`` runs on: a forward of ``mb >= M`` on the new stage runs the layer on the
   version PipeDream §3.3 gives it there (the new stage's own count of applied micro-batches,
   or stage 0's under vertical sync), except while that count is still made of the old
