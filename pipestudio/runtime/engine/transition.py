@@ -82,7 +82,8 @@ class Transition:
     outgoing: dict[int, list[str]]  # peer rank -> layers this rank hands to it
     incoming: dict[int, list[str]]  # peer rank -> layers it hands to this rank
     needed: dict[int, set[int]] = field(default_factory=dict)  # peer -> versions to send
-    #: peer -> {micro-batch: version older than the switch its layers run on here}
+    #: peer -> {micro-batch: version older than the switch its layers run on here}; a
+    #: forward uses it where it is older than the stage's own version (a layer from upstream)
     older: dict[int, dict[int, int]] = field(default_factory=dict)
     #: (peer, version) -> a version message received, kept for every forward that runs on it
     fetched: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)

@@ -52,7 +52,6 @@ class WeightVersions:
         self.stashes: dict[int, dict[str, Tensor]] = {}
         self.inflight: dict[int, int] = {}
         self.own: dict[int, dict[str, Tensor]] = {}  # a forward's weights of its own
-        self.skipped: dict[int, set[str]] = {}  # layers left out of a version's snapshot
 
     def _ideal(self, microbatch: int) -> int:
         """The version micro-batch ``microbatch``'s forward runs on."""
@@ -62,13 +61,11 @@ class WeightVersions:
         return self.first_applied + self.replicas * ((wanted - self.first_applied)
                                                      // self.replicas)
 
-    def _snapshot(self, skip: Collection[str] = (), names: Iterable[str] | None = None
-                  ) -> dict[str, Tensor]:
+    def _snapshot(self, skip: Collection[str] = ()) -> dict[str, Tensor]:
         if self.on_snapshot is not None:
             self.on_snapshot(self.applied, skip)
         return {name: param.detach().clone().requires_grad_(True) if param.requires_grad
-                else param for name, param in self.params.items()
-                if names is None or name in names}
+                else param for name, param in self.params.items()}
 
     def for_forward(self, microbatch: int, names: Sequence[str] | None = None
                     ) -> dict[str, Tensor]:
@@ -80,20 +77,13 @@ class WeightVersions:
         older = dict(self.older(microbatch, version)) if self.older is not None else {}
         if version == self.applied and version not in self.stashes:
             self.stashes[version] = self._snapshot(skip=older)
-            self.skipped[version] = set(older)
         assert version in self.stashes, f"weight version {version} was not kept"
         stash = self.stashes[version]
         missing = [name for name in names or ()
                    if name not in stash and _layer(name) not in older]
-        skipped = [name for name in missing if _layer(name) in self.skipped.get(version, ())]
-        if skipped:  # left out of the snapshot for a forward on an older version
-            stash.update(self._snapshot(names=skipped))
-            assert version == self.applied and all(name in stash for name in skipped), (
-                f"parameters {skipped} of version {version}")
-        fetched = [name for name in missing if name not in skipped]
-        if fetched:
-            assert self.fetch is not None, f"parameters {fetched} of version {version}"
-            stash.update(self.fetch(version, fetched))
+        if missing:
+            assert self.fetch is not None, f"parameters {missing} of version {version}"
+            stash.update(self.fetch(version, missing))
         self.inflight[microbatch] = version
         if not older:
             return stash
@@ -141,7 +131,6 @@ class WeightVersions:
         for version in list(self.stashes):
             if version not in keep and version < oldest_to_come:
                 del self.stashes[version]
-                self.skipped.pop(version, None)
 
     @property
     def num_versions(self) -> int:

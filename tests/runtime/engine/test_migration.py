@@ -41,6 +41,7 @@ from pipestudio.runtime.engine.repartition import (
     new_plan,
 )
 from pipestudio.runtime.engine.transition import forward_versions, needed_versions
+from pipestudio.runtime.engine.weights import WeightVersions
 from pipestudio.runtime.models import DATA, MODELS, ModelSpec
 from pipestudio.runtime.optimizers import make_optimizer
 from tests.runtime.engine.helpers import final_params, make_plan, max_relative_difference
@@ -198,12 +199,38 @@ def test_a_moved_layer_first_runs_on_the_upstream_stages_version() -> None:
         assert all(version < switch for version in expected.values())
         for old, new in ((upstream, upstream + 1), (upstream + 1, upstream)):
             assert needed_versions(plan, old, new, step, 0, STEPS, 0) == expected
-    # the downstream stage's own count would take a version the old stage makes later
-    downstream = forward_versions(plan, 3, 0, STEPS)
-    assert downstream[switch] == switch > made[switch]
+    # into the last stage: its own count at the switch is the hand-off's version, which the
+    # old stage makes only after its backward of the micro-batch before the switch
+    last, before_last = (forward_versions(plan, s, 0, STEPS) for s in (3, 2))
+    assert last[switch] == switch
+    assert needed_versions(plan, 2, 3, step, 0, STEPS, 0) == {switch: before_last[switch]}
     for schedule in ("gpipe", "1f1b"):
         assert needed_versions(make_plan("mlp", CASES[4][0], schedule), 1, 2, step, 0,
                                STEPS, 0) == {}
+
+
+def test_a_forward_runs_a_layer_from_upstream_on_its_older_version() -> None:
+    """The stage's own version is snapshotted without waiting for the moved layer, whose
+    older version is fetched for that forward alone and kept for its backward."""
+    live = {"a.w": torch.nn.Parameter(torch.zeros(2)), "b.w": torch.nn.Parameter(torch.ones(2))}
+    older = {"b.w": torch.full((2,), 7.0)}
+    snapshots: list[tuple[int, set[str]]] = []
+    fetched: list[tuple[int, list[str]]] = []
+
+    def fetch(version: int, names: list[str]) -> dict[str, Tensor]:
+        fetched.append((version, names))
+        return {name: older[name] for name in names}
+
+    versions = WeightVersions(live, 1, 5, [5, 6], None,
+                              on_snapshot=lambda v, skip: snapshots.append((v, set(skip))),
+                              fetch=fetch, older=lambda mb, v: {"b": 4} if mb == 5 else {})
+    weights = versions.for_forward(5, ["a.w", "b.w"])
+    assert snapshots == [(5, {"b"})] and fetched == [(4, ["b.w"])]
+    assert torch.equal(weights["b.w"], older["b.w"]) and torch.equal(weights["a.w"], live["a.w"])
+    assert versions.for_backward(5) is weights
+    assert torch.equal(versions.stashes[5]["b.w"], live["b.w"])  # the stage's own version
+    versions.release(5)
+    assert not versions.own
 
 
 def test_emulation_without_migration_equals_the_reference() -> None:
