@@ -4,7 +4,8 @@ Ranks run ahead of and behind one another, so they must agree on the micro-batch
 a migration switches without waiting for each other. Rank 0 is the coordinator (vPipe's
 global planner, Zhao et al. TPDS'22 §4): when it first touches an op of step ``k`` it
 writes the store key ``repartition/verdict/k``, the migrations it schedules then (often
-none), each effective at a step ``>= k + lead``. Every other rank reads that key when it
+none), each effective at a step ``>= k + lead`` (``>= k`` at the run's first step, below).
+Every other rank reads that key when it
 first touches step ``k`` (a blocking ``get`` with the job's timeout), which is before it
 can post a receive for, or run, any micro-batch of the migration. The lead is 1 step for
 ``gpipe``/``1f1b``, so that each rank builds its new partition, posts its receives and
@@ -12,7 +13,11 @@ sends its hand-off (``live.py``) during the step before, not between the flush a
 first forward, and ``1 + ceil((W + 1) / m)`` steps under ``pipedream`` (W the first
 stage's warm-up forwards, m micro-batches per step), so that the old stage knows before it
 makes the first weight version the new stage will need.
-Migrations follow one another: the next takes effect at least ``max(lead, 1)`` steps later.
+Migrations follow one another: the next takes effect at least ``lead`` steps later. A run
+starts flushed, so at its first step nothing needs sending ahead and a migration due then
+takes effect at once. A resumed run starts on its checkpoint's partition: the scripted
+migrations before its first step are behind it, and one at that step is skipped when the
+partition already holds it (the checkpointing run had decided it before stopping).
 
 The coordinator schedules, in order: scripted migrations (``--migrate``), commands from
 the control directory (``commands.py``), and the online planner's proposals. Every
@@ -72,6 +77,10 @@ class ControlClient:
         self.measures = self.settings.every > 0
         self.coordinator = Coordinator(config, spec, store, sink) if rank == 0 else None
 
+    def start(self, start_step: int) -> None:
+        if self.coordinator is not None:
+            self.coordinator.start(start_step)
+
     def verdict(self, step: int, plan: Plan) -> list[dict[str, Any]]:
         key = f"{_PREFIX}/verdict/{step}"
         if self.coordinator is not None:
@@ -100,6 +109,7 @@ class Coordinator:
         self.lead = lead_steps(config.plan)
         self.world_size = config.plan.num_workers
         self.next_id, self.last_effective = 1, -10 ** 9
+        self.first_step = 0
         self.scripted = sorted(self.settings.migrations, key=lambda m: m.step)
         self.requests: list[dict[str, Any]] = []
         self.held: dict[int, dict[str, Any]] = {}  # id -> stages, policies, proposal
@@ -110,23 +120,35 @@ class Coordinator:
         self._thread: threading.Thread | None = None
         self._result: tuple[int, Proposal | Exception] | None = None
 
+    def start(self, start_step: int) -> None:
+        """The run starts at ``start_step`` (module docstring): the scripted migrations
+        before it are behind it."""
+        self.first_step = start_step
+        self.scripted = [m for m in self.scripted if m.step >= start_step]
+
     def decide(self, step: int, plan: Plan) -> list[dict[str, Any]]:
         while self.scripted and self.scripted[0].step - self.lead <= step:
             scripted = self.scripted.pop(0)
+            if scripted.step == self.first_step and _holds(plan, scripted.moves):
+                continue  # made before the checkpoint this run resumed from
             self.requests.append({"moves": scripted.moves, "step": scripted.step,
                                   "source": "scripted"})
         self._read_commands()
         if self.settings.every > 0:
             self._online(step, plan)
-        if not self.requests:
-            return []
-        effective = max(step + self.lead, self.last_effective + max(self.lead, 1),
-                        self.requests[0].get("step") or 0)
-        effective = self._before_cut(step, effective)
-        if effective >= self.config.steps:
-            return []
-        decision = self._schedule(self.requests.pop(0), plan, effective)
-        return [] if decision is None else [decision]
+        lead = 0 if step == self.first_step else self.lead  # flushed: nothing to send ahead
+        decisions = []
+        while self.requests:
+            effective = max(step + lead, self.last_effective + self.lead,
+                            self.requests[0].get("step") or 0)
+            effective = self._before_cut(step, effective)
+            if effective >= self.config.steps:
+                break
+            decision = self._schedule(self.requests.pop(0), plan, effective)
+            if decision is not None:
+                decisions.append(decision)
+                plan = with_stages(plan, decision["stages"], decision["policies"])
+        return decisions
 
     def _before_cut(self, step: int, effective: int) -> int:
         """Under pipedream, a checkpoint cut between now and then becomes the switch."""
@@ -287,6 +309,12 @@ class Coordinator:
                 held = self.held.pop(pid)
                 self.requests.append({**held, "proposal": pid, "source": "auto"})
         self.sink(event)
+
+
+def _holds(plan: Plan, moves: tuple[tuple[str, int], ...]) -> bool:
+    """Whether every (layer, stage) of ``moves`` is already so in ``plan``."""
+    stage_of = {name: idx for idx, stage in enumerate(plan.stages) for name in stage.layers}
+    return all(stage_of.get(layer) == stage for layer, stage in moves)
 
 
 def _path(control_dir: str, kind: str, number: int) -> Path:

@@ -68,6 +68,8 @@ class LiveRepartition:
     def start(self, start_step: int) -> None:
         self.start_step, self.known_step = start_step, start_step - 1
         self.applied = start_step * self.worker.plan.num_microbatches
+        if self.control is not None:
+            self.control.start(start_step)
 
     def partition(self, microbatch: int) -> Partition:
         for part in reversed(self.partitions):
