@@ -1,18 +1,17 @@
 """The job's repartition control: one coordinator decides, every rank follows its verdicts.
 
-Ranks run ahead of and behind one another, so they must agree on the micro-batch at which
-a migration switches without waiting for each other. Rank 0 is the coordinator (vPipe's
+Ranks run ahead of and behind one another, so they must agree on the micro-batch at which a
+migration switches without waiting for each other. Rank 0 is the coordinator (vPipe's
 global planner, Zhao et al. TPDS'22 §4): when it first touches an op of step ``k`` it
 writes the store key ``repartition/verdict/k``, the migrations it schedules then (often
 none), each effective at a step ``>= k + lead`` (``>= k`` at the run's first step, below).
-Every other rank reads that key when it
-first touches step ``k`` (a blocking ``get`` with the job's timeout), which is before it
-can post a receive for, or run, any micro-batch of the migration. The lead is 1 step for
-``gpipe``/``1f1b``, so that each rank builds its new partition, posts its receives and
-sends its hand-off (``live.py``) during the step before, not between the flush and its
-first forward, and ``1 + ceil((W + 1) / m)`` steps under ``pipedream`` (W the first
-stage's warm-up forwards, m micro-batches per step), so that the old stage knows before it
-makes the first weight version the new stage will need.
+Every other rank reads that key when it first touches step ``k`` (a blocking ``get`` with
+the job's timeout), which is before it can post a receive for, or run, any micro-batch of
+the migration. The lead is 1 step for ``gpipe``/``1f1b``, so that each rank builds its new
+partition, posts its receives and sends its hand-off (``live.py``) during the step before,
+not between the flush and its first forward, and ``1 + ceil((W + 1) / m)`` steps under
+``pipedream`` (W the first stage's warm-up forwards, m micro-batches per step), so that the
+old stage knows before it makes the first weight version the new stage will need.
 Migrations follow one another: the next takes effect at least ``lead`` steps later. A run
 starts flushed, so at its first step nothing needs sending ahead and a migration due then
 takes effect at once. A resumed run starts on its checkpoint's partition: the scripted
