@@ -1,8 +1,11 @@
 """Runs page: launch an approved plan, watch it live, and decide on repartition proposals."""
 
+import hashlib
+import json
 from typing import Any
 
 from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
+from plotly.utils import PlotlyJSONEncoder
 
 from pipestudio.dashboard import monitor
 from pipestudio.dashboard.api import ApiError
@@ -56,6 +59,7 @@ def layout(**_: Any) -> html.Div:
                 html.Div(id="runs-decision-status"), html.Div(id="runs-proposals")),
         dcc.Interval(id="runs-interval", interval=1000),
         dcc.Store(id="runs-changed", data=0),
+        dcc.Store(id="runs-proposals-shown"),
     ])
 
 
@@ -103,16 +107,26 @@ def register_callbacks(app: Dash, context: Context) -> None:
         return notice, (changed + 1 if run_id else no_update), run_id or no_update
 
     # The picker's label of the watched run follows its state (starting, running, ...).
+    # The proposals are rendered again only when they change: a card rendered anew resets
+    # its buttons, and a click that lands while a tick's answer is on its way is lost.
     @app.callback([Output(name, "figure") for name in GRAPHS],
                   Output("runs-status", "children"), Output("runs-proposals", "children"),
                   Output("runs-interval", "disabled"),
                   Output("runs-select", "options", allow_duplicate=True),
+                  Output("runs-proposals-shown", "data"),
                   Input("runs-interval", "n_intervals"), Input("runs-select", "value"),
                   Input("runs-decision-status", "children"), State("runs-select", "options"),
+                  State("runs-proposals-shown", "data"),
                   prevent_initial_call="initial_duplicate")
     def _tick(_: int | None, run_id: int | None, __: Any,
-              run_options: list[dict[str, Any]] | None) -> Any:
-        return actions.tick(context, run_id, run_options)
+              run_options: list[dict[str, Any]] | None, shown: str | None) -> Any:
+        result = actions.tick(context, run_id, run_options)
+        proposals = len(GRAPHS) + 1
+        key = hashlib.blake2b(json.dumps(result[proposals], cls=PlotlyJSONEncoder).encode(),
+                              digest_size=16).hexdigest()
+        if key == shown:
+            result[proposals] = no_update
+        return [*result, key]
 
     @app.callback(Output("runs-decision-status", "children"),
                   Input({"type": "runs-proposal-approve", "index": ALL}, "n_clicks"),
