@@ -10,32 +10,35 @@ Two kinds of message go from a layer's old stage to its new one (``transition.py
   the *training state* (gradients accumulated so far, optimizer state), which only its
   first update there waits for, so that most of the bytes travel off the critical path.
 
-A message is a nested dict of tensors and plain values, sent raw, without pickling: every
-tensor's bytes are packed into one flat ``uint8`` *payload*, each at a 64-byte-aligned
-offset so that the receiver's tensors are views of it, and a *header* names each tensor's
-path, dtype, shape and offset, the plain values and the payload's size. Each message is one
-``isend``/``irecv`` on the default (gloo) group with a tag above the transport's
-(``2**30 + migration * 1024 + slot``); nothing goes through the job's store.
+A message is a nested dict of tensors and plain values, sent raw, without pickling and
+without packing: a *lead* goes first, then each tensor as it lies in memory, one
+``isend``/``irecv`` each on the default (gloo) group, all with the message's tag
+(``2**30 + migration * 1024 + slot``; gloo delivers a pair's messages of one tag in the
+order they were posted). The lead names each tensor's path, dtype and shape and the plain
+values. Nothing goes through the job's store.
 
 Gloo moves a message's bytes only once both ends have posted it, so the receiver must post
-early, and to post it must know the message's size. Versions and weights have a *known
+early, and to post it must know the message's layout. Versions and weights have a *known
 layout*: every rank holds a copy of every layer, so the receiver derives their header from
-its own copy and posts their receives as soon as it learns of the migration. Their body is
-a 64-byte prefix (a digest of the sender's header, checked against the receiver's, and the
-sizes of the message announced to follow) and the payload. The training state's layout
-depends on the sender's gradients and optimizer (*described*): its body is its JSON header,
-padded to 64 bytes, and the payload, and the weights message before it announces its sizes,
-so its receive is posted the moment the weights are taken, a step's forwards and backwards
-before the update needs it. The bytes travel on gloo's own threads while both ranks
-compute; the sender's only work is one copy into the payload, which is also what freezes a
-version that training goes on to change. Sends are waited for when the run ends.
+its own copy and posts their receives as soon as it learns of the migration; their lead is
+64 bytes (a digest of the sender's header, checked against the receiver's, and the size of
+the header of the message announced to follow). The weights are received straight into the
+receiver's own copy of the layer, which no partition of it runs until they are in. The
+training state's layout depends on the sender's gradients and optimizer (*described*): its
+lead is its JSON header, whose size the weights announced, so its receives are posted as
+the weights come in, a step's forwards and backwards before the update needs them.
+
+A hand-off's tensors no longer change on the sender (no partition there trains the layer),
+so they go as they are: the sender copies nothing, and its training thread only posts the
+sends (bytes move on gloo's threads, or in ``isend`` where the receiver posted first). A
+version is copied once when sent, which freezes it while training goes on to change the
+parameters. Sends are waited for when the run ends.
 """
 
 import hashlib
 import json
-import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -48,8 +51,7 @@ from pipestudio.runtime.engine.faults import Watchdog
 
 _TAG_BASE = 2 ** 30
 _SLOTS = 1024
-_ALIGN_BYTES = 64
-_PREFIX_BYTES = 64  # int64: digest of the header, sizes of the announced message
+_PREFIX_BYTES = 64  # int64: digest of the header, size of the announced one's header
 WEIGHTS_SLOT = 0
 TRAINING_SLOT = _SLOTS - 1  # versions use the slots between
 
@@ -86,13 +88,23 @@ def layer_training(modules: Mapping[str, nn.Module], optimizer: torch.optim.Opti
     return result
 
 
+def weight_targets(modules: Mapping[str, nn.Module]) -> list[Tensor]:
+    """Where the weights of ``modules`` are received: the tensors themselves, in the order
+    of ``describe(layer_weights(modules))``."""
+    return _layout(layer_weights(modules))[1]
+
+
 @torch.no_grad()
 def load_layer_weights(modules: Mapping[str, nn.Module], message: Mapping[str, Any]) -> None:
+    """Copy the weights in ``message`` into ``modules`` (nothing where they were received
+    in place)."""
     for layer, module in modules.items():
-        for name, param in module.named_parameters():
-            param.copy_(message[layer]["params"][name])
-        for name, buffer in module.named_buffers():
-            buffer.copy_(message[layer]["buffers"][name])
+        for group, tensors in (("params", module.named_parameters()),
+                               ("buffers", module.named_buffers())):
+            for name, tensor in tensors:
+                value = message[layer][group][name]
+                if value.data_ptr() != tensor.data_ptr() or value.device != tensor.device:
+                    tensor.copy_(value)
 
 
 @torch.no_grad()
@@ -122,57 +134,32 @@ def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, 
         yield path, tree
 
 
-def _view(payload: Tensor, entry: Mapping[str, Any]) -> Tensor:
-    dtype = getattr(torch, entry["dtype"])
-    num_bytes = math.prod(entry["shape"]) * dtype.itemsize
-    offset = entry["offset"]
-    return payload[offset:offset + num_bytes].view(dtype).view(entry["shape"])
-
-
-def _aligned(num_bytes: int) -> int:
-    return -(-num_bytes // _ALIGN_BYTES) * _ALIGN_BYTES
-
-
 def _layout(message: Any) -> tuple[dict[str, Any], list[Tensor]]:
     """(header, the tensors in its order) of a message, nothing copied."""
     entries: list[dict[str, Any]] = []
     tensors: list[Tensor] = []
     values: list[dict[str, Any]] = []
-    offset = 0
+    num_bytes = 0
     for path, leaf in _leaves(message):
         if torch.is_tensor(leaf):
             entries.append({"path": list(path), "dtype": str(leaf.dtype).removeprefix("torch."),
-                            "shape": list(leaf.shape), "offset": offset})
+                            "shape": list(leaf.shape)})
             tensors.append(leaf)
-            offset += _aligned(leaf.numel() * leaf.element_size())
+            num_bytes += leaf.numel() * leaf.element_size()
         else:
             values.append({"path": list(path), "value": leaf})
-    return {"tensors": entries, "values": values, "num_bytes": offset}, tensors
+    return {"tensors": entries, "values": values, "num_bytes": num_bytes}, tensors
 
 
 def describe(message: Any) -> dict[str, Any]:
-    """The header ``pack`` gives ``message``, without copying its tensors."""
+    """The header of ``message`` (its tensors' paths, dtypes and shapes; its plain values)."""
     return _layout(message)[0]
 
 
-@torch.no_grad()
-def _fill(payload: Tensor, header: Mapping[str, Any], tensors: list[Tensor]) -> None:
-    for entry, leaf in zip(header["tensors"], tensors, strict=True):
-        _view(payload, entry).copy_(leaf)
-
-
-def pack(message: Any) -> tuple[dict[str, Any], Tensor]:
-    """(header, payload) of a message (module docstring); the tensors are copied once."""
-    header, tensors = _layout(message)
-    payload = torch.empty(header["num_bytes"], dtype=torch.uint8)
-    _fill(payload, header, tensors)
-    return header, payload
-
-
-def unpack(header: Mapping[str, Any], payload: Tensor) -> dict[str, Any]:
-    """The message of ``pack``'s (header, payload); its tensors are views of ``payload``."""
+def assemble(header: Mapping[str, Any], tensors: list[Tensor]) -> dict[str, Any]:
+    """The message of ``header`` with ``tensors`` (in the header's order) at its leaves."""
     result: dict[str, Any] = {}
-    leaves = [(e["path"], _view(payload, e)) for e in header["tensors"]]
+    leaves = [(e["path"], t) for e, t in zip(header["tensors"], tensors, strict=True)]
     for path, leaf in leaves + [(v["path"], v["value"]) for v in header["values"]]:
         node = result
         for key in path[:-1]:
@@ -181,51 +168,56 @@ def unpack(header: Mapping[str, Any], payload: Tensor) -> dict[str, Any]:
     return result
 
 
+def _flat(tensor: Tensor, copy: bool) -> Tensor:
+    """A contiguous 1-D CPU tensor of ``tensor``'s bytes: the tensor itself where it is one
+    and no ``copy`` is asked for."""
+    flat = tensor.detach()
+    if flat.device.type != "cpu" or not flat.is_contiguous():
+        return flat.to("cpu").contiguous().view(-1)  # a copy already
+    return (flat.clone() if copy else flat).view(-1)
+
+
 def _digest(text: bytes) -> int:
     """Of a header's JSON; both ends build a layer's header in the same order."""
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
 
 
 class Outgoing:
-    """A message about to be sent: its header now, its bytes copied when it is sent."""
+    """A message about to be sent (module docstring). ``frozen``: its tensors will not
+    change, so they are sent as they are; else each is copied when the message is sent."""
 
-    def __init__(self, message: Any) -> None:
+    def __init__(self, message: Any, *, frozen: bool) -> None:
         self.header, self._tensors = _layout(message)
+        self.frozen = frozen
         try:
             self.text = json.dumps(self.header).encode()
         except TypeError as exc:
             raise EngineError(f"migration message: {exc}") from exc
 
-    @property
-    def described_bytes(self) -> tuple[int, int]:
-        """(header bytes, body bytes) of this message sent with its header."""
-        return len(self.text), _aligned(len(self.text)) + self.header["num_bytes"]
-
-    def body(self, described: bool, announce: "Outgoing | None") -> Tensor:
-        """The bytes on the wire: the header (``described``) or the prefix, then the payload."""
+    def pieces(self, described: bool, announce: "Outgoing | None") -> list[Tensor]:
+        """What goes on the wire: the lead (the header if ``described``, else the 64-byte
+        prefix announcing ``announce``), then every tensor that has bytes."""
         if described:
             lead = torch.frombuffer(bytearray(self.text), dtype=torch.uint8)
-            start = _aligned(len(self.text))
         else:
-            sizes = announce.described_bytes if announce is not None else (0, 0)
-            lead = torch.tensor([_digest(self.text), *sizes], dtype=torch.int64).view(torch.uint8)
-            start = _PREFIX_BYTES
-        body = torch.empty(start + self.header["num_bytes"], dtype=torch.uint8)
-        body[:lead.numel()] = lead
-        _fill(body[start:], self.header, self._tensors)
-        return body
+            announced = len(announce.text) if announce is not None else 0
+            lead = torch.zeros(_PREFIX_BYTES // 8, dtype=torch.int64)
+            lead[:2] = torch.tensor([_digest(self.text), announced])
+        return [lead] + [_flat(t, copy=not self.frozen) for t in self._tensors if t.numel()]
 
 
 @dataclass
 class _Incoming:
-    """A message whose receive is posted: ``header`` when its layout is known here, else
-    the size of the header at the start of its body; ``follow``, the tag of the described
-    message its prefix announces."""
+    """A message whose lead's receive is posted; ``header`` (known layout, or once a
+    described message's lead is in) and its tensors' receives; ``follow``, the tag of the
+    described message its prefix announces."""
 
-    body: Tensor
+    lead: Tensor
     work: dist.Work
     header: dict[str, Any] | None
-    header_bytes: int = 0
+    described: bool = False
+    tensors: list[Tensor] = field(default_factory=list)
+    works: list[dist.Work] = field(default_factory=list)
     follow: int | None = None
 
 
@@ -243,26 +235,42 @@ class Channel:
 
     def send(self, message: Outgoing, peer: int, message_tag: int, *, described: bool = False,
              announce: Outgoing | None = None) -> int:
-        """Copy ``message`` into its body and start sending it; a known-layout message may
-        ``announce`` the described one that follows it to the same peer. Returns bytes."""
-        body = message.body(described, announce)
-        self._sends.append((dist.isend(body, peer, tag=message_tag), body))
-        self.sent_bytes += body.numel()
-        return body.numel()
+        """Start sending ``message``; a known-layout message may ``announce`` the described
+        one that follows it to the same peer. Returns the bytes sent."""
+        num_bytes = 0
+        for piece in message.pieces(described, announce):
+            self._sends.append((dist.isend(piece, peer, tag=message_tag), piece))
+            num_bytes += piece.numel() * piece.element_size()
+        self.sent_bytes += num_bytes
+        return num_bytes
 
     def expect(self, peer: int, message_tag: int, header: dict[str, Any],
-               follow: int | None = None) -> None:
-        """Post the receive of a message with a known layout (``header``, derived here);
-        ``follow``: the tag of the described message it announces."""
-        if (peer, message_tag) not in self._incoming:
-            self._post(peer, message_tag, _PREFIX_BYTES + header["num_bytes"], header,
-                       follow=follow)
+               into: list[Tensor] | None = None, follow: int | None = None) -> None:
+        """Post the receives of a message with a known layout (``header``, derived here),
+        its tensors straight into ``into`` where they fit (CPU, contiguous, same dtype and
+        shape; else into new ones); ``follow``: the tag of the described message it
+        announces."""
+        if (peer, message_tag) in self._incoming:
+            return
+        lead = torch.empty(_PREFIX_BYTES // 8, dtype=torch.int64)
+        incoming = _Incoming(lead, dist.irecv(lead, peer, tag=message_tag), header,
+                             follow=follow)
+        self._post_tensors(incoming, peer, message_tag, into)
+        self._incoming[(peer, message_tag)] = incoming
 
-    def _post(self, peer: int, message_tag: int, num_bytes: int, header: dict[str, Any] | None,
-              header_bytes: int = 0, follow: int | None = None) -> None:
-        body = torch.empty(num_bytes, dtype=torch.uint8)
-        work = dist.irecv(body, peer, tag=message_tag)
-        self._incoming[(peer, message_tag)] = _Incoming(body, work, header, header_bytes, follow)
+    def _post_tensors(self, incoming: _Incoming, peer: int, message_tag: int,
+                      into: list[Tensor] | None) -> None:
+        assert incoming.header is not None
+        entries = incoming.header["tensors"]
+        for entry, target in zip(entries, into or [None] * len(entries), strict=True):
+            dtype = getattr(torch, entry["dtype"])
+            if (target is None or target.device.type != "cpu" or not target.is_contiguous()
+                    or target.dtype != dtype or list(target.shape) != entry["shape"]):
+                target = torch.empty(entry["shape"], dtype=dtype)
+            target = target.detach()
+            incoming.tensors.append(target)
+            if target.numel():
+                incoming.works.append(dist.irecv(target.view(-1), peer, tag=message_tag))
 
     def _wait(self, work: dist.Work, what: str, peer: int | None) -> None:
         self.watchdog.doing(what, waiting_on=peer)
@@ -271,6 +279,12 @@ class Channel:
         except Exception as exc:
             raise self.watchdog.failure(what, peer, exc) from exc
 
+    def _read_header(self, incoming: _Incoming, peer: int, message_tag: int, what: str) -> None:
+        """A described message: wait for its header, then post its tensors' receives."""
+        self._wait(incoming.work, what, peer)
+        incoming.header = json.loads(bytes(incoming.lead.numpy()).decode())
+        self._post_tensors(incoming, peer, message_tag, None)
+
     def receive(self, peer: int, message_tag: int, what: str) -> dict[str, Any]:
         """The message from ``peer`` with ``message_tag`` (waiting for it if need be); it
         must have been expected, or announced by one received before."""
@@ -278,19 +292,30 @@ class Channel:
         if incoming is None:
             raise EngineError(f"{what}: message {message_tag} was neither expected nor "
                               "announced")
-        self._wait(incoming.work, what, peer)
-        self.received_bytes += incoming.body.numel()
-        if incoming.header is None:  # described: the header leads the body
-            text = bytes(incoming.body[:incoming.header_bytes].numpy())
-            header = json.loads(text.decode())
-            return unpack(header, incoming.body[_aligned(incoming.header_bytes):])
-        digest, header_bytes, num_bytes = incoming.body[:_PREFIX_BYTES].view(torch.int64)[:3]
-        if int(digest) != _digest(json.dumps(incoming.header).encode()):
-            raise EngineError(f"{what}: the sender's layout of these layers differs from "
-                              f"this rank's copy ({incoming.header['num_bytes']} bytes here)")
-        if incoming.follow is not None:
-            self._post(peer, incoming.follow, int(num_bytes), None, int(header_bytes))
-        return unpack(incoming.header, incoming.body[_PREFIX_BYTES:])
+        if incoming.described:
+            if incoming.header is None:
+                self._read_header(incoming, peer, message_tag, what)
+        else:
+            self._wait(incoming.work, what, peer)
+            digest, header_bytes = incoming.lead[:2].tolist()
+            if digest != _digest(json.dumps(incoming.header).encode()):
+                raise EngineError(f"{what}: the sender's layout of these layers differs from "
+                                  f"this rank's copy ({incoming.header['num_bytes']} bytes "
+                                  "here)")
+            if incoming.follow is not None:  # its header comes right behind these tensors
+                lead = torch.empty(header_bytes, dtype=torch.uint8)
+                follow = _Incoming(lead, dist.irecv(lead, peer, tag=incoming.follow), None,
+                                   described=True)
+                self._incoming[(peer, incoming.follow)] = follow
+        for work in incoming.works:
+            self._wait(work, what, peer)
+        assert incoming.header is not None
+        self.received_bytes += (incoming.lead.numel() * incoming.lead.element_size()
+                                + incoming.header["num_bytes"])
+        if incoming.follow is not None:  # post the training state's tensors now
+            follow = self._incoming[(peer, incoming.follow)]
+            self._read_header(follow, peer, incoming.follow, what)
+        return assemble(incoming.header, incoming.tensors)
 
     def drain(self) -> None:
         """Wait for every message this rank sent (its peers have received them)."""

@@ -31,6 +31,7 @@ from pipestudio.runtime.engine.handoff import (
     load_layer_training,
     load_layer_weights,
     tag,
+    weight_targets,
 )
 from pipestudio.runtime.engine.layout import EngineLayout
 from pipestudio.runtime.engine.repartition import with_stages
@@ -122,7 +123,7 @@ class LiveRepartition:
                 self.channel.expect(peer, tag(transition.migration_id, 1 + switch_mb - version),
                                     versions)
             self.channel.expect(peer, tag(transition.migration_id, WEIGHTS_SLOT),
-                                describe(layer_weights(modules)),
+                                describe(layer_weights(modules)), weight_targets(modules),
                                 follow=tag(transition.migration_id, TRAINING_SLOT))
         self.transitions.append(transition)
         self.after_update(self.applied)
@@ -155,10 +156,10 @@ class LiveRepartition:
                     self._send_versions(t, peer, layers)
                     if self.applied >= t.switch_mb:
                         due.append((t, peer, {name: self.modules[name] for name in layers}))
-        training = [Outgoing(layer_training(modules, self.worker.optimizer))
+        training = [Outgoing(layer_training(modules, self.worker.optimizer), frozen=True)
                     for _, _, modules in due]
         for (t, peer, modules), state in zip(due, training, strict=True):
-            t.sent_bytes += self.channel.send(Outgoing(layer_weights(modules)), peer,
+            t.sent_bytes += self.channel.send(Outgoing(layer_weights(modules), frozen=True), peer,
                                               tag(t.migration_id, WEIGHTS_SLOT), announce=state)
         for (t, peer, modules), state in zip(due, training, strict=True):
             t.sent_bytes += self.channel.send(state, peer, tag(t.migration_id, TRAINING_SLOT),
@@ -183,7 +184,7 @@ class LiveRepartition:
                                   f"{layers} was needed after it was replaced")
             if version == self.applied:
                 t.sent_bytes += self.channel.send(
-                    Outgoing(layer_versions(modules)), peer,
+                    Outgoing(layer_versions(modules), frozen=False), peer,
                     tag(t.migration_id, 1 + t.switch_mb - version))
                 t.versions_sent.add((peer, version))
 

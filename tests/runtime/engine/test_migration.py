@@ -30,10 +30,10 @@ from pipestudio.runtime.engine.handoff import (
     WEIGHTS_SLOT,
     Channel,
     Outgoing,
+    _digest,
+    assemble,
     describe,
-    pack,
     tag,
-    unpack,
 )
 from pipestudio.runtime.engine.repartition import (
     RepartitionConfig,
@@ -239,62 +239,77 @@ def test_emulation_without_migration_equals_the_reference() -> None:
     assert max_relative_difference(got, train_pipedream(partial(build), plan, 3)) <= 1e-6
 
 
+def _pieces_back(header: dict[str, Any], pieces: list[Tensor]) -> dict[str, Any]:
+    """What a receiver assembles from the tensor pieces (the receives ``Channel`` posts)."""
+    tensors, given = [], iter(pieces)
+    for entry in header["tensors"]:
+        target = torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
+        if target.numel():
+            target.view(-1).copy_(next(given))
+        tensors.append(target)
+    return assemble(header, tensors)
+
+
+def _same(a: Any, b: Any) -> None:
+    if torch.is_tensor(a):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _same(a[key], b[key])
+    else:
+        assert a == b
+
+
 def test_messages_go_raw_and_come_back_equal() -> None:
-    weight = torch.randn(5, 3)
-    message = {"block0": {"params": {"weight": weight.t(), "bias": torch.randn(5)},
-                          "buffers": {"count": torch.tensor(7)}, "grads": {},
+    weight, bias = torch.randn(5, 3), torch.randn(5)
+    message = {"block0": {"params": {"weight": weight.t(), "bias": bias},
+                          "buffers": {"count": torch.tensor(7), "none": torch.empty(0)},
+                          "grads": {},
                           "optimizer": {"weight": {"step": torch.tensor(3.0),
                                                    "exp_avg": torch.randn(3, 5, dtype=torch.half),
                                                    "momentum_buffer": None}}},
                "head": {}}
-    packed = weight.t().clone()
-    header, payload = pack(message)
-    weight.add_(1.0)  # the sender trains on: the message keeps what was packed
-    got = unpack(json.loads(json.dumps(header)), payload.clone())
-
-    def same(a: Any, b: Any) -> None:
-        if torch.is_tensor(a):
-            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-            assert a.data_ptr() % 64 == 0  # aligned views of the payload
-        elif isinstance(a, dict):
-            assert a.keys() == b.keys()
-            for key in a:
-                same(a[key], b[key])
-        else:
-            assert a == b
-
-    expected = {**message, "block0": {**message["block0"], "params": {
-        "weight": packed, "bias": message["block0"]["params"]["bias"]}}}
-    same(got, expected)
-    raw_bytes = (15 + 5 + 15) * 4 + 8 + 15 * 2
-    assert header["num_bytes"] <= raw_bytes + 64 * 5  # bytes and alignment, no pickling
+    sent = {**message, "block0": {**message["block0"], "params": {
+        "weight": weight.t().clone(), "bias": bias.clone()}}}
+    version = Outgoing(message, frozen=False)
+    pieces = version.pieces(described=True, announce=None)
+    weight.add_(1.0)  # the sender trains on: a version keeps what it was when sent
+    bias.add_(1.0)
+    header = json.loads(bytes(pieces[0].numpy()).decode())
+    _same(_pieces_back(header, pieces[1:]), sent)
+    # tensors go as their own bytes, with no pickling and nothing packed around them
+    assert [p.numel() * p.element_size() for p in pieces[1:]] == [15 * 4, 5 * 4, 8, 4, 15 * 2]
+    assert header["num_bytes"] == 15 * 4 + 5 * 4 + 8 + 4 + 15 * 2
+    # a hand-off's tensors are sent in place; a non-contiguous one goes as a copy
+    hand_off = Outgoing(message, frozen=True).pieces(described=True, announce=None)
+    assert hand_off[2].data_ptr() == bias.data_ptr()
+    assert hand_off[1].data_ptr() != weight.data_ptr() and hand_off[1].is_contiguous()
+    assert pieces[2].data_ptr() != bias.data_ptr()
 
 
-def test_bodies_carry_what_the_receiver_needs_to_post_and_check() -> None:
+def test_leads_carry_what_the_receiver_needs_to_post_and_check() -> None:
     weights = {"block0": {"params": {"weight": torch.randn(4, 3), "bias": torch.randn(4)},
                           "buffers": {}}}
     training = {"block0": {"grads": {"bias": torch.randn(4)},
                            "optimizer": {"bias": {"step": torch.tensor(2.0),
                                                   "exp_avg": torch.randn(4)}}}}
-    state = Outgoing(training)
+    state = Outgoing(training, frozen=True)
     # a known layout: the receiver derives the header from its own copy of the layer
     copy = {"block0": {"params": {"weight": torch.zeros(4, 3), "bias": torch.zeros(4)},
                        "buffers": {}}}
     header = describe(copy)
-    body = Outgoing(weights).body(described=False, announce=state)
-    assert body.numel() == 64 + header["num_bytes"]
-    header_bytes, num_bytes = body[:64].view(torch.int64)[1:3].tolist()
-    assert (header_bytes, num_bytes) == state.described_bytes
-    got = unpack(header, body[64:])
-    assert torch.equal(got["block0"]["params"]["weight"], weights["block0"]["params"]["weight"])
-    # a described body leads with its header, then the payload at a 64-byte boundary
-    body = state.body(described=True, announce=None)
-    assert body.numel() == num_bytes
-    text = bytes(body[:header_bytes].numpy()).decode()
-    got = unpack(json.loads(text), body[-(-header_bytes // 64) * 64:])
-    assert torch.equal(got["block0"]["optimizer"]["bias"]["exp_avg"],
-                       training["block0"]["optimizer"]["bias"]["exp_avg"])
-    assert got["block0"]["grads"]["bias"].data_ptr() % 64 == 0
+    pieces = Outgoing(weights, frozen=True).pieces(described=False, announce=state)
+    assert pieces[0].numel() * pieces[0].element_size() == 64
+    digest, header_bytes = pieces[0][:2].tolist()
+    assert digest == _digest(json.dumps(header).encode())
+    assert header_bytes == len(state.text)
+    _same(_pieces_back(header, pieces[1:]), weights)
+    # a described message leads with its header, the size the weights announced
+    pieces = state.pieces(described=True, announce=None)
+    assert pieces[0].numel() == header_bytes
+    got = _pieces_back(json.loads(bytes(pieces[0].numpy()).decode()), pieces[1:])
+    _same(got, training)
 
 
 class _Watch:
@@ -312,7 +327,7 @@ def _mismatch_rank(rank: int, init: str, answers: Any) -> None:
     channel = Channel(rank, 20.0, _Watch())  # type: ignore[arg-type]
     try:
         if rank == 0:
-            channel.send(Outgoing({"w": torch.ones(4, 3)}), 1, tag(1, WEIGHTS_SLOT))
+            channel.send(Outgoing({"w": torch.ones(4, 3)}, frozen=True), 1, tag(1, WEIGHTS_SLOT))
             channel.drain()
         else:  # same bytes, another shape: the digest tells them apart
             channel.expect(0, tag(1, WEIGHTS_SLOT), describe({"w": torch.ones(3, 4)}))
