@@ -14,19 +14,21 @@ A message is a nested dict of tensors and plain values, sent raw, without pickli
 without packing: a *lead* goes first, then each tensor as it lies in memory, one
 ``isend``/``irecv`` each on the default (gloo) group, all with the message's tag
 (``2**30 + migration * 1024 + slot``; gloo delivers a pair's messages of one tag in the
-order they were posted). The lead names each tensor's path, dtype and shape and the plain
-values. Nothing goes through the job's store.
+order they were posted). Nothing goes through the job's store.
 
 Gloo moves a message's bytes only once both ends have posted it, so the receiver must post
-early, and to post it must know the message's layout. Versions and weights have a *known
-layout*: every rank holds a copy of every layer, so the receiver derives their header from
-its own copy and posts their receives as soon as it learns of the migration; their lead is
-64 bytes (a digest of the sender's header, checked against the receiver's, and the size of
-the header of the message announced to follow). The weights are received straight into the
-receiver's own copy of the layer, which no partition of it runs until they are in. The
-training state's layout depends on the sender's gradients and optimizer (*described*): its
-lead is its JSON header, whose size the weights announced, so its receives are posted as
-the weights come in, a step's forwards and backwards before the update needs them.
+early, and to post it must know the message's layout (its tensors' paths, dtypes and
+shapes, its plain values). Versions and weights have a *known layout*: every rank holds a
+copy of every layer, so the receiver derives their header from its own copy and posts
+their receives as soon as it learns of the migration; their lead is 64 bytes (a digest of
+the sender's header, checked against the receiver's, and the size of the header of the
+message announced to follow). The weights' parameters are received straight into the
+receiver's own copy of the layer, which nothing there reads before they are in; buffers
+(which a forward on an older version may update meanwhile) and, on a GPU, everything land
+in new CPU tensors and are copied in when the weights are taken. The training state's
+layout depends on the sender's gradients and optimizer (*described*): its lead is its
+JSON header, whose size the weights announced, so its receives are posted as the weights
+come in, a step's forwards and backwards before the update needs them.
 
 A hand-off's tensors no longer change on the sender (no partition there trains the layer),
 so they go as they are: the sender copies nothing, and its training thread only posts the
@@ -88,10 +90,14 @@ def layer_training(modules: Mapping[str, nn.Module], optimizer: torch.optim.Opti
     return result
 
 
-def weight_targets(modules: Mapping[str, nn.Module]) -> list[Tensor]:
-    """Where the weights of ``modules`` are received: the tensors themselves, in the order
-    of ``describe(layer_weights(modules))``."""
-    return _layout(layer_weights(modules))[1]
+def weight_targets(modules: Mapping[str, nn.Module]) -> list[Tensor | None]:
+    """Where the weights of ``modules`` are received, in the order of
+    ``describe(layer_weights(modules))``: the parameters themselves, which nothing on the
+    new stage reads before they are in (a forward that runs the layer earlier, on an older
+    version, gets that version's own tensors); the buffers into new tensors (such a forward
+    updates the module's own, e.g. a batch norm's statistics), copied in when taken."""
+    return [leaf if path[1] == "params" else None
+            for path, leaf in _leaves(layer_weights(modules)) if torch.is_tensor(leaf)]
 
 
 @torch.no_grad()
@@ -245,7 +251,7 @@ class Channel:
         return num_bytes
 
     def expect(self, peer: int, message_tag: int, header: dict[str, Any],
-               into: list[Tensor] | None = None, follow: int | None = None) -> None:
+               into: list[Tensor | None] | None = None, follow: int | None = None) -> None:
         """Post the receives of a message with a known layout (``header``, derived here),
         its tensors straight into ``into`` where they fit (CPU, contiguous, same dtype and
         shape; else into new ones); ``follow``: the tag of the described message it
@@ -259,7 +265,7 @@ class Channel:
         self._incoming[(peer, message_tag)] = incoming
 
     def _post_tensors(self, incoming: _Incoming, peer: int, message_tag: int,
-                      into: list[Tensor] | None) -> None:
+                      into: list[Tensor | None] | None) -> None:
         assert incoming.header is not None
         entries = incoming.header["tensors"]
         for entry, target in zip(entries, into or [None] * len(entries), strict=True):

@@ -33,7 +33,9 @@ from pipestudio.runtime.engine.handoff import (
     _digest,
     assemble,
     describe,
+    layer_weights,
     tag,
+    weight_targets,
 )
 from pipestudio.runtime.engine.repartition import (
     RepartitionConfig,
@@ -310,6 +312,22 @@ def test_leads_carry_what_the_receiver_needs_to_post_and_check() -> None:
     assert pieces[0].numel() == header_bytes
     got = _pieces_back(json.loads(bytes(pieces[0].numpy()).decode()), pieces[1:])
     _same(got, training)
+
+
+def test_weights_land_in_the_parameters_and_buffers_in_new_tensors() -> None:
+    """Parameters are received in place; a buffer is not, since a pipedream forward on an
+    older version may update the module's own (batch norm statistics) meanwhile."""
+    modules = {"block": torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))}
+    header = describe(layer_weights(modules))
+    targets = weight_targets(modules)
+    params = dict(modules["block"].named_parameters())
+    for entry, target in zip(header["tensors"], targets, strict=True):
+        group, name = entry["path"][1:]
+        if group == "params":
+            assert target is not None and target.data_ptr() == params[name].data_ptr()
+        else:
+            assert target is None
+    assert sum(target is None for target in targets) == 3
 
 
 class _Watch:
