@@ -90,14 +90,16 @@ def layer_training(modules: Mapping[str, nn.Module], optimizer: torch.optim.Opti
     return result
 
 
-def weight_targets(modules: Mapping[str, nn.Module]) -> list[Tensor | None]:
-    """Where the weights of ``modules`` are received, in the order of
-    ``describe(layer_weights(modules))``: the parameters themselves, which nothing on the
-    new stage reads before they are in (a forward that runs the layer earlier, on an older
-    version, gets that version's own tensors); the buffers into new tensors (such a forward
-    updates the module's own, e.g. a batch norm's statistics), copied in when taken."""
-    return [leaf if path[1] == "params" else None
-            for path, leaf in _leaves(layer_weights(modules)) if torch.is_tensor(leaf)]
+def weight_layout(modules: Mapping[str, nn.Module]) -> tuple[dict[str, Any],
+                                                              list[Tensor | None]]:
+    """The header of the weights of ``modules`` and where each of its tensors is received:
+    the parameters themselves, which nothing on the new stage reads before they are in (a
+    forward that runs the layer earlier, on an older version, gets that version's own
+    tensors); the buffers into new tensors (``None``: such a forward updates the module's
+    own, e.g. a batch norm's statistics), copied in when taken."""
+    header, tensors = _layout(layer_weights(modules))
+    return header, [tensor if entry["path"][1] == "params" else None
+                    for entry, tensor in zip(header["tensors"], tensors, strict=True)]
 
 
 @torch.no_grad()

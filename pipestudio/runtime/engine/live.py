@@ -31,7 +31,7 @@ from pipestudio.runtime.engine.handoff import (
     load_layer_training,
     load_layer_weights,
     tag,
-    weight_targets,
+    weight_layout,
 )
 from pipestudio.runtime.engine.layout import EngineLayout
 from pipestudio.runtime.engine.repartition import with_stages
@@ -123,7 +123,7 @@ class LiveRepartition:
                 self.channel.expect(peer, tag(transition.migration_id, 1 + switch_mb - version),
                                     versions)
             self.channel.expect(peer, tag(transition.migration_id, WEIGHTS_SLOT),
-                                describe(layer_weights(modules)), weight_targets(modules),
+                                *weight_layout(modules),
                                 follow=tag(transition.migration_id, TRAINING_SLOT))
         self.transitions.append(transition)
         self.after_update(self.applied)

@@ -35,7 +35,7 @@ from pipestudio.runtime.engine.handoff import (
     describe,
     layer_weights,
     tag,
-    weight_targets,
+    weight_layout,
 )
 from pipestudio.runtime.engine.repartition import (
     RepartitionConfig,
@@ -318,8 +318,8 @@ def test_weights_land_in_the_parameters_and_buffers_in_new_tensors() -> None:
     """Parameters are received in place; a buffer is not, since a pipedream forward on an
     older version may update the module's own (batch norm statistics) meanwhile."""
     modules = {"block": torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))}
-    header = describe(layer_weights(modules))
-    targets = weight_targets(modules)
+    header, targets = weight_layout(modules)
+    assert header == describe(layer_weights(modules))
     params = dict(modules["block"].named_parameters())
     for entry, target in zip(header["tensors"], targets, strict=True):
         group, name = entry["path"][1:]
