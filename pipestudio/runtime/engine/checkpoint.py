@@ -13,9 +13,11 @@ file, then removes the previous step's directory, so a crash at any moment leave
 complete checkpoint behind. ``latest.json`` also records the plan and the model, and a
 resume that differs in either is refused, except that a plan repartitioned live (other
 layers per stage, other policies) resumes with the checkpoint's partition
-(``resume_plan``). Synchronous schedules are flushed after every
-step; a ``pipedream`` stream is cut at every checkpoint (``ops.segments``), so no
-micro-batch is in flight and no stashed weight version needs saving.
+(``resume_plan``); and the scripted migrations not yet in effect at the step
+(``repartition.pending``), which the resumed run makes (``control.py``). Synchronous
+schedules are flushed after every step; a ``pipedream`` stream is cut at every
+checkpoint (``ops.segments``), so no micro-batch is in flight and no stashed weight
+version needs saving.
 """
 
 import json
@@ -54,13 +56,17 @@ def save_rank(root: str, step: int, stage_idx: int, replica: int, module: nn.Mod
     tmp.replace(path)
 
 
-def publish(root: str, step: int, plan: Plan, model: str, model_args: dict[str, str]) -> None:
-    """Rank 0, once every rank has saved ``step``: point ``latest.json`` at it."""
+def publish(root: str, step: int, plan: Plan, model: str, model_args: dict[str, str],
+            repartition: dict[str, Any] | None = None) -> None:
+    """Rank 0, once every rank has saved ``step``: point ``latest.json`` at it (with the
+    live repartition's record, ``control.Coordinator.record``, when it has one)."""
     root_path = Path(root)
     previous = read_latest(root)
-    meta = {"step": step, "path": _step_dir(root_path, step).name, "model": model,
-            "model_args": model_args, "plan": json.loads(plan.to_json()),
-            "saved_at": time.time()}
+    meta: dict[str, Any] = {"step": step, "path": _step_dir(root_path, step).name,
+                            "model": model, "model_args": model_args,
+                            "plan": json.loads(plan.to_json()), "saved_at": time.time()}
+    if repartition is not None:
+        meta["repartition"] = repartition
     tmp = root_path / "latest.json.tmp"
     tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
     tmp.replace(root_path / "latest.json")

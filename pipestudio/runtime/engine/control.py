@@ -15,8 +15,11 @@ old stage knows before it makes the first weight version the new stage will need
 Migrations follow one another: the next takes effect at least ``lead`` steps later. A run
 starts flushed, so at its first step nothing needs sending ahead and a migration due then
 takes effect at once. A resumed run starts on its checkpoint's partition: the scripted
-migrations before its first step are behind it, and one at that step is skipped when the
-partition already holds it (the checkpointing run had decided it before stopping).
+migrations before its first step are behind it, except those the checkpoint records as
+not yet in effect then (``record``: postponed behind an earlier one, or decided for a later
+step), which it makes at the step they were decided for, or at once; one scripted at its
+first step is skipped when the partition already holds it (the checkpointing run had
+decided it before stopping).
 
 The coordinator schedules, in order: scripted migrations (``--migrate``), commands from
 the control directory (``commands.py``), and the online planner's proposals. Every
@@ -39,6 +42,7 @@ from pipestudio.planner.documents import load_document
 from pipestudio.planner.plan import Plan
 from pipestudio.planner.proposal import Proposal
 from pipestudio.planner.replan import evaluate_replan
+from pipestudio.runtime.engine.checkpoint import read_latest
 from pipestudio.runtime.engine.commands import pending_commands, write_json
 from pipestudio.runtime.engine.config import EngineConfig
 from pipestudio.runtime.engine.errors import EngineError
@@ -109,8 +113,11 @@ class Coordinator:
         self.world_size = config.plan.num_workers
         self.next_id, self.last_effective = 1, -10 ** 9
         self.first_step = 0
-        self.scripted = sorted(self.settings.migrations, key=lambda m: m.step)
+        #: (the step it is due, its index, the migration), in order of scripted step
+        self.scripted = [(m.step, i, m) for i, m in enumerate(
+            sorted(self.settings.migrations, key=lambda m: m.step))]
         self.requests: list[dict[str, Any]] = []
+        self.made: list[dict[str, Any]] = []  # scripted requests taken up, as decided
         self.held: dict[int, dict[str, Any]] = {}  # id -> stages, policies, proposal
         self.seen_seq, self.next_window = 0, self.settings.every - 1
         self.next_proposal = 1
@@ -121,17 +128,43 @@ class Coordinator:
 
     def start(self, start_step: int) -> None:
         """The run starts at ``start_step`` (module docstring): the scripted migrations
-        before it are behind it."""
+        before it are behind it, but for those its checkpoint records as pending."""
         self.first_step = start_step
-        self.scripted = [m for m in self.scripted if m.step >= start_step]
+        meta = (read_latest(self.config.checkpoint_dir)
+                if self.config.resume and self.config.checkpoint_dir and start_step else None)
+        pending = {p["index"]: p for p in
+                   ((meta or {}).get("repartition") or {}).get("pending", [])}
+        kept = []
+        for due, index, migration in self.scripted:
+            match = pending.get(index)
+            if due >= start_step:
+                kept.append((due, index, migration))
+            elif match is not None and (match["step"], match["moves"]) == (
+                    migration.step, [list(m) for m in migration.moves]):
+                kept.append((max(match["effective"] or start_step, start_step), index,
+                             migration))
+        self.scripted = kept
+
+    def record(self, step: int) -> dict[str, Any]:
+        """What a checkpoint of ``step`` keeps for a resumed run: the scripted migrations
+        (before ``step``) not in effect at it, with the step each was decided for (None:
+        not decided yet)."""
+        pending = [{"index": r["index"], "step": r["scripted"].step,
+                    "moves": [list(m) for m in r["moves"]], "effective": r.get("effective")}
+                   for r in self.made
+                   if r["scripted"].step < step and not r.get("rejected")
+                   and (r.get("effective") is None or r["effective"] > step)]
+        return {"pending": pending}
 
     def decide(self, step: int, plan: Plan) -> list[dict[str, Any]]:
-        while self.scripted and self.scripted[0].step - self.lead <= step:
-            scripted = self.scripted.pop(0)
+        while self.scripted and self.scripted[0][0] - self.lead <= step:
+            due, index, scripted = self.scripted.pop(0)
             if scripted.step == self.first_step and _holds(plan, scripted.moves):
                 continue  # made before the checkpoint this run resumed from
-            self.requests.append({"moves": scripted.moves, "step": scripted.step,
-                                  "source": "scripted"})
+            request = {"moves": scripted.moves, "step": due, "source": "scripted",
+                       "scripted": scripted, "index": index}
+            self.requests.append(request)
+            self.made.append(request)
         self._read_commands()
         if self.settings.every > 0:
             self._online(step, plan)
@@ -166,9 +199,10 @@ class Coordinator:
             self._answer(request, {"accepted": False, "reason": str(exc)})
             self.sink({"type": "migration", "phase": "rejected", "reason": str(exc),
                        "source": request["source"]})
+            request["rejected"] = True
             return None
         self.next_id += 1
-        self.last_effective = effective
+        self.last_effective = request["effective"] = effective
         self._answer(request, {"accepted": True, "reason": "scheduled",
                                "migration": migration_id, "step": effective})
         self.sink({"type": "migration", "phase": "scheduled", "id": migration_id,

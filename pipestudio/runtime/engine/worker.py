@@ -318,7 +318,11 @@ class Worker:
                     raise self.watchdog.failure(f"waiting for the checkpoint of step {step}",
                                                 None, TimeoutError(step))
                 time.sleep(0.05)
-            ckpt.publish(root, step, part.plan, self.config.model, self.config.model_args)
+            control = self.live.control
+            record = (control.coordinator.record(step)
+                      if control is not None and control.coordinator is not None else None)
+            ckpt.publish(root, step, part.plan, self.config.model, self.config.model_args,
+                         record)
         self.recorder.sink({"type": "checkpoint", "stage": self.stage_idx,
                             "replica": self.replica, "step": step, "dir": root})
 

@@ -2,15 +2,22 @@
 and a run that repartitioned live resumes on the partition it was checkpointed with."""
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from pipestudio.planner import Plan
 from pipestudio.runtime.engine import checkpoint as ckpt
 from pipestudio.runtime.engine.errors import EngineError
-from pipestudio.runtime.engine.repartition import RepartitionConfig, ScriptedMigration, with_stages
+from pipestudio.runtime.engine.repartition import (
+    RepartitionConfig,
+    ScriptedMigration,
+    new_plan,
+    with_stages,
+)
 from tests.runtime.engine.helpers import (
     builder,
     final_params,
@@ -53,9 +60,40 @@ def test_a_run_repartitioned_live_resumes_on_its_checkpoint_partition(tmp_path: 
     assert ckpt.resume_plan(str(tmp_path / "none"), plan) is plan
 
 
-def _stop_at_step_5(rank: int, op: Any) -> None:
-    if op.step == 5:
-        raise RuntimeError("stopped after the checkpoint of step 4")
+def _stop_at(step: int, rank: int, op: Any) -> None:
+    if op.step == step:
+        raise RuntimeError(f"stopped after the checkpoint of step {step - 1}")
+
+
+def _stop_and_resume(plan: Plan, migrations: RepartitionConfig, steps: int, checkpoint: int,
+                     stopped: str, tmp_path: Path
+                     ) -> tuple[list[dict], dict[str, Any], list[dict]]:
+    """Train ``steps`` steps unbroken, checkpointing every ``checkpoint``; again, stopped
+    after the checkpoint of step ``checkpoint`` (at the run's end, or by a fault in the
+    next step) and resumed to ``steps``, which must end where the unbroken run ends (on
+    the last migration's partition). The unbroken run's events, the stopped run's
+    ``latest.json`` and the resumed run's events."""
+    names = builder("mlp")().layer_names
+    unbroken: list[dict] = []
+    assert run(plan, "mlp", steps, tmp_path / "whole", unbroken.append,
+               checkpoint_every=checkpoint, repartition=migrations).ok
+    broken = tmp_path / "broken"
+    if stopped == "at its end":
+        assert run(plan, "mlp", checkpoint, broken, repartition=migrations).ok
+    else:
+        result = run(plan, "mlp", steps, broken, checkpoint_every=checkpoint,
+                     repartition=migrations, before_op=partial(_stop_at, checkpoint + 1))
+        assert not result.ok
+    meta = json.loads((broken / "latest.json").read_text())
+    assert meta["step"] == checkpoint
+    resumed: list[dict] = []
+    result = run(plan, "mlp", steps, broken, resumed.append, resume=True,
+                 repartition=migrations)
+    assert result.ok, result.message
+    final = new_plan(plan, [m for s in migrations.migrations for m in s.moves], names)
+    got = final_params(broken, final, names)
+    assert max_relative_difference(got, final_params(tmp_path / "whole", final, names)) <= 1e-6
+    return unbroken, meta, resumed
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
@@ -67,33 +105,38 @@ def test_a_resumed_run_makes_each_scripted_migration_once(schedule: str, stopped
     makes at once; one stopped at step 5 had, and its checkpoint holds it. Either way the
     resumed run ends where the unbroken one does."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], schedule)
-    names = builder("mlp")().layer_names
     moves = RepartitionConfig(migrations=[ScriptedMigration(2, (("block1", 1),)),
                                           ScriptedMigration(4, (("block1", 0),)),
                                           ScriptedMigration(6, (("block1", 1),))])
-    final = with_stages(plan, [["block0"], ["block1", "head"]])
-    whole = tmp_path / "whole"
-    unbroken: list[dict] = []
-    assert run(plan, "mlp", 8, whole, unbroken.append, checkpoint_every=4,
-               repartition=moves).ok
+    unbroken, _, resumed = _stop_and_resume(plan, moves, 8, 4, stopped, tmp_path)
     made = _scheduled(unbroken)
     assert 4 in made  # (pipedream's lead moves the others)
-    broken = tmp_path / "broken"
-    if stopped == "at its end":
-        assert run(plan, "mlp", 4, broken, repartition=moves).ok
-    else:
-        result = run(plan, "mlp", 8, broken, checkpoint_every=4, repartition=moves,
-                     before_op=_stop_at_step_5)
-        assert not result.ok
-    assert json.loads((broken / "latest.json").read_text())["step"] == 4
-    events: list[dict] = []
-    result = run(plan, "mlp", 8, broken, events.append, resume=True, repartition=moves)
-    assert result.ok, result.message
-    assert _scheduled(events) == [step for step in made
-                                  if step > 4 or (step == 4 and stopped == "at its end")]
-    got, expected = final_params(broken, final, names), final_params(whole, final, names)
-    assert max_relative_difference(got, expected) <= 1e-6
+    assert _scheduled(resumed) == [step for step in made
+                                   if step > 4 or (step == 4 and stopped == "at its end")]
+
+
+@pytest.mark.parametrize("stopped", ["at its end", "by a fault"])
+def test_a_migration_postponed_past_the_checkpoint_is_made_after_resuming(
+        stopped: str, tmp_path: Path) -> None:
+    """Three migrations scripted at step 2 follow one another at steps 2, 3 and 4. A run
+    stopped by a fault after its checkpoint of step 3 had decided all three, and that
+    checkpoint holds the first two: the resumed run makes the third, at 4. A run that
+    ended at step 3 had made only the first: the resumed run makes the others at once, at
+    3 and 4. Either way it ends where the unbroken one does."""
+    plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
+    moves = RepartitionConfig(migrations=[ScriptedMigration(2, (("block1", 1),)),
+                                          ScriptedMigration(2, (("block1", 0),)),
+                                          ScriptedMigration(2, (("block1", 1),))])
+    unbroken, meta, resumed = _stop_and_resume(plan, moves, 6, 3, stopped, tmp_path)
+    assert _scheduled(unbroken) == [2, 3, 4]
+    third = {"index": 2, "step": 2, "moves": [["block1", 1]]}
+    pending = ([{"index": 1, "step": 2, "moves": [["block1", 0]], "effective": None},
+                {**third, "effective": None}] if stopped == "at its end"
+               else [{**third, "effective": 4}])
+    assert meta["repartition"]["pending"] == pending
+    assert _scheduled(resumed) == ([3, 4] if stopped == "at its end" else [4])
 
 
 def _scheduled(events: list[dict]) -> list[int]:
     return [e["step"] for e in events if e["type"] == "migration" and e["phase"] == "scheduled"]
+
