@@ -268,16 +268,24 @@ class Worker:
             assert op.microbatch is not None
             self.live.ensure_arrived(op.microbatch)
             self.versions.before_update()
+        if self.live.untrained:
+            # layers whose optimizer state is still on its way are not in the optimizer:
+            # update the others while it travels, then those layers alone
+            self._step()
         self.live.ensure_trainable()
-        if self.optimizer is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        self._step()
         if self.versions is not None:
             self.versions.after_update()
         self.recorder.stop(record)
         num_mb = self.plan.num_microbatches
         self.live.after_update(op.microbatch + 1 if op.microbatch is not None
                                else (op.step + 1) * num_mb)
+
+    def _step(self) -> None:
+        """Apply the gradients there are (a parameter without one is left as it is)."""
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
 
     def _swap_out(self, mb: int, step: int) -> None:
         num_bytes = self.swap.num_bytes(mb)
