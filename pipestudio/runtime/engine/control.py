@@ -15,11 +15,13 @@ old stage knows before it makes the first weight version the new stage will need
 Migrations follow one another: the next takes effect at least ``lead`` steps later. A run
 starts flushed, so at its first step nothing needs sending ahead and a migration due then
 takes effect at once. A resumed run starts on its checkpoint's partition: the scripted
-migrations before its first step are behind it, except those the checkpoint records as
-not yet in effect then (``record``: postponed behind an earlier one, or decided for a later
-step), which it makes at the step they were decided for, or at once; one scripted at its
-first step is skipped when the partition already holds it (the checkpointing run had
-decided it before stopping).
+migrations its checkpoint records as made (in effect at its step) are behind it, and the
+others are due at the step the checkpoint records (``record``: the step decided for, or
+the one requested; a resumed run makes one overdue at once). A checkpoint without a
+record (or a ``--migrate`` list that changed) falls back to: the scripted steps before
+the first are behind it, and a migration scripted at the first step is skipped when the
+partition already holds it. Under ``pipedream`` a migration decided across a checkpoint
+cut switches at the cut; one that would share the cut with another is decided after it.
 
 The coordinator schedules, in order: scripted migrations (``--migrate``), commands from
 the control directory (``commands.py``), and the online planner's proposals. Every
@@ -53,6 +55,7 @@ from pipestudio.runtime.engine.observe import observed_profile, window_report
 from pipestudio.runtime.engine.ops import segments
 from pipestudio.runtime.engine.repartition import (
     RepartitionConfig,
+    ScriptedMigration,
     check_replicas,
     moved_layers,
     new_plan,
@@ -117,7 +120,9 @@ class Coordinator:
         self.scripted = [(m.step, i, m) for i, m in enumerate(
             sorted(self.settings.migrations, key=lambda m: m.step))]
         self.requests: list[dict[str, Any]] = []
-        self.made: list[dict[str, Any]] = []  # scripted requests taken up, as decided
+        self.taken: list[dict[str, Any]] = []  # scripted requests taken up, as decided
+        self.consumed: set[int] = set()  # scripted migrations made before this run
+        self.unrecorded: set[int] = set()  # the checkpoint resumed from has no word of
         self.held: dict[int, dict[str, Any]] = {}  # id -> stages, policies, proposal
         self.seen_seq, self.next_window = 0, self.settings.every - 1
         self.next_proposal = 1
@@ -127,44 +132,56 @@ class Coordinator:
         self._result: tuple[int, Proposal | Exception] | None = None
 
     def start(self, start_step: int) -> None:
-        """The run starts at ``start_step`` (module docstring): the scripted migrations
-        before it are behind it, but for those its checkpoint records as pending."""
+        """The run starts at ``start_step`` (module docstring). Its checkpoint's ``record``
+        says which scripted migrations were made by then and when the others are due;
+        without one, those scripted before ``start_step`` are taken as made."""
         self.first_step = start_step
         meta = (read_latest(self.config.checkpoint_dir)
                 if self.config.resume and self.config.checkpoint_dir and start_step else None)
-        pending = {p["index"]: p for p in
-                   ((meta or {}).get("repartition") or {}).get("pending", [])}
+        recorded = {entry["index"]: entry for entry in
+                    ((meta or {}).get("repartition") or {}).get("scripted", [])}
         kept = []
         for due, index, migration in self.scripted:
-            match = pending.get(index)
-            if due >= start_step:
-                kept.append((due, index, migration))
-            elif match is not None and (match["step"], match["moves"]) == (
-                    migration.step, [list(m) for m in migration.moves]):
-                kept.append((max(match["effective"] or start_step, start_step), index,
-                             migration))
+            entry = recorded.get(index)
+            if entry is None or (entry["step"], entry["moves"]) != _key(migration):
+                self.unrecorded.add(index)
+                if due >= start_step:
+                    kept.append((due, index, migration))
+            elif entry["due"] is None:
+                self.consumed.add(index)
+            else:
+                kept.append((max(entry["due"], start_step), index, migration))
         self.scripted = kept
 
     def record(self, step: int) -> dict[str, Any]:
-        """What a checkpoint of ``step`` keeps for a resumed run: the scripted migrations
-        (before ``step``) not in effect at it, with the step each was decided for (None:
-        not decided yet)."""
-        pending = [{"index": r["index"], "step": r["scripted"].step,
-                    "moves": [list(m) for m in r["moves"]], "effective": r.get("effective")}
-                   for r in self.made
-                   if r["scripted"].step < step and not r.get("rejected")
-                   and (r.get("effective") is None or r["effective"] > step)]
-        return {"pending": pending}
+        """What a checkpoint of ``step`` keeps for a resumed run: every scripted migration
+        (by its index among them sorted by step) with the step it is due at, or None when
+        it is made (in effect at ``step``, rejected, or made before this run)."""
+        entries = {index: None for index in self.consumed}
+        for request in self.taken:
+            effective = request.get("effective")
+            made = request.get("rejected") or (effective is not None and effective <= step)
+            entries[request["index"]] = (None if made else
+                                         effective if effective is not None
+                                         else request["step"])
+        for due, index, _ in self.scripted:
+            entries[index] = due
+        migrations = sorted(self.settings.migrations, key=lambda m: m.step)
+        return {"scripted": [{"index": index, "step": _key(migrations[index])[0],
+                              "moves": _key(migrations[index])[1], "due": due}
+                             for index, due in sorted(entries.items())]}
 
     def decide(self, step: int, plan: Plan) -> list[dict[str, Any]]:
         while self.scripted and self.scripted[0][0] - self.lead <= step:
             due, index, scripted = self.scripted.pop(0)
-            if scripted.step == self.first_step and _holds(plan, scripted.moves):
+            if (index in self.unrecorded and scripted.step == self.first_step
+                    and _holds(plan, scripted.moves)):
+                self.consumed.add(index)
                 continue  # made before the checkpoint this run resumed from
             request = {"moves": scripted.moves, "step": due, "source": "scripted",
-                       "scripted": scripted, "index": index}
+                       "index": index}
             self.requests.append(request)
-            self.made.append(request)
+            self.taken.append(request)
         self._read_commands()
         if self.settings.every > 0:
             self._online(step, plan)
@@ -174,8 +191,8 @@ class Coordinator:
             effective = max(step + lead, self.last_effective + self.lead,
                             self.requests[0].get("step") or 0)
             effective = self._before_cut(step, effective)
-            if effective >= self.config.steps:
-                break
+            if effective >= self.config.steps or effective <= self.last_effective:
+                break  # (the cut before it takes a migration already: decide after it)
             decision = self._schedule(self.requests.pop(0), plan, effective)
             if decision is not None:
                 decisions.append(decision)
@@ -342,6 +359,11 @@ class Coordinator:
                 held = self.held.pop(pid)
                 self.requests.append({**held, "proposal": pid, "source": "auto"})
         self.sink(event)
+
+
+def _key(migration: ScriptedMigration) -> tuple[int, list[list[Any]]]:
+    """A scripted migration as a checkpoint's record writes it."""
+    return migration.step, [list(move) for move in migration.moves]
 
 
 def _holds(plan: Plan, moves: tuple[tuple[str, int], ...]) -> bool:

@@ -118,25 +118,60 @@ def test_a_resumed_run_makes_each_scripted_migration_once(schedule: str, stopped
 @pytest.mark.parametrize("stopped", ["at its end", "by a fault"])
 def test_a_migration_postponed_past_the_checkpoint_is_made_after_resuming(
         stopped: str, tmp_path: Path) -> None:
-    """Three migrations scripted at step 2 follow one another at steps 2, 3 and 4. A run
-    stopped by a fault after its checkpoint of step 3 had decided all three, and that
+    """Migrations scripted at steps 2, 2 and 3 follow one another at steps 2, 3 and 4. A
+    run stopped by a fault after its checkpoint of step 3 had decided all three, and that
     checkpoint holds the first two: the resumed run makes the third, at 4. A run that
     ended at step 3 had made only the first: the resumed run makes the others at once, at
     3 and 4. Either way it ends where the unbroken one does."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
     moves = RepartitionConfig(migrations=[ScriptedMigration(2, (("block1", 1),)),
                                           ScriptedMigration(2, (("block1", 0),)),
-                                          ScriptedMigration(2, (("block1", 1),))])
+                                          ScriptedMigration(3, (("block1", 1),))])
     unbroken, meta, resumed = _stop_and_resume(plan, moves, 6, 3, stopped, tmp_path)
     assert _scheduled(unbroken) == [2, 3, 4]
-    third = {"index": 2, "step": 2, "moves": [["block1", 1]]}
-    pending = ([{"index": 1, "step": 2, "moves": [["block1", 0]], "effective": None},
-                {**third, "effective": None}] if stopped == "at its end"
-               else [{**third, "effective": 4}])
-    assert meta["repartition"]["pending"] == pending
+    due = [None, 2, 3] if stopped == "at its end" else [None, None, 4]
+    assert meta["repartition"]["scripted"] == [
+        {"index": 0, "step": 2, "moves": [["block1", 1]], "due": due[0]},
+        {"index": 1, "step": 2, "moves": [["block1", 0]], "due": due[1]},
+        {"index": 2, "step": 3, "moves": [["block1", 1]], "due": due[2]}]
     assert _scheduled(resumed) == ([3, 4] if stopped == "at its end" else [4])
+
+
+def test_a_run_resumed_twice_makes_every_migration(tmp_path: Path) -> None:
+    """Five migrations scripted at step 2 take effect at steps 2 to 6, all decided at step
+    1. A run checkpointing every step fails at step 3 and its resumption at step 4: the
+    second resumption still makes the migrations due at 5 and 6, which the first had not
+    taken up when it checkpointed step 4."""
+    plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
+    moves = RepartitionConfig(migrations=[ScriptedMigration(2, (("block1", 1 - i % 2),))
+                                          for i in range(5)])
+    folder = tmp_path / "run"
+    scheduled = []
+    for resume, stop in ((False, 3), (True, 4), (True, None)):
+        events: list[dict] = []
+        result = run(plan, "mlp", 8, folder, events.append, checkpoint_every=1,
+                     repartition=moves, resume=resume,
+                     before_op=partial(_stop_at, stop) if stop else None)
+        assert result.ok == (stop is None), result.message
+        scheduled.append(_scheduled(events))
+    assert scheduled[0] == [2, 3, 4, 5, 6] and scheduled[1][0] == 4
+    assert scheduled[2] == [5, 6]
 
 
 def _scheduled(events: list[dict]) -> list[int]:
     return [e["step"] for e in events if e["type"] == "migration" and e["phase"] == "scheduled"]
 
+
+
+def test_a_checkpoint_cut_takes_one_migration_the_next_comes_after_it(tmp_path: Path) -> None:
+    """pipedream: a switch announced across a checkpoint cut moves back to the cut (step 4);
+    one decided with it, moving the same layer back, waits until after the cut (step 6)
+    instead of switching at the same micro-batch."""
+    plan = make_plan("mlp", [["block0", "block1"], ["head"]], "pipedream")
+    moves = RepartitionConfig(migrations=[ScriptedMigration(5, (("block1", 1),)),
+                                          ScriptedMigration(5, (("block1", 0),))])
+    events: list[dict] = []
+    result = run(plan, "mlp", 8, tmp_path, events.append, checkpoint_every=4,
+                 repartition=moves)
+    assert result.ok, result.message
+    assert _scheduled(events) == [4, 6]
