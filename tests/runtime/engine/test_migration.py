@@ -87,12 +87,13 @@ def _plans(plan: Plan, migrations: list[tuple[int, tuple[tuple[str, int], ...]]]
 
 
 @pytest.mark.parametrize("num_stages", [3, 4])
-@pytest.mark.parametrize("schedule,vertical_sync", [("gpipe", False), ("1f1b", False),
-                                                    ("pipedream", True), ("pipedream", False)])
+@pytest.mark.parametrize("schedule,vertical_sync,optimizer", [
+    ("gpipe", False, "adam"), ("1f1b", False, "adam"), ("pipedream", True, "adam"),
+    ("pipedream", False, "adam"), ("1f1b", False, "momentum"), ("pipedream", True, "momentum")])
 def test_migrations_change_nothing(num_stages: int, schedule: str, vertical_sync: bool,
-                                   tmp_path: Path) -> None:
+                                   optimizer: str, tmp_path: Path) -> None:
     stages, moves = CASES[num_stages]
-    plan = make_plan("mlp", stages, schedule, vertical_sync=vertical_sync)
+    plan = make_plan("mlp", stages, schedule, vertical_sync=vertical_sync, optimizer=optimizer)
     scripted = [ScriptedMigration(step, m) for step, m in moves]
     migrated: list[dict[str, Any]] = []
     _run(plan, tmp_path / "migrated", scripted, migrated)
