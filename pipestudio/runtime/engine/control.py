@@ -20,8 +20,11 @@ others are due at the step the checkpoint records (``record``: the step decided 
 the one requested; a resumed run makes one overdue at once). A checkpoint without a
 record (or a ``--migrate`` list that changed) falls back to: the scripted steps before
 the first are behind it, and a migration scripted at the first step is skipped when the
-partition already holds it. Under ``pipedream`` a migration decided across a checkpoint
-cut switches at the cut; one that would share the cut with another is decided after it.
+partition already holds it. Commands of the control directory that the checkpointing run
+had read are not read again; the migrations they asked for that were not in effect at
+the checkpoint's step are made as recorded, and proposals go on being numbered after
+its. Under ``pipedream`` a migration decided across a checkpoint cut switches at the cut;
+one that would share the cut with another is decided after it.
 
 The coordinator schedules, in order: scripted migrations (``--migrate``), commands from
 the control directory (``commands.py``), and the online planner's proposals. Every
@@ -123,6 +126,7 @@ class Coordinator:
         self.taken: list[dict[str, Any]] = []  # scripted requests taken up, as decided
         self.consumed: set[int] = set()  # scripted migrations made before this run
         self.unrecorded: set[int] = set()  # the checkpoint resumed from has no word of
+        self.commanded: list[dict[str, Any]] = []  # requests of the control directory
         self.held: dict[int, dict[str, Any]] = {}  # id -> stages, policies, proposal
         self.seen_seq, self.next_window = 0, self.settings.every - 1
         self.next_proposal = 1
@@ -152,11 +156,20 @@ class Coordinator:
             else:
                 kept.append((max(entry["due"], start_step), index, migration))
         self.scripted = kept
+        commands = ((meta or {}).get("repartition") or {}).get("commands")
+        if commands is not None:  # the directory's commands read before are behind it
+            self.seen_seq, self.next_proposal = commands["seen"], commands["next_proposal"]
+            for entry in commands["pending"]:
+                request = {**entry["request"], "step": max(entry["due"] or 0, start_step)}
+                self.requests.append(request)
+                self.commanded.append(request)
 
     def record(self, step: int) -> dict[str, Any]:
         """What a checkpoint of ``step`` keeps for a resumed run: every scripted migration
         (by its index among them sorted by step) with the step it is due at, or None when
-        it is made (in effect at ``step``, rejected, or made before this run)."""
+        it is made (in effect at ``step``, rejected, or made before this run); and of the
+        control directory, the last command read, the next proposal's number and the
+        requests of its commands not in effect at ``step``, each with the step it is due."""
         entries = {index: None for index in self.consumed}
         for request in self.taken:
             effective = request.get("effective")
@@ -167,9 +180,16 @@ class Coordinator:
         for due, index, _ in self.scripted:
             entries[index] = due
         migrations = sorted(self.settings.migrations, key=lambda m: m.step)
+        pending = [{"request": {k: v for k, v in request.items()
+                                if k not in ("effective", "rejected")},
+                    "due": request.get("effective") or request.get("step")}
+                   for request in self.commanded if not request.get("rejected")
+                   and (request.get("effective") is None or request["effective"] > step)]
         return {"scripted": [{"index": index, "step": _key(migrations[index])[0],
                               "moves": _key(migrations[index])[1], "due": due}
-                             for index, due in sorted(entries.items())]}
+                             for index, due in sorted(entries.items())],
+                "commands": {"seen": self.seen_seq, "next_proposal": self.next_proposal,
+                             "pending": pending}}
 
     def decide(self, step: int, plan: Plan) -> list[dict[str, Any]]:
         while self.scripted and self.scripted[0][0] - self.lead <= step:
@@ -258,15 +278,17 @@ class Coordinator:
                 request = {**command, "seq": seq, "source": "command"}
                 if kind == "migrate":
                     self.requests.append(request)
+                    self.commanded.append(request)
                 else:
                     self._hold_command(request)
             elif kind in ("approve", "reject") and command.get("proposal") in self.held:
                 held = self.held.pop(command["proposal"])
                 if kind == "approve":
-                    self.requests.append({"stages": held["stages"],
-                                          "policies": held["policies"], "seq": seq,
-                                          "proposal": command["proposal"],
-                                          "source": "approved"})
+                    request = {"stages": held["stages"], "policies": held["policies"],
+                               "seq": seq, "proposal": command["proposal"],
+                               "source": "approved"}
+                    self.requests.append(request)
+                    self.commanded.append(request)
                 else:
                     self._proposal_file(command["proposal"], "rejected", None)
                     write_json(_path(self.settings.control_dir, "status", seq),

@@ -11,6 +11,7 @@ import torch
 
 from pipestudio.planner import Plan
 from pipestudio.runtime.engine import checkpoint as ckpt
+from pipestudio.runtime.engine.commands import Controller
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.repartition import (
     RepartitionConfig,
@@ -175,3 +176,26 @@ def test_a_checkpoint_cut_takes_one_migration_the_next_comes_after_it(tmp_path: 
                  repartition=moves)
     assert result.ok, result.message
     assert _scheduled(events) == [4, 6]
+
+
+def test_a_resumed_run_reads_the_control_directory_on_from_where_it_stopped(
+        tmp_path: Path) -> None:
+    """Commands read before the checkpoint are not read again (the migration of step 2 is
+    not made a second time); one read but not in effect yet (step 5) is made."""
+    plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
+    control = tmp_path / "control"
+    controller = Controller(str(control))
+    first = controller.migrate([("block1", 1)], step=2)
+    controller.migrate([("block1", 0)], step=5)
+    settings = RepartitionConfig(control_dir=str(control))
+    events: list[dict] = []
+    assert run(plan, "mlp", 4, tmp_path / "run", events.append, repartition=settings).ok
+    assert _scheduled(events) == [2] and controller.status(first)["step"] == 2
+    record = json.loads((tmp_path / "run" / "latest.json").read_text())["repartition"]
+    assert record["commands"]["seen"] == 2
+    assert [e["due"] for e in record["commands"]["pending"]] == [5]
+    events = []
+    assert run(plan, "mlp", 8, tmp_path / "run", events.append, resume=True,
+               repartition=settings).ok
+    assert _scheduled(events) == [5]
+    assert controller.status(first)["step"] == 2
