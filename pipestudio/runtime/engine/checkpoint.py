@@ -13,8 +13,9 @@ file, then removes the previous step's directory, so a crash at any moment leave
 complete checkpoint behind. ``latest.json`` also records the plan and the model, and a
 resume that differs in either is refused, except that a plan repartitioned live (other
 layers per stage, other policies) resumes with the checkpoint's partition
-(``resume_plan``); and which scripted migrations were in effect at the step and when
-the others are due (``repartition.scripted``, ``control.Coordinator.record``). Synchronous
+(``resume_plan``); and the live repartition's coordinator state: which migrations were
+in effect at the step and which are queued or due (``repartition``,
+``control.Coordinator.record``). Synchronous
 schedules are flushed after every step; a ``pipedream`` stream is cut at every
 checkpoint (``ops.segments``), so no micro-batch is in flight and no stashed weight
 version needs saving.

@@ -14,17 +14,17 @@ not between the flush and its first forward, and ``1 + ceil((W + 1) / m)`` steps
 old stage knows before it makes the first weight version the new stage will need.
 Migrations follow one another: the next takes effect at least ``lead`` steps later. A run
 starts flushed, so at its first step nothing needs sending ahead and a migration due then
-takes effect at once. A resumed run starts on its checkpoint's partition: the scripted
-migrations its checkpoint records as made (in effect at its step) are behind it, and the
-others are due at the step the checkpoint records (``record``: the step decided for, or
-the one requested; a resumed run makes one overdue at once). A checkpoint without a
-record (or a ``--migrate`` list that changed) falls back to: the scripted steps before
-the first are behind it, and a migration scripted at the first step is skipped when the
-partition already holds it. Commands of the control directory that the checkpointing run
-had read are not read again; the migrations they asked for that were not in effect at
-the checkpoint's step are made as recorded, and proposals go on being numbered after
-its. Under ``pipedream`` a migration decided across a checkpoint cut switches at the cut;
-one that would share the cut with another is decided after it.
+takes effect at once. A resumed run starts on its checkpoint's partition and follows its
+``record``: the scripted migrations made by then are behind it, the others are due at
+the step recorded (one overdue at once), and the migrations queued but not in effect at
+the checkpoint's step (scripted, commanded, approved or the online planner's) are queued
+again in their order; with the same control directory, the commands read before are not
+read again and the held proposals stay held (another directory is read from its first
+command). A checkpoint without a record (or a ``--migrate`` list that changed) falls
+back to: the scripted steps before the first are behind it, and a migration scripted at
+the first step is skipped when the partition already holds it. Under ``pipedream`` a
+migration decided across a checkpoint cut switches at the cut; one that would share the
+cut with another is decided after it.
 
 The coordinator schedules, in order: scripted migrations (``--migrate``), commands from
 the control directory (``commands.py``), and the online planner's proposals. Every
@@ -38,6 +38,7 @@ a ``proposal`` event, and each scheduled migration a ``migration`` event (phase
 
 import json
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -122,11 +123,10 @@ class Coordinator:
         #: (the step it is due, its index, the migration), in order of scripted step
         self.scripted = [(m.step, i, m) for i, m in enumerate(
             sorted(self.settings.migrations, key=lambda m: m.step))]
-        self.requests: list[dict[str, Any]] = []
-        self.taken: list[dict[str, Any]] = []  # scripted requests taken up, as decided
+        self.requests: list[dict[str, Any]] = []  # queued, not decided yet (in order)
+        self.queued: list[dict[str, Any]] = []  # every request queued, as decided
         self.consumed: set[int] = set()  # scripted migrations made before this run
         self.unrecorded: set[int] = set()  # the checkpoint resumed from has no word of
-        self.commanded: list[dict[str, Any]] = []  # requests of the control directory
         self.held: dict[int, dict[str, Any]] = {}  # id -> stages, policies, proposal
         self.seen_seq, self.next_window = 0, self.settings.every - 1
         self.next_proposal = 1
@@ -136,14 +136,17 @@ class Coordinator:
         self._result: tuple[int, Proposal | Exception] | None = None
 
     def start(self, start_step: int) -> None:
-        """The run starts at ``start_step`` (module docstring). Its checkpoint's ``record``
-        says which scripted migrations were made by then and when the others are due;
-        without one, those scripted before ``start_step`` are taken as made."""
+        """The run starts at ``start_step`` (module docstring), on what its checkpoint's
+        ``record`` says; without one, the scripted migrations before ``start_step`` are
+        taken as made."""
         self.first_step = start_step
+        every = self.settings.every
+        if every > 0:  # the first window of measurements wholly in this run
+            self.next_window = every * (-(-start_step // every) + 1) - 1
         meta = (read_latest(self.config.checkpoint_dir)
                 if self.config.resume and self.config.checkpoint_dir and start_step else None)
-        recorded = {entry["index"]: entry for entry in
-                    ((meta or {}).get("repartition") or {}).get("scripted", [])}
+        record = (meta or {}).get("repartition") or {}
+        recorded = {entry["index"]: entry for entry in record.get("scripted", [])}
         kept = []
         for due, index, migration in self.scripted:
             entry = recorded.get(index)
@@ -152,44 +155,55 @@ class Coordinator:
                 if due >= start_step:
                     kept.append((due, index, migration))
             elif entry["due"] is None:
-                self.consumed.add(index)
+                self.consumed.add(index)  # made, or queued (below)
             else:
                 kept.append((max(entry["due"], start_step), index, migration))
         self.scripted = kept
-        commands = ((meta or {}).get("repartition") or {}).get("commands")
-        if commands is not None:  # the directory's commands read before are behind it
-            self.seen_seq, self.next_proposal = commands["seen"], commands["next_proposal"]
-            for entry in commands["pending"]:
-                request = {**entry["request"], "step": max(entry["due"] or 0, start_step)}
-                self.requests.append(request)
-                self.commanded.append(request)
+        if not record:
+            return
+        self.next_id = record["next_id"]
+        here = self.settings.control_dir and os.path.realpath(self.settings.control_dir)
+        same = record["control_dir"] == here
+        if same:  # the commands read before, and the proposals held, are behind it
+            self.seen_seq, self.next_proposal = record["seen"], record["next_proposal"]
+            self.held = {int(pid): held for pid, held in record["held"].items()}
+        for entry in record["queued"]:
+            request = {key: value for key, value in entry["request"].items()
+                       if same or key not in ("seq", "proposal")}  # files of another dir
+            request["step"] = max(entry["effective"] or request.get("step") or 0, start_step)
+            self._queue(request)
 
     def record(self, step: int) -> dict[str, Any]:
         """What a checkpoint of ``step`` keeps for a resumed run: every scripted migration
         (by its index among them sorted by step) with the step it is due at, or None when
-        it is made (in effect at ``step``, rejected, or made before this run); and of the
-        control directory, the last command read, the next proposal's number and the
-        requests of its commands not in effect at ``step``, each with the step it is due."""
-        entries = {index: None for index in self.consumed}
-        for request in self.taken:
+        it is made or queued; every request queued and not in effect at ``step``, in
+        order, with the step it was decided for (None: not decided yet); the control
+        directory, its last command read, the proposals held and the next numbers."""
+        entries: dict[int, int | None] = dict.fromkeys(self.consumed)
+        queued = []
+        for request in self.queued:
             effective = request.get("effective")
-            made = request.get("rejected") or (effective is not None and effective <= step)
-            entries[request["index"]] = (None if made else
-                                         effective if effective is not None
-                                         else request["step"])
+            if request["source"] == "scripted":
+                entries[request["index"]] = None
+            if not request.get("rejected") and (effective is None or effective > step):
+                queued.append({"request": {k: v for k, v in request.items()
+                                           if k not in ("effective", "rejected")},
+                               "effective": effective})
         for due, index, _ in self.scripted:
             entries[index] = due
         migrations = sorted(self.settings.migrations, key=lambda m: m.step)
-        pending = [{"request": {k: v for k, v in request.items()
-                                if k not in ("effective", "rejected")},
-                    "due": request.get("effective") or request.get("step")}
-                   for request in self.commanded if not request.get("rejected")
-                   and (request.get("effective") is None or request["effective"] > step)]
         return {"scripted": [{"index": index, "step": _key(migrations[index])[0],
                               "moves": _key(migrations[index])[1], "due": due}
                              for index, due in sorted(entries.items())],
-                "commands": {"seen": self.seen_seq, "next_proposal": self.next_proposal,
-                             "pending": pending}}
+                "queued": queued, "next_id": self.next_id,
+                "control_dir": (self.settings.control_dir
+                                and os.path.realpath(self.settings.control_dir)),
+                "seen": self.seen_seq, "next_proposal": self.next_proposal,
+                "held": {str(pid): held for pid, held in self.held.items()}}
+
+    def _queue(self, request: dict[str, Any]) -> None:
+        self.requests.append(request)
+        self.queued.append(request)
 
     def decide(self, step: int, plan: Plan) -> list[dict[str, Any]]:
         while self.scripted and self.scripted[0][0] - self.lead <= step:
@@ -198,10 +212,8 @@ class Coordinator:
                     and _holds(plan, scripted.moves)):
                 self.consumed.add(index)
                 continue  # made before the checkpoint this run resumed from
-            request = {"moves": scripted.moves, "step": due, "source": "scripted",
-                       "index": index}
-            self.requests.append(request)
-            self.taken.append(request)
+            self._queue({"moves": [list(m) for m in scripted.moves], "step": due,
+                         "source": "scripted", "index": index})
         self._read_commands()
         if self.settings.every > 0:
             self._online(step, plan)
@@ -277,8 +289,7 @@ class Coordinator:
             if kind in ("migrate", "propose"):
                 request = {**command, "seq": seq, "source": "command"}
                 if kind == "migrate":
-                    self.requests.append(request)
-                    self.commanded.append(request)
+                    self._queue(request)
                 else:
                     self._hold_command(request)
             elif kind in ("approve", "reject") and command.get("proposal") in self.held:
@@ -287,8 +298,7 @@ class Coordinator:
                     request = {"stages": held["stages"], "policies": held["policies"],
                                "seq": seq, "proposal": command["proposal"],
                                "source": "approved"}
-                    self.requests.append(request)
-                    self.commanded.append(request)
+                    self._queue(request)
                 else:
                     self._proposal_file(command["proposal"], "rejected", None)
                     write_json(_path(self.settings.control_dir, "status", seq),
@@ -379,7 +389,7 @@ class Coordinator:
             event.update(id=pid, status="applied" if self.settings.auto else "held")
             if self.settings.auto:
                 held = self.held.pop(pid)
-                self.requests.append({**held, "proposal": pid, "source": "auto"})
+                self._queue({**held, "proposal": pid, "source": "auto"})
         self.sink(event)
 
 

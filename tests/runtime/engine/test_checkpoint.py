@@ -130,11 +130,15 @@ def test_a_migration_postponed_past_the_checkpoint_is_made_after_resuming(
                                           ScriptedMigration(3, (("block1", 1),))])
     unbroken, meta, resumed = _stop_and_resume(plan, moves, 6, 3, stopped, tmp_path)
     assert _scheduled(unbroken) == [2, 3, 4]
-    due = [None, 2, 3] if stopped == "at its end" else [None, None, 4]
-    assert meta["repartition"]["scripted"] == [
-        {"index": 0, "step": 2, "moves": [["block1", 1]], "due": due[0]},
-        {"index": 1, "step": 2, "moves": [["block1", 0]], "due": due[1]},
-        {"index": 2, "step": 3, "moves": [["block1", 1]], "due": due[2]}]
+    record = meta["repartition"]
+    assert record["scripted"] == [  # each made or queued
+        {"index": 0, "step": 2, "moves": [["block1", 1]], "due": None},
+        {"index": 1, "step": 2, "moves": [["block1", 0]], "due": None},
+        {"index": 2, "step": 3, "moves": [["block1", 1]], "due": None}]
+    queued = [(q["request"]["index"], q["request"]["step"], q["effective"])
+              for q in record["queued"]]
+    assert queued == ([(1, 2, None), (2, 3, None)] if stopped == "at its end"
+                      else [(2, 3, 4)])
     assert _scheduled(resumed) == ([3, 4] if stopped == "at its end" else [4])
 
 
@@ -178,24 +182,48 @@ def test_a_checkpoint_cut_takes_one_migration_the_next_comes_after_it(tmp_path: 
     assert _scheduled(events) == [4, 6]
 
 
+@pytest.mark.parametrize("directory", ["the same", "a fresh one"])
 def test_a_resumed_run_reads_the_control_directory_on_from_where_it_stopped(
-        tmp_path: Path) -> None:
+        directory: str, tmp_path: Path) -> None:
     """Commands read before the checkpoint are not read again (the migration of step 2 is
-    not made a second time); one read but not in effect yet (step 5) is made."""
+    not made a second time); one read but not in effect yet (step 5) is made. A resumed
+    run given a fresh directory (as the agent does for each attempt) reads all of its
+    commands, and writes nothing there about those of the old one."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
-    control = tmp_path / "control"
-    controller = Controller(str(control))
-    first = controller.migrate([("block1", 1)], step=2)
-    controller.migrate([("block1", 0)], step=5)
-    settings = RepartitionConfig(control_dir=str(control))
+    old = Controller(str(tmp_path / "control"))
+    first = old.migrate([("block1", 1)], step=2)
+    second = old.migrate([("block1", 0)], step=5)
     events: list[dict] = []
-    assert run(plan, "mlp", 4, tmp_path / "run", events.append, repartition=settings).ok
-    assert _scheduled(events) == [2] and controller.status(first)["step"] == 2
+    assert run(plan, "mlp", 4, tmp_path / "run", events.append,
+               repartition=RepartitionConfig(control_dir=old.control_dir)).ok
+    assert _scheduled(events) == [2] and old.status(first)["step"] == 2
     record = json.loads((tmp_path / "run" / "latest.json").read_text())["repartition"]
-    assert record["commands"]["seen"] == 2
-    assert [e["due"] for e in record["commands"]["pending"]] == [5]
+    assert record["seen"] == 2
+    assert [(q["request"]["seq"], q["effective"]) for q in record["queued"]] == [(2, None)]
+    new = old if directory == "the same" else Controller(str(tmp_path / "fresh"))
+    later = new.migrate([("block1", 1)], step=6)
     events = []
     assert run(plan, "mlp", 8, tmp_path / "run", events.append, resume=True,
+               repartition=RepartitionConfig(control_dir=new.control_dir)).ok
+    assert _scheduled(events) == [5, 6]
+    assert old.status(first)["step"] == 2 and new.status(later)["step"] == 6
+    if directory == "the same":
+        assert old.status(second)["step"] == 5
+    else:
+        assert new.status(second) is None  # (the fresh directory's own command 2, later)
+        assert later == 1
+
+
+def test_the_online_planner_goes_on_measuring_after_a_resume(tmp_path: Path) -> None:
+    """Windows of 2 steps: a run resumed at step 3 evaluates its first whole window (steps
+    4 and 5) and the later ones (it used to wait for the window of steps 2 and 3, whose
+    measurements the stopped run took with it)."""
+    plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
+    settings = RepartitionConfig(every=2, control_dir=str(tmp_path / "control"))
+    stopped: list[dict] = []
+    assert run(plan, "mlp", 3, tmp_path / "run", stopped.append, repartition=settings).ok
+    resumed: list[dict] = []
+    assert run(plan, "mlp", 10, tmp_path / "run", resumed.append, resume=True,
                repartition=settings).ok
-    assert _scheduled(events) == [5]
-    assert controller.status(first)["step"] == 2
+    windows = [e["window_step"] for e in resumed if e["type"] == "proposal"]
+    assert windows and windows[0] == 5 and set(windows) <= {5, 7, 9}
