@@ -14,7 +14,7 @@ a JSON file written atomically (temporary name, then rename):
     "reason": str, "migration": ID, "step": S}``; ``step`` is the step whose micro-batches
     are the first to run on the new partition.
 ``DIR/proposals/ID.json``      written by the job's online planner: ``{"id", "status":
-    "held"|"applied"|"rejected"|"stale", "step", "proposal": <Proposal document>}``.
+    "held"|"applied"|"rejected", "step", "proposal": <Proposal document>}``.
 
 The same facts stream as events to the job's sink (``proposal``, ``migration``), which is
 what the agent forwards to the backend. Rank 0 of the job reads the directory once per
