@@ -100,6 +100,10 @@ class ControlClient:
         result: list[dict[str, Any]] = json.loads(self.store.get(key).decode())
         return result
 
+    def record(self, step: int) -> dict[str, Any] | None:
+        """The coordinator's record for a checkpoint of ``step`` (rank 0; None elsewhere)."""
+        return self.coordinator.record(step) if self.coordinator is not None else None
+
     def after_step(self, step: int, recorder: Recorder, meter: LayerMeter | None) -> None:
         every = self.settings.every
         if meter is None or every <= 0 or (step + 1) % every:
@@ -120,9 +124,10 @@ class Coordinator:
         self.world_size = config.plan.num_workers
         self.next_id, self.last_effective = 1, -10 ** 9
         self.first_step = 0
-        #: (the step it is due, its index, the migration), in order of scripted step
-        self.scripted = [(m.step, i, m) for i, m in enumerate(
-            sorted(self.settings.migrations, key=lambda m: m.step))]
+        #: the scripted migrations in order of step (a record names them by index), and
+        #: (the step it is due, its index, the migration) of those not queued yet
+        self.migrations = sorted(self.settings.migrations, key=lambda m: m.step)
+        self.scripted = [(m.step, i, m) for i, m in enumerate(self.migrations)]
         self.requests: list[dict[str, Any]] = []  # queued, not decided yet (in order)
         self.queued: list[dict[str, Any]] = []  # every request queued, as decided
         self.consumed: set[int] = set()  # scripted migrations made before this run
@@ -162,8 +167,7 @@ class Coordinator:
         if not record:
             return
         self.next_id = record["next_id"]
-        here = self.settings.control_dir and os.path.realpath(self.settings.control_dir)
-        same = record["control_dir"] == here
+        same = record["control_dir"] == self._control_dir()
         if same:  # the commands read before, and the proposals held, are behind it
             self.seen_seq, self.next_proposal = record["seen"], record["next_proposal"]
             self.held = {int(pid): held for pid, held in record["held"].items()}
@@ -191,15 +195,18 @@ class Coordinator:
                                "effective": effective})
         for due, index, _ in self.scripted:
             entries[index] = due
-        migrations = sorted(self.settings.migrations, key=lambda m: m.step)
-        return {"scripted": [{"index": index, "step": _key(migrations[index])[0],
-                              "moves": _key(migrations[index])[1], "due": due}
-                             for index, due in sorted(entries.items())],
-                "queued": queued, "next_id": self.next_id,
-                "control_dir": (self.settings.control_dir
-                                and os.path.realpath(self.settings.control_dir)),
-                "seen": self.seen_seq, "next_proposal": self.next_proposal,
+        scripted = []
+        for index, due in sorted(entries.items()):
+            step, moves = _key(self.migrations[index])
+            scripted.append({"index": index, "step": step, "moves": moves, "due": due})
+        return {"scripted": scripted, "queued": queued, "next_id": self.next_id,
+                "control_dir": self._control_dir(), "seen": self.seen_seq,
+                "next_proposal": self.next_proposal,
                 "held": {str(pid): held for pid, held in self.held.items()}}
+
+    def _control_dir(self) -> str | None:
+        control_dir = self.settings.control_dir
+        return os.path.realpath(control_dir) if control_dir else None
 
     def _queue(self, request: dict[str, Any]) -> None:
         self.requests.append(request)
@@ -212,8 +219,8 @@ class Coordinator:
                     and _holds(plan, scripted.moves)):
                 self.consumed.add(index)
                 continue  # made before the checkpoint this run resumed from
-            self._queue({"moves": [list(m) for m in scripted.moves], "step": due,
-                         "source": "scripted", "index": index})
+            self._queue({"moves": _key(scripted)[1], "step": due, "source": "scripted",
+                         "index": index})
         self._read_commands()
         if self.settings.every > 0:
             self._online(step, plan)
@@ -295,10 +302,9 @@ class Coordinator:
             elif kind in ("approve", "reject") and command.get("proposal") in self.held:
                 held = self.held.pop(command["proposal"])
                 if kind == "approve":
-                    request = {"stages": held["stages"], "policies": held["policies"],
-                               "seq": seq, "proposal": command["proposal"],
-                               "source": "approved"}
-                    self._queue(request)
+                    self._queue({"stages": held["stages"], "policies": held["policies"],
+                                 "seq": seq, "proposal": command["proposal"],
+                                 "source": "approved"})
                 else:
                     self._proposal_file(command["proposal"], "rejected", None)
                     write_json(_path(self.settings.control_dir, "status", seq),

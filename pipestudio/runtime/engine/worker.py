@@ -327,10 +327,8 @@ class Worker:
                                                 None, TimeoutError(step))
                 time.sleep(0.05)
             control = self.live.control
-            record = (control.coordinator.record(step)
-                      if control is not None and control.coordinator is not None else None)
             ckpt.publish(root, step, part.plan, self.config.model, self.config.model_args,
-                         record)
+                         control.record(step) if control is not None else None)
         self.recorder.sink({"type": "checkpoint", "stage": self.stage_idx,
                             "replica": self.replica, "step": step, "dir": root})
 
