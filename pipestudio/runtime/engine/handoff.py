@@ -34,7 +34,8 @@ A hand-off's tensors no longer change on the sender (no partition there trains t
 so they go as they are: the sender copies nothing, and its training thread only posts the
 sends (bytes move on gloo's threads, or in ``isend`` where the receiver posted first). A
 version is copied once when sent, which freezes it while training goes on to change the
-parameters. Sends are waited for when the run ends.
+parameters. A migration's sends are waited for, and their tensors let go, a step after the
+switch (``LiveRepartition.after_update``), and any left when the run ends.
 """
 
 import hashlib
@@ -61,6 +62,11 @@ TRAINING_SLOT = _SLOTS - 1  # versions use the slots between
 def tag(migration_id: int, slot: int) -> int:
     assert 0 <= slot < _SLOTS, slot
     return _TAG_BASE + migration_id * _SLOTS + slot
+
+
+def migration_of(message_tag: int) -> int:
+    """The migration whose message carries ``message_tag``."""
+    return (message_tag - _TAG_BASE) // _SLOTS
 
 
 def layer_versions(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, Tensor]]:
@@ -236,7 +242,7 @@ class Channel:
         self.rank = rank
         self.timeout = timedelta(seconds=timeout_s)
         self.watchdog = watchdog
-        self._sends: list[tuple[dist.Work, Tensor]] = []
+        self._sends: list[tuple[int, dist.Work, Tensor]] = []  # (tag, work, what it sends)
         self._incoming: dict[tuple[int, int], _Incoming] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
@@ -247,7 +253,7 @@ class Channel:
         one that follows it to the same peer. Returns the bytes sent."""
         num_bytes = 0
         for piece in message.pieces(described, announce):
-            self._sends.append((dist.isend(piece, peer, tag=message_tag), piece))
+            self._sends.append((message_tag, dist.isend(piece, peer, tag=message_tag), piece))
             num_bytes += piece.numel() * piece.element_size()
         self.sent_bytes += num_bytes
         return num_bytes
@@ -325,8 +331,18 @@ class Channel:
             self._read_header(follow, peer, incoming.follow, what)
         return assemble(incoming.header, incoming.tensors)
 
+    def release(self, migration_id: int) -> None:
+        """Wait for the messages this rank sent for ``migration_id`` and let go of their
+        tensors (a handed-off layer's optimizer state, copied versions). Gloo's send of a
+        message ends only once its receive is posted: call this when every peer must have
+        posted them."""
+        for message_tag, work, _ in self._sends:
+            if migration_of(message_tag) == migration_id:
+                self._wait(work, f"sending the state of migration {migration_id}", None)
+        self._sends = [s for s in self._sends if migration_of(s[0]) != migration_id]
+
     def drain(self) -> None:
         """Wait for every message this rank sent (its peers have received them)."""
-        for work, _ in self._sends:
+        for _, work, _ in self._sends:
             self._wait(work, "sending migration state", None)
         self._sends = []

@@ -12,7 +12,7 @@ protocol is ``transition.py``'s; the messages are ``handoff.py``'s.
 """
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
@@ -170,8 +170,33 @@ class LiveRepartition:
                 del self.owned[full]
         if due:
             self._rebuild_optimizer({})
+            for _, _, modules in due:
+                self._let_go(modules)
             for t in {id(t): t for t, _, _ in due}.values():
                 self._maybe_done(t)
+        self._release(applied)
+
+    def _let_go(self, modules: Mapping[str, nn.Module]) -> None:
+        """Layers handed on: their gradients went with the hand-off, their optimizer state
+        left with the old optimizer; on a GPU the copy this rank keeps goes back to host
+        memory, so the stage's memory falls by all the layers took."""
+        for module in modules.values():
+            for param in module.parameters():
+                param.grad = None
+            if self.worker.ctx.device.type != "cpu":
+                module.to("cpu")
+
+    def _release(self, applied: int) -> None:
+        """Let go of what a migration sent once a whole step has passed its switch: by then
+        every new stage has run the switch micro-batch's forward and backward, and has
+        posted (or, needing nothing more from this rank, is about to post) every receive,
+        so the wait ends."""
+        num_mb = self.worker.plan.num_microbatches
+        for t in self.transitions:
+            if (t.outgoing and not t.released and t.handed_off == set(t.outgoing)
+                    and applied > t.switch_mb + num_mb):
+                self.channel.release(t.migration_id)
+                t.released = True
 
     def _send_versions(self, t: Transition, peer: int, layers: list[str]) -> None:
         """``pipedream``: the weight versions of ``layers`` the peer needs, as they are made."""

@@ -89,6 +89,7 @@ class Transition:
     fetched: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     versions_sent: set[tuple[int, int]] = field(default_factory=set)
     handed_off: set[int] = field(default_factory=set)
+    released: bool = False  # the sends waited for and their tensors let go
     received: set[int] = field(default_factory=set)  # peers whose weights are in
     trained: set[int] = field(default_factory=set)  # peers whose optimizer state is in
     wait_ms: float = 0.0

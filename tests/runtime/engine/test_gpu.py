@@ -15,6 +15,7 @@ from tests.runtime.engine.helpers import (
     run,
 )
 from tests.runtime.engine.reference import train_single
+from tests.runtime.engine.test_migration import hand_on_large_layers
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -44,3 +45,16 @@ def test_cuda_policies_change_nothing(schedule: str, tmp_path: Path) -> None:
     assert all(e["bytes"] > 0 and e["end_ms"] > e["start_ms"] for e in swaps)
     memory = [e for e in events if e["type"] == "memory"]
     assert memory and all(e["allocated_bytes"] > 0 for e in memory)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
+def test_cuda_a_stage_lets_go_of_the_layers_it_hands_on(schedule: str, tmp_path: Path) -> None:
+    """On a GPU the layers handed on leave the old stage's device altogether: parameters
+    and optimizer state (the copy every rank keeps goes back to host memory)."""
+    memory, weight_bytes = hand_on_large_layers(schedule, tmp_path, device="cuda")
+    allocated = {key: e["allocated_bytes"] for key, e in memory.items()}
+    moved = 2 * 2 * weight_bytes  # two weights and their momentum buffers
+    # step 0: before the new stage puts the incoming layers on its device (a step or so
+    # ahead of the switch, when it learns of the migration)
+    assert allocated[(0, 0)] - allocated[(0, 6)] >= 0.9 * moved
+    assert allocated[(1, 6)] - allocated[(1, 0)] >= 0.9 * moved
