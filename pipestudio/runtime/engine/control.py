@@ -21,8 +21,9 @@ the checkpoint's step (scripted, commanded, approved or the online planner's) ar
 again in their order; with the same control directory, the commands read before are not
 read again and the held proposals stay held (another directory is read from its first
 command). A checkpoint without a record (or a ``--migrate`` list that changed) falls
-back to: the scripted steps before the first are behind it, and a migration scripted at
-the first step is skipped when the partition already holds it. Under ``pipedream`` a
+back to: the scripted steps before the first are behind it (a move the record has no
+word of, added to the list since, gets a ``rejected`` event saying it is not made), and a
+migration scripted at the first step is skipped when the partition already holds it. Under ``pipedream`` a
 migration decided across a checkpoint cut switches at the cut; one that would share the
 cut with another is decided after it.
 
@@ -152,6 +153,7 @@ class Coordinator:
                 if self.config.resume and self.config.checkpoint_dir and start_step else None)
         record = (meta or {}).get("repartition") or {}
         recorded = {entry["index"]: entry for entry in record.get("scripted", [])}
+        listed = [(entry["step"], entry["moves"]) for entry in recorded.values()]
         kept = []
         for due, index, migration in self.scripted:
             entry = recorded.get(index)
@@ -159,6 +161,12 @@ class Coordinator:
                 self.unrecorded.add(index)
                 if due >= start_step:
                     kept.append((due, index, migration))
+                elif record and _key(migration) not in listed:  # new since the stopped run
+                    self.sink({"type": "migration", "phase": "rejected", "source": "scripted",
+                               "reason": f"--migrate {_text(migration)} is for step "
+                                         f"{migration.step}, before step {start_step} where "
+                                         "this run resumes, and the checkpoint has no record "
+                                         "of it: not made (give it a later step)"})
             elif entry["due"] is None:
                 self.consumed.add(index)  # made, or queued (below)
             else:
@@ -397,6 +405,12 @@ class Coordinator:
                 held = self.held.pop(pid)
                 self._queue({**held, "proposal": pid, "source": "auto"})
         self.sink(event)
+
+
+def _text(migration: ScriptedMigration) -> str:
+    """As ``--migrate`` writes it."""
+    return f"{migration.step}:" + ",".join(f"{layer}@{stage}" for layer, stage in
+                                           migration.moves)
 
 
 def _key(migration: ScriptedMigration) -> tuple[int, list[list[Any]]]:

@@ -167,6 +167,27 @@ def _scheduled(events: list[dict]) -> list[int]:
     return [e["step"] for e in events if e["type"] == "migration" and e["phase"] == "scheduled"]
 
 
+def test_a_move_added_before_the_step_resumed_at_is_reported(tmp_path: Path) -> None:
+    """A run resumed with a ``--migrate`` list that gained moves at steps before the one it
+    resumes at cannot make them where they were asked: a ``rejected`` event names each,
+    the move the stopped run made is not reported though its place in the list moved, and
+    the later move is made."""
+    plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
+    made = ScriptedMigration(2, (("block1", 1),))
+    folder = tmp_path / "run"
+    assert run(plan, "mlp", 4, folder, repartition=RepartitionConfig(migrations=[made])).ok
+    later = [ScriptedMigration(1, (("block0", 1),)), made,
+             ScriptedMigration(3, (("block1", 0),)), ScriptedMigration(5, (("block1", 0),))]
+    events: list[dict] = []
+    result = run(plan, "mlp", 7, folder, events.append, resume=True,
+                 repartition=RepartitionConfig(migrations=later))
+    assert result.ok, result.message
+    assert _scheduled(events) == [5]
+    rejected = [e for e in events if e["type"] == "migration" and e["phase"] == "rejected"]
+    assert [e["source"] for e in rejected] == ["scripted", "scripted"]
+    assert "--migrate 1:block0@1 is for step 1, before step 4" in rejected[0]["reason"]
+    assert "--migrate 3:block1@0 is for step 3, before step 4" in rejected[1]["reason"]
+
 
 def test_a_checkpoint_cut_takes_one_migration_the_next_comes_after_it(tmp_path: Path) -> None:
     """pipedream: a switch announced across a checkpoint cut moves back to the cut (step 4);
