@@ -170,27 +170,31 @@ class LiveRepartition:
                 del self.owned[full]
         if due:
             self._rebuild_optimizer({})
-            for _, _, modules in due:
-                self._let_go(modules)
+            for t, _, modules in due:
+                self._let_go(t, modules)
             for t in {id(t): t for t, _, _ in due}.values():
                 self._maybe_done(t)
         self._release(applied)
 
-    def _let_go(self, modules: Mapping[str, nn.Module]) -> None:
+    def _let_go(self, t: Transition, modules: Mapping[str, nn.Module]) -> None:
         """Layers handed on: their gradients went with the hand-off, their optimizer state
         left with the old optimizer; on a GPU the copy this rank keeps goes back to host
-        memory, so the stage's memory falls by all the layers took."""
-        for module in modules.values():
+        memory, so the stage's memory falls by all the layers took, unless a later
+        partition already begun brings the layer back here (its runner put it on the
+        device when it began)."""
+        returning = {name for part in self.partitions if part.switch_mb > t.switch_mb
+                     for name in part.runner.names}
+        for name, module in modules.items():
             for param in module.parameters():
                 param.grad = None
-            if self.worker.ctx.device.type != "cpu":
+            if self.worker.ctx.device.type != "cpu" and name not in returning:
                 module.to("cpu")
 
     def _release(self, applied: int) -> None:
         """Let go of what a migration sent once a whole step has passed its switch: by then
-        every new stage has run the switch micro-batch's forward and backward, and has
-        posted (or, needing nothing more from this rank, is about to post) every receive,
-        so the wait ends."""
+        every new stage has posted every receive, or will without anything more from this
+        rank (it needs only micro-batches up to the switch's from here, all sent), so the
+        wait ends."""
         num_mb = self.worker.plan.num_microbatches
         for t in self.transitions:
             if (t.outgoing and not t.released and t.handed_off == set(t.outgoing)

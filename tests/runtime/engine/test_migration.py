@@ -379,17 +379,17 @@ LARGE_WIDTH = 4096
 
 def hand_on_large_layers(schedule: str, folder: Path, device: str = "cpu"
                          ) -> tuple[dict[tuple[int, int], dict[str, Any]], int]:
-    """Stage 0 hands ``block1`` and ``block2`` (4096 x 4096 weights) to stage 1 at step 3
-    of 7: each stage's ``memory`` event by (stage, step), and the bytes of one moved
+    """Stage 0 hands ``block1`` and ``block2`` (4096 x 4096 weights) to stage 1 at step 5
+    of 9: each stage's ``memory`` event by (stage, step), and the bytes of one moved
     weight. SGD with momentum (one buffer per weight, updated in place), so memory moves by
     whole buffers and not by an optimizer's temporaries."""
     args = {"layers": "3", "width": str(LARGE_WIDTH), "in_features": "8",
             "out_features": "4"}
     plan = make_plan("mlp", [["block0", "block1", "block2"], ["head"]], schedule,
                      optimizer="momentum")
-    migration = ScriptedMigration(3, (("block1", 1), ("block2", 1)))
+    migration = ScriptedMigration(5, (("block1", 1), ("block2", 1)))
     events: list[dict[str, Any]] = []
-    config = EngineConfig(plan=plan, model="mlp", steps=7, threads_per_rank=1,
+    config = EngineConfig(plan=plan, model="mlp", steps=9, threads_per_rank=1,
                           model_args=args, checkpoint_dir=str(folder), timeout_s=60.0,
                           repartition=RepartitionConfig(migrations=[migration]),
                           device=device)
@@ -410,6 +410,6 @@ def test_a_stage_lets_go_of_the_layers_it_hands_on(schedule: str, tmp_path: Path
     rss = {key: e["rss_bytes"] for key, e in memory.items()}
     state = 2 * weight_bytes  # the two moved weights' momentum buffers
     # step 1: before anything of the migration is sent (under pipedream the hand-off
-    # reaches the downstream stage during step 2)
-    assert rss[(0, 1)] - rss[(0, 6)] >= 0.8 * state  # the old stage let go of them
-    assert rss[(1, 6)] - rss[(1, 1)] >= 0.8 * state  # the new one holds them
+    # reaches the downstream stage during step 4)
+    assert rss[(0, 1)] - rss[(0, 8)] >= 0.8 * state  # the old stage let go of them
+    assert rss[(1, 8)] - rss[(1, 1)] >= 0.8 * state  # the new one holds them
