@@ -21,9 +21,10 @@ the checkpoint's step (scripted, commanded, approved or the online planner's) ar
 again in their order; with the same control directory, the commands read before are not
 read again and the held proposals stay held (another directory is read from its first
 command). A checkpoint without a record (or a ``--migrate`` list that changed) falls
-back to: the scripted steps before the first are behind it (a move the record has no
-word of, added to the list since, gets a ``rejected`` event saying it is not made), and a
-migration scripted at the first step is skipped when the partition already holds it. Under ``pipedream`` a
+back to: the scripted steps before the first are behind it, and a migration scripted at
+the first step is skipped when the partition already holds it; with a record, a move for
+a step before the first that the record has no word of (added to the list since) gets a
+``rejected`` event saying it is not made. Under ``pipedream`` a
 migration decided across a checkpoint cut switches at the cut; one that would share the
 cut with another is decided after it.
 
@@ -152,16 +153,15 @@ class Coordinator:
         meta = (read_latest(self.config.checkpoint_dir)
                 if self.config.resume and self.config.checkpoint_dir and start_step else None)
         record = (meta or {}).get("repartition") or {}
-        recorded = {entry["index"]: entry for entry in record.get("scripted", [])}
-        listed = [(entry["step"], entry["moves"]) for entry in recorded.values()]
+        entries = _match(self.scripted, record.get("scripted", []))
         kept = []
         for due, index, migration in self.scripted:
-            entry = recorded.get(index)
-            if entry is None or (entry["step"], entry["moves"]) != _key(migration):
+            entry = entries.get(index)
+            if entry is None:
                 self.unrecorded.add(index)
                 if due >= start_step:
                     kept.append((due, index, migration))
-                elif record and _key(migration) not in listed:  # new since the stopped run
+                elif record:  # added to the list since the stopped run
                     self.sink({"type": "migration", "phase": "rejected", "source": "scripted",
                                "reason": f"--migrate {_text(migration)} is for step "
                                          f"{migration.step}, before step {start_step} where "
@@ -179,10 +179,13 @@ class Coordinator:
         if same:  # the commands read before, and the proposals held, are behind it
             self.seen_seq, self.next_proposal = record["seen"], record["next_proposal"]
             self.held = {int(pid): held for pid, held in record["held"].items()}
+        index_now = {entry["index"]: index for index, entry in entries.items()}
         for entry in record["queued"]:
             request = {key: value for key, value in entry["request"].items()
                        if same or key not in ("seq", "proposal")}  # files of another dir
             request["step"] = max(entry["effective"] or request.get("step") or 0, start_step)
+            if request["source"] == "scripted":  # its place in this run's list, if any
+                request["index"] = index_now.get(request["index"])
             self._queue(request)
 
     def record(self, step: int) -> dict[str, Any]:
@@ -195,7 +198,7 @@ class Coordinator:
         queued = []
         for request in self.queued:
             effective = request.get("effective")
-            if request["source"] == "scripted":
+            if request["source"] == "scripted" and request["index"] is not None:
                 entries[request["index"]] = None
             if not request.get("rejected") and (effective is None or effective > step):
                 queued.append({"request": {k: v for k, v in request.items()
@@ -405,6 +408,25 @@ class Coordinator:
                 held = self.held.pop(pid)
                 self._queue({**held, "proposal": pid, "source": "auto"})
         self.sink(event)
+
+
+def _match(scripted: list[tuple[int, int, ScriptedMigration]], recorded: list[dict[str, Any]]
+           ) -> dict[int, dict[str, Any]]:
+    """Each scripted migration's entry in a checkpoint's record (by index): the entry of
+    its index when it records the same step and moves, else the first unclaimed one that
+    does (a list that gained moves shifts the indices)."""
+    result: dict[int, dict[str, Any]] = {}
+    unclaimed = list(recorded)
+    for by_index in (True, False):
+        for _, index, migration in scripted:
+            if index in result:
+                continue
+            entry = next((e for e in unclaimed if (e["step"], e["moves"]) == _key(migration)
+                          and (e["index"] == index or not by_index)), None)
+            if entry is not None:
+                result[index] = entry
+                unclaimed.remove(entry)
+    return result
 
 
 def _text(migration: ScriptedMigration) -> str:

@@ -171,7 +171,7 @@ def test_a_move_added_before_the_step_resumed_at_is_reported(tmp_path: Path) -> 
     """A run resumed with a ``--migrate`` list that gained moves at steps before the one it
     resumes at cannot make them where they were asked: a ``rejected`` event names each,
     the move the stopped run made is not reported though its place in the list moved, and
-    the later move is made."""
+    the later move is made. Resumed once more, the run reports the same two and no other."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
     made = ScriptedMigration(2, (("block1", 1),))
     folder = tmp_path / "run"
@@ -187,6 +187,14 @@ def test_a_move_added_before_the_step_resumed_at_is_reported(tmp_path: Path) -> 
     assert [e["source"] for e in rejected] == ["scripted", "scripted"]
     assert "--migrate 1:block0@1 is for step 1, before step 4" in rejected[0]["reason"]
     assert "--migrate 3:block1@0 is for step 3, before step 4" in rejected[1]["reason"]
+    again: list[dict] = []
+    assert run(plan, "mlp", 9, folder, again.append, resume=True,
+               repartition=RepartitionConfig(migrations=later)).ok
+    assert _scheduled(again) == []
+    reasons = [e["reason"] for e in again if e["type"] == "migration"
+               and e["phase"] == "rejected"]
+    assert [reason.split(" is for")[0] for reason in reasons] == [
+        "--migrate 1:block0@1", "--migrate 3:block1@0"]
 
 
 def test_a_checkpoint_cut_takes_one_migration_the_next_comes_after_it(tmp_path: Path) -> None:
