@@ -26,7 +26,8 @@ largest such ratio in the run), so a migration's ratio can be read against what 
 machine does to steps that migrate nothing; the summary counts single migrations and
 steady steps above 1.5. ``--width`` and ``--microbatch-size`` change the blocks (and so the
 bytes moved, 12 bytes per weight with Adam) and the compute per step. Exits non-zero when
-a schedule's median ratio exceeds 1.5.
+a migration's median ratio over the runs exceeds 1.5 (a single step strays by as much here
+whether it migrates or not, so the target is held against each migration over runs).
 """
 
 import argparse
@@ -185,7 +186,7 @@ def _per_step(runs: list[dict[str, Any]]) -> str:
 def main() -> int:
     global MICROBATCH_SIZE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=2, help="repetitions (default 2)")
+    parser.add_argument("--runs", type=int, default=5, help="repetitions (default 5)")
     parser.add_argument("--width", type=int, default=int(ARGS["width"]),
                         help="the blocks' width (default %(default)s)")
     parser.add_argument("--microbatch-size", type=int, default=MICROBATCH_SIZE,
@@ -213,7 +214,8 @@ def main() -> int:
     failed = False
     for schedule, runs in results.items():
         median = statistics.median(r["ratio"] for r in runs)
-        failed |= median > TARGET
+        failed |= any(statistics.median(r["ratios"][i] for r in runs) > TARGET
+                      for i in range(len(MIGRATIONS)))
         single = [x for r in runs for x in r["ratios"]]
         steady = [x for r in runs for x in r["steady_ratios"]]
         medians = ", ".join(f"{r['ratio']:.2f}" for r in runs)
@@ -223,7 +225,8 @@ def main() -> int:
               f"{max(single):.2f}); steady steps over {TARGET} times their neighbours: "
               f"{sum(x > TARGET for x in steady)} of {len(steady)} (max {max(steady):.2f})")
         print(f"  {_per_step(runs)}")
-    print(f"target: the migrating step at most {TARGET}x a steady step")
+    print(f"target: each migrating step at most {TARGET}x a steady step (its median over "
+          "the runs)")
     return 1 if failed else 0
 
 
