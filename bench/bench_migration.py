@@ -8,7 +8,8 @@ last stage's ends of consecutive steps (what a pipelined stream delivers, every 
 
 - live: each migrating step's time over the median of the steady steps around it (four
   before and four after, leaving out migrating steps and steps 0 and 1); a run's figure is
-  the median of its three migrations. Target: at most 1.5.
+  the median of its three migrations. Target: each migration's median over the runs at
+  most 1.5.
 - restart: train to step 6 with a checkpoint, reshape the checkpoint into the new
   partition (parameters and optimizer state per stage), resume with the new plan to step
   24 (the later migrations live). Its extra cost (``restart +s``) is the time between the

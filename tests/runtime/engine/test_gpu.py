@@ -66,7 +66,8 @@ def test_cuda_a_stage_lets_go_of_the_layers_it_hands_on(schedule: str, tmp_path:
 def test_cuda_a_layer_that_comes_straight_back_stays_on_the_device(schedule: str,
                                                                     tmp_path: Path) -> None:
     """A layer handed on and brought back by the next migration, which the stage began
-    before the hand-off, stays on the GPU (the hand-off leaves it to that partition)."""
+    before the hand-off, stays on the GPU (the hand-off leaves it to that partition): the
+    run would fail on a layer left in host memory."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], schedule)
     migrations = [ScriptedMigration(3, (("block1", 1),)), ScriptedMigration(3, (("block1", 0),))]
     result = run(plan, "mlp", 7, tmp_path, device="cuda", start_method="spawn",
