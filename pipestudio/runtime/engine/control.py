@@ -417,11 +417,12 @@ def _match(scripted: list[tuple[int, int, ScriptedMigration]], recorded: list[di
     does (a list that gained moves shifts the indices)."""
     result: dict[int, dict[str, Any]] = {}
     unclaimed = list(recorded)
+    keys = {index: _key(migration) for _, index, migration in scripted}
     for by_index in (True, False):
-        for _, index, migration in scripted:
+        for index, key in keys.items():
             if index in result:
                 continue
-            entry = next((e for e in unclaimed if (e["step"], e["moves"]) == _key(migration)
+            entry = next((e for e in unclaimed if (e["step"], e["moves"]) == key
                           and (e["index"] == index or not by_index)), None)
             if entry is not None:
                 result[index] = entry

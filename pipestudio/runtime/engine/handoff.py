@@ -336,10 +336,13 @@ class Channel:
         tensors (a handed-off layer's optimizer state, copied versions). Gloo's send of a
         message ends only once its receive is posted: call this when every peer must have
         posted them."""
-        for message_tag, work, _ in self._sends:
-            if migration_of(message_tag) == migration_id:
-                self._wait(work, f"sending the state of migration {migration_id}", None)
-        self._sends = [s for s in self._sends if migration_of(s[0]) != migration_id]
+        others = []
+        for sent in self._sends:
+            if migration_of(sent[0]) == migration_id:
+                self._wait(sent[1], f"sending the state of migration {migration_id}", None)
+            else:
+                others.append(sent)
+        self._sends = others
 
     def drain(self) -> None:
         """Wait for every message this rank sent (its peers have received them)."""
