@@ -27,7 +27,7 @@ from pipestudio.planner.request import PlannerOutput, PlanRequest
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "planner" / "data" / "pipedream_reference.json"
 TARGET_S = 1.0
-NUM_MICROBATCHES = 720720  # divisible by every replica count up to 16
+NUM_MICROBATCHES = 10080  # 2**5 * 3**2 * 5 * 7: divisible by every replica count of a level
 
 
 @cache

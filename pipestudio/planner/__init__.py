@@ -4,6 +4,7 @@ Pure Python: this package imports no torch and no web or database package, so th
 the dashboard and scripts can use it anywhere (a test enforces it).
 """
 
+from pipestudio.planner.budget import DEFAULT_MAX_SIMULATED_OPS
 from pipestudio.planner.cluster import Cluster, Device, Level, cluster_template
 from pipestudio.planner.documents import DocumentError, load_document, parse_document
 from pipestudio.planner.errors import (
@@ -13,6 +14,7 @@ from pipestudio.planner.errors import (
     PlanError,
     PlannerError,
     ProfileError,
+    SimulationBudgetError,
 )
 from pipestudio.planner.pipedream_import import import_pipedream, parse_pipedream
 from pipestudio.planner.plan import Plan, Stage, plan_template, resolve_plan
@@ -22,6 +24,7 @@ from pipestudio.planner.simulate import simulate
 from pipestudio.planner.trace import chrome_trace, write_chrome_trace
 
 __all__ = [
+    "DEFAULT_MAX_SIMULATED_OPS",
     "Cluster",
     "ClusterError",
     "Device",
@@ -37,6 +40,7 @@ __all__ = [
     "Profile",
     "ProfileError",
     "SimResult",
+    "SimulationBudgetError",
     "Stage",
     "chrome_trace",
     "cluster_template",

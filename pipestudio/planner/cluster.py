@@ -7,39 +7,48 @@ group holds both. Each device also has a link to host memory, used by swap.
 """
 
 import math
+from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from pipestudio.planner.documents import Document
+from pipestudio.planner.documents import (
+    MAX_BYTES,
+    MAX_DEVICES,
+    MAX_GBPS,
+    MAX_LEVEL_SIZE,
+    MAX_LEVELS,
+    MAX_NAME_CHARS,
+    STRICT,
+    Bytes,
+    Document,
+    Gbps,
+    LevelSize,
+    Name,
+)
 from pipestudio.planner.errors import ClusterError
 
 
 class Level(BaseModel):
     """One level of the hierarchy (innermost first)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
-    name: str = Field("", description="Name of the group at this level, e.g. server, rack.")
-    size: int = Field(ge=1, description="Number of members (devices or lower groups) per group.")
-    bandwidth_gbps: float | None = Field(
-        gt=0, allow_inf_nan=False,
+    name: Name = Field("", description="Name of the group at this level, e.g. server, rack.")
+    size: LevelSize = Field(description="Number of members (devices or lower groups) per group.")
+    bandwidth_gbps: Gbps | None = Field(
         description="Bandwidth of a link between two members; null = free (no transfer time).")
 
 
 class Device(BaseModel):
     """One accelerator and its link to host memory."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
-    name: str = Field(min_length=1)
-    memory_bytes: int | None = Field(None, ge=1, description="Device memory; null = unlimited.")
-    host_to_device_gbps: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="Swap-in bandwidth; null = free."
-    )
-    device_to_host_gbps: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="Swap-out bandwidth; null = free."
-    )
+    name: Name = Field(min_length=1)
+    memory_bytes: Bytes | None = Field(None, ge=1, description="Device memory; null = unlimited.")
+    host_to_device_gbps: Gbps | None = Field(None, description="Swap-in bandwidth; null = free.")
+    device_to_host_gbps: Gbps | None = Field(None, description="Swap-out bandwidth; null = free.")
 
 
 class Cluster(Document):
@@ -47,9 +56,10 @@ class Cluster(Document):
 
     format: Literal["pipestudio.cluster"] = "pipestudio.cluster"
     version: Literal[1] = 1
-    name: str = "cluster"
-    levels: list[Level] = Field(min_length=1, description="Innermost level first.")
-    devices: list[Device] = Field(min_length=1)
+    name: Name = "cluster"
+    levels: list[Level] = Field(min_length=1, max_length=MAX_LEVELS,
+                                description="Innermost level first.")
+    devices: list[Device] = Field(min_length=1, max_length=MAX_DEVICES)
 
     @model_validator(mode="after")
     def _check_sizes(self) -> "Cluster":
@@ -86,12 +96,37 @@ class Cluster(Document):
         level_idx = self.level_between(device_a, device_b)
         return None if level_idx < 0 else self.levels[level_idx].bandwidth_gbps
 
+    def slowest_bandwidth_gbps(self, device_indices: Iterable[int]) -> float | None:
+        """The least bandwidth between two of the devices (``None``: every pair is free).
+
+        Found level by level, not pair by pair, so that an all-reduce over thousands of
+        replicas costs no more than their number: a level links two of the devices when
+        one of its groups holds devices of two different groups of the level below.
+        """
+        devices = set(device_indices)
+        slowest: float | None = None
+        inner = 1  # size of a group of the level below; 1: a device
+        for level in self.levels:
+            outer = inner * level.size
+            if level.bandwidth_gbps is not None and _links_two_groups(devices, inner, outer):
+                slowest = min(slowest or math.inf, level.bandwidth_gbps)
+            inner = outer
+        return slowest
+
     def check_device(self, device_idx: int) -> None:
         if not 0 <= device_idx < len(self.devices):
             raise ClusterError(
                 f"device {device_idx} does not exist: the cluster has {len(self.devices)} "
                 f"devices (0..{len(self.devices) - 1})"
             )
+
+
+def _links_two_groups(devices: set[int], inner: int, outer: int) -> bool:
+    first_inner: dict[int, int] = {}
+    for device in devices:
+        if first_inner.setdefault(device // outer, device // inner) != device // inner:
+            return True
+    return False
 
 
 def cluster_template(
@@ -103,21 +138,8 @@ def cluster_template(
     name: str = "cluster",
 ) -> Cluster:
     """A homogeneous cluster: ``devices_per_level`` and ``bandwidths_gbps`` innermost first."""
-    if len(devices_per_level) != len(bandwidths_gbps):
-        raise ClusterError(
-            f"{len(devices_per_level)} level sizes ({devices_per_level}) but "
-            f"{len(bandwidths_gbps)} bandwidths ({bandwidths_gbps}): give one bandwidth per level"
-        )
-    for size in devices_per_level:
-        if size < 1:
-            raise ClusterError(f"a level size must be >= 1, got {size}")
-    for bandwidth in bandwidths_gbps:
-        if bandwidth is not None and (not bandwidth > 0 or math.isinf(bandwidth)):
-            raise ClusterError(f"a bandwidth must be a positive number of Gbit/s, got {bandwidth}")
-    if host_bandwidth_gbps is not None and not host_bandwidth_gbps > 0:
-        raise ClusterError(f"host bandwidth must be positive, got {host_bandwidth_gbps}")
-    if device_memory_bytes is not None and device_memory_bytes < 1:
-        raise ClusterError(f"device memory must be positive, got {device_memory_bytes} bytes")
+    _check_template(devices_per_level, bandwidths_gbps, device_memory_bytes,
+                    host_bandwidth_gbps, name)
     levels = [
         Level(name=f"level{idx}", size=size, bandwidth_gbps=bandwidth)
         for idx, (size, bandwidth) in enumerate(
@@ -134,3 +156,37 @@ def cluster_template(
         for idx in range(count)
     ]
     return Cluster(name=name, levels=levels, devices=devices)
+
+
+def _check_template(devices_per_level: list[int], bandwidths_gbps: list[float | None],
+                    device_memory_bytes: int | None, host_bandwidth_gbps: float | None,
+                    name: str) -> None:
+    """The Cluster document's limits, checked before a device list is built."""
+    if len(devices_per_level) != len(bandwidths_gbps):
+        raise ClusterError(
+            f"{len(devices_per_level)} level sizes ({devices_per_level}) but "
+            f"{len(bandwidths_gbps)} bandwidths ({bandwidths_gbps}): give one bandwidth per level"
+        )
+    if not 1 <= len(devices_per_level) <= MAX_LEVELS:
+        raise ClusterError(f"a cluster has 1 to {MAX_LEVELS} levels, got "
+                           f"{len(devices_per_level)}")
+    for size in devices_per_level:
+        if not 1 <= size <= MAX_LEVEL_SIZE:
+            raise ClusterError(f"a level size must be between 1 and {MAX_LEVEL_SIZE}, got {size}")
+    count = math.prod(devices_per_level)
+    if count > MAX_DEVICES:
+        raise ClusterError(f"levels of {' x '.join(map(str, devices_per_level))} devices hold "
+                           f"{count} devices, more than the limit of {MAX_DEVICES}")
+    for bandwidth in bandwidths_gbps:
+        if bandwidth is not None and not 0 < bandwidth <= MAX_GBPS:
+            raise ClusterError(f"a bandwidth must be a positive number of Gbit/s up to "
+                               f"{MAX_GBPS:g}, got {bandwidth}")
+    if host_bandwidth_gbps is not None and not 0 < host_bandwidth_gbps <= MAX_GBPS:
+        raise ClusterError(f"host bandwidth must be positive and at most {MAX_GBPS:g} Gbit/s, "
+                           f"got {host_bandwidth_gbps}")
+    if device_memory_bytes is not None and not 1 <= device_memory_bytes <= MAX_BYTES:
+        raise ClusterError(f"device memory must be between 1 and {MAX_BYTES} bytes, got "
+                           f"{device_memory_bytes}")
+    if len(name) > MAX_NAME_CHARS:
+        raise ClusterError(f"a cluster name has at most {MAX_NAME_CHARS} characters, got "
+                           f"{len(name)}: {name[:40]!r}...")

@@ -34,3 +34,18 @@ class InfeasibleError(PlannerError):
         super().__init__(message)
         self.min_memory_bytes = min_memory_bytes
         self.precision_bytes = precision_bytes
+
+
+class SimulationBudgetError(PlannerError):
+    """A simulation would build more ops than allowed (``budget.py``), so it is refused
+    before it starts.
+
+    ``field`` names the input most responsible (``num_microbatches``, ``num_steps``,
+    ``stages``...), ``limit`` is the most ops allowed and ``num_ops`` the estimate.
+    """
+
+    def __init__(self, message: str, *, field: str, limit: int, num_ops: int) -> None:
+        super().__init__(message)
+        self.field = field
+        self.limit = limit
+        self.num_ops = num_ops

@@ -17,11 +17,14 @@ where the graph allows.
 """
 
 import heapq
+import math
 import re
 from pathlib import Path
+from typing import Any
 
+from pipestudio.planner.documents import MAX_MICROBATCH_SIZE, DocumentError, parse_document
 from pipestudio.planner.errors import ImportFormatError
-from pipestudio.planner.profile import Edge, Layer, Profile, find_cycle
+from pipestudio.planner.profile import Profile, find_cycle
 
 _FIELD_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\s]+)")
 _REQUIRED = ("forward_compute_time", "backward_compute_time", "activation_size",
@@ -44,7 +47,10 @@ def parse_pipedream(text: str, *, model: str, batch_size: int = 1, source: str =
                     ) -> Profile:
     if batch_size < 1:
         raise ImportFormatError(f"--batch-size must be >= 1, got {batch_size}")
-    nodes: dict[str, Layer] = {}
+    if batch_size > MAX_MICROBATCH_SIZE:
+        raise ImportFormatError(f"--batch-size must be <= {MAX_MICROBATCH_SIZE} (a profile's "
+                                f"largest microbatch_size), got {batch_size}")
+    nodes: dict[str, dict[str, Any]] = {}
     edges: list[tuple[str, str]] = []
     input_load_ms = 0.0
     for line_no, line in enumerate(text.splitlines(), start=1):
@@ -58,9 +64,9 @@ def parse_pipedream(text: str, *, model: str, batch_size: int = 1, source: str =
             edges.append((parts[0], parts[1]))
             continue
         layer, load_ms = _parse_node(line, line_no, source)
-        if layer.name in nodes:
-            raise ImportFormatError(f"{source}:{line_no}: node {layer.name!r} appears twice")
-        nodes[layer.name] = layer
+        if layer["name"] in nodes:
+            raise ImportFormatError(f"{source}:{line_no}: node {layer['name']!r} appears twice")
+        nodes[layer["name"]] = layer
         input_load_ms += load_ms
     if not nodes:
         raise ImportFormatError(f"{source}: no node lines found; is this a PipeDream graph.txt?")
@@ -70,19 +76,23 @@ def parse_pipedream(text: str, *, model: str, batch_size: int = 1, source: str =
                 raise ImportFormatError(f"{source}: edge {src} -- {dst} names unknown node "
                                         f"{end!r}")
     order = _topological_order(list(nodes), edges, source)
-    return Profile(
-        model=model,
-        microbatch_size=batch_size,
-        dtype="float32",
-        device="unknown (PipeDream profile)",
-        layers=[nodes[name] for name in order],
-        edges=[Edge(src=src, dst=dst) for src, dst in edges],
-        metadata={"source": source, "source_format": "pipedream graph.txt",
-                  "input_load_ms": round(input_load_ms, 6)},
-    )
+    document = {
+        "model": model,
+        "microbatch_size": batch_size,
+        "dtype": "float32",
+        "device": "unknown (PipeDream profile)",
+        "layers": [nodes[name] for name in order],
+        "edges": [{"src": src, "dst": dst} for src, dst in edges],
+        "metadata": {"source": source, "source_format": "pipedream graph.txt",
+                     "input_load_ms": round(input_load_ms, 6)},
+    }
+    try:
+        return parse_document(Profile, document, source=f"the profile read from {source}")
+    except DocumentError as exc:  # a value past the Profile's limits
+        raise ImportFormatError(str(exc)) from None
 
 
-def _parse_node(line: str, line_no: int, source: str) -> tuple[Layer, float]:
+def _parse_node(line: str, line_no: int, source: str) -> tuple[dict[str, Any], float]:
     parts = line.split(" -- ")
     if len(parts) not in (3, 4):
         raise ImportFormatError(f"{source}:{line_no}: a node line must read '<id> -- <desc> "
@@ -101,22 +111,25 @@ def _parse_node(line: str, line_no: int, source: str) -> tuple[Layer, float]:
         if value < 0:
             raise ImportFormatError(f"{source}:{line_no}: node {node_id} has negative "
                                     f"{key}={value}")
+        if not math.isfinite(value):
+            raise ImportFormatError(f"{source}:{line_no}: node {node_id} has {key}={value}; "
+                                    "expected a finite number")
     kind = description.split("(", 1)[0].strip() or "layer"
     activation = round(values["activation_size"])
     if kind.startswith("Input"):
-        layer = Layer(name=node_id, kind="Input", fwd_ms=0.0, bwd_ms=0.0,
-                      output_bytes=activation, description=description)
+        layer = {"name": node_id, "kind": "Input", "fwd_ms": 0.0, "bwd_ms": 0.0,
+                 "output_bytes": activation, "description": description}
         return layer, values["forward_compute_time"]
-    layer = Layer(
-        name=node_id,
-        kind=kind,
-        fwd_ms=values["forward_compute_time"],
-        bwd_ms=values["backward_compute_time"],
-        param_bytes=round(values["parameter_size"]),
-        saved_bytes=activation,
-        output_bytes=activation,
-        description=description,
-    )
+    layer = {
+        "name": node_id,
+        "kind": kind,
+        "fwd_ms": values["forward_compute_time"],
+        "bwd_ms": values["backward_compute_time"],
+        "param_bytes": round(values["parameter_size"]),
+        "saved_bytes": activation,
+        "output_bytes": activation,
+        "description": description,
+    }
     return layer, 0.0
 
 

@@ -17,9 +17,22 @@ runtime; with one replica per stage the warm-up is p - s - 1 forwards.
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from pipestudio.planner.documents import Document, parse_document
+from pipestudio.planner.documents import (
+    MAX_LAYERS,
+    MAX_REPLICAS,
+    MAX_STAGES,
+    STRICT,
+    DeviceIdx,
+    Document,
+    MicrobatchSize,
+    Name,
+    NumMicrobatches,
+    Provenance,
+    Replicas,
+    parse_document,
+)
 from pipestudio.planner.errors import PlanError
 from pipestudio.planner.profile import Profile
 
@@ -37,12 +50,14 @@ OPTIMIZER_STATE_FACTOR: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2}
 class Stage(BaseModel):
     """A contiguous part of the pipeline and where its replicas run."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
-    layers: list[str] = Field(min_length=1, description="Names of the layers in this stage.")
-    replicas: int = Field(1, ge=1, description="Data-parallel copies of this stage.")
-    devices: list[int] | None = Field(
-        None, description="Cluster device index of each replica; null = assigned in order."
+    layers: list[Name] = Field(min_length=1, max_length=MAX_LAYERS,
+                               description="Names of the layers in this stage.")
+    replicas: Replicas = Field(1, description="Data-parallel copies of this stage.")
+    devices: list[DeviceIdx] | None = Field(
+        None, max_length=MAX_REPLICAS,
+        description="Cluster device index of each replica; null = assigned in order.",
     )
 
 
@@ -51,17 +66,19 @@ class Plan(Document):
 
     format: Literal["pipestudio.plan"] = "pipestudio.plan"
     version: Literal[1] = 1
-    model: str = Field(min_length=1, description="Model name, as in the profile.")
+    model: Name = Field(min_length=1, description="Model name, as in the profile.")
     schedule: Schedule
     vertical_sync: bool = Field(False, description="PipeDream's vertical sync (pipedream only).")
-    num_microbatches: int = Field(ge=1, description="Micro-batches per step.")
-    microbatch_size: int = Field(ge=1, description="Samples per micro-batch.")
+    num_microbatches: NumMicrobatches = Field(description="Micro-batches per step.")
+    microbatch_size: MicrobatchSize = Field(description="Samples per micro-batch.")
     optimizer: Optimizer = "adam"
-    stages: list[Stage] = Field(min_length=1, description="Stages in pipeline order.")
-    policies: dict[str, Policy] = Field(
-        default_factory=dict, description="Memory policy per layer name; absent means keep."
+    stages: list[Stage] = Field(min_length=1, max_length=MAX_STAGES,
+                                description="Stages in pipeline order.")
+    policies: dict[Name, Policy] = Field(
+        default_factory=dict, max_length=MAX_LAYERS,
+        description="Memory policy per layer name; absent means keep.",
     )
-    provenance: dict[str, str | int | float | bool | None] = Field(
+    provenance: Provenance = Field(
         default_factory=dict, description="Who or what made the plan, and with which settings."
     )
 
@@ -111,6 +128,14 @@ class Plan(Document):
         """Forwards a replica of stage ``stage_idx`` runs before its first backward (1F1B)."""
         later_workers = sum(stage.replicas for stage in self.stages[stage_idx:])
         return (later_workers - 1) // self.stages[stage_idx].replicas
+
+    def all_warmup_forwards(self) -> list[int]:
+        """``warmup_forwards`` of every stage, in one pass over the stages."""
+        warmups, later_workers = [], 0
+        for stage in reversed(self.stages):
+            later_workers += stage.replicas
+            warmups.append((later_workers - 1) // stage.replicas)
+        return warmups[::-1]
 
 
 @dataclass(frozen=True)

@@ -10,19 +10,32 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from pipestudio.planner.documents import Bytes, Document, Milliseconds
+from pipestudio.planner.documents import (
+    MAX_EDGES,
+    MAX_LAYERS,
+    MAX_MICROBATCH_SIZE,
+    STRICT,
+    Bytes,
+    Document,
+    Label,
+    Metadata,
+    MicrobatchSize,
+    Milliseconds,
+    Name,
+    Text,
+)
 from pipestudio.planner.errors import ProfileError
 
 
 class Layer(BaseModel):
     """One layer's measurements at the profile's micro-batch size."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
-    name: str = Field(min_length=1, description="Unique name of the layer.")
-    kind: str = Field("layer", description="Layer type, e.g. Linear, Conv2d, Attention.")
+    name: Name = Field(min_length=1, description="Unique name of the layer.")
+    kind: Label = Field("layer", description="Layer type, e.g. Linear, Conv2d, Attention.")
     fwd_ms: Milliseconds = Field(description="Forward time of one micro-batch.")
     bwd_ms: Milliseconds = Field(description="Backward time of one micro-batch.")
     param_bytes: Bytes = Field(0, description="Bytes of parameters.")
@@ -30,16 +43,16 @@ class Layer(BaseModel):
     output_bytes: Bytes = Field(0, description="Bytes of the output sent to the next layer.")
     workspace_bytes: Bytes = Field(0, description="Transient bytes while the layer runs.")
     update_ms: Milliseconds = Field(0.0, description="Optimizer update time of the parameters.")
-    description: str = Field("", description="Free text, e.g. the module's repr.")
+    description: Text = Field("", description="Free text, e.g. the module's repr.")
 
 
 class Edge(BaseModel):
     """Data flows from layer ``src`` into layer ``dst``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
-    src: str
-    dst: str
+    src: Name
+    dst: Name
 
 
 @dataclass(frozen=True)
@@ -55,16 +68,18 @@ class Profile(Document):
 
     format: Literal["pipestudio.profile"] = "pipestudio.profile"
     version: Literal[1] = 1
-    model: str = Field(min_length=1, description="Name of the profiled model.")
-    microbatch_size: int = Field(ge=1, description="Micro-batch size the layers were measured at.")
-    dtype: str = Field("float32", description="Data type of parameters and activations.")
-    device: str = Field("unknown", description="Device the profile was measured on.")
+    model: Name = Field(min_length=1, description="Name of the profiled model.")
+    microbatch_size: MicrobatchSize = Field(
+        description="Micro-batch size the layers were measured at.")
+    dtype: Label = Field("float32", description="Data type of parameters and activations.")
+    device: Label = Field("unknown", description="Device the profile was measured on.")
     input_bytes: Bytes = Field(0, description="Bytes of one micro-batch of input data.")
-    layers: list[Layer] = Field(min_length=1)
+    layers: list[Layer] = Field(min_length=1, max_length=MAX_LAYERS)
     edges: list[Edge] | None = Field(
-        None, description="Data-flow edges for non-sequential models; null means a chain."
+        None, max_length=MAX_EDGES,
+        description="Data-flow edges for non-sequential models; null means a chain.",
     )
-    metadata: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_graph(self) -> "Profile":
@@ -125,8 +140,9 @@ class Profile(Document):
     def rescaled(self, microbatch_size: int) -> "Profile":
         """The same model at another micro-batch size: times and activations scale linearly
         in the batch, parameters stay constant."""
-        if microbatch_size < 1:
-            raise ProfileError(f"micro-batch size must be >= 1, got {microbatch_size}")
+        if not 1 <= microbatch_size <= MAX_MICROBATCH_SIZE:
+            raise ProfileError(f"micro-batch size must be between 1 and {MAX_MICROBATCH_SIZE}, "
+                               f"got {microbatch_size}")
         if microbatch_size == self.microbatch_size:
             return self
         factor = microbatch_size / self.microbatch_size

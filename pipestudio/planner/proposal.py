@@ -17,30 +17,45 @@ are free and it is 0.
 """
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from pipestudio.planner.documents import Bytes, Document, Milliseconds
+from pipestudio.planner.documents import (
+    MAX_CANDIDATES,
+    MAX_LAYERS,
+    MAX_SIMULATED_STEPS,
+    MAX_STAGES,
+    MAX_TRANSFERS,
+    STRICT,
+    Bytes,
+    DeviceIdx,
+    Document,
+    Integral,
+    Name,
+    StageIdx,
+    Text,
+    TotalMilliseconds,
+)
 from pipestudio.planner.plan import Plan, Policy, Schedule, Stage
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
 
 class LayerMove(_Strict):
     """A layer that changes stage (stage indices as in both plans)."""
 
-    layer: str = Field(min_length=1)
-    from_stage: int = Field(ge=0)
-    to_stage: int = Field(ge=0)
+    layer: Name = Field(min_length=1)
+    from_stage: StageIdx
+    to_stage: StageIdx
 
 
 class PolicyChange(_Strict):
     """A layer whose keep/recompute/swap policy changes."""
 
-    layer: str = Field(min_length=1)
+    layer: Name = Field(min_length=1)
     from_policy: Policy
     to_policy: Policy
 
@@ -57,13 +72,13 @@ class MigrationBreakdown(_Strict):
 class Transfer(_Strict):
     """What one replica of a stage sends to one replica of another."""
 
-    from_stage: int = Field(ge=0)
-    to_stage: int = Field(ge=0)
-    from_device: int = Field(ge=0)
-    to_device: int = Field(ge=0)
-    layers: list[str] = Field(min_length=1)
+    from_stage: StageIdx
+    to_stage: StageIdx
+    from_device: DeviceIdx
+    to_device: DeviceIdx
+    layers: list[Name] = Field(min_length=1, max_length=MAX_LAYERS)
     transfer_bytes: Bytes
-    transfer_ms: Milliseconds
+    transfer_ms: TotalMilliseconds
 
 
 class Hysteresis(_Strict):
@@ -71,21 +86,22 @@ class Hysteresis(_Strict):
 
     max_payback_steps: float = Field(gt=0, allow_inf_nan=False,
                                      description="The gain must repay the migration within.")
-    min_gain_fraction: float = Field(ge=0, lt=1, description="Least relative step-time gain.")
+    min_gain_fraction: float = Field(ge=0, lt=1, allow_inf_nan=False,
+                                     description="Least relative step-time gain.")
 
 
 class CandidateSummary(_Strict):
     """One repartition the online planner considered; numbers are null when it had none."""
 
-    name: str
+    name: Name
     step_time_ms: float | None = None
     gain_ms: float | None = None
-    migration_bytes: int | None = None
+    migration_bytes: Bytes | None = None
     migration_ms: float | None = None
     net_gain_ms: float | None = Field(
         None, description="gain_ms - migration_ms / max_payback_steps: the ranking value.")
-    num_moves: int | None = None
-    note: str = ""
+    num_moves: Annotated[int, Field(ge=0, le=MAX_LAYERS), Integral] | None = None
+    note: Text = ""
 
 
 class Proposal(Document):
@@ -93,28 +109,33 @@ class Proposal(Document):
 
     format: Literal["pipestudio.proposal"] = "pipestudio.proposal"
     version: Literal[1] = 1
-    model: str = Field(min_length=1)
+    model: Name = Field(min_length=1)
     schedule: Schedule
-    algorithm: str = Field(description="The candidate proposed; 'current' when none is.")
-    current_stages: list[Stage] = Field(min_length=1, description="The running plan's stages.")
+    algorithm: Name = Field(description="The candidate proposed; 'current' when none is.")
+    current_stages: list[Stage] = Field(min_length=1, max_length=MAX_STAGES,
+                                        description="The running plan's stages.")
     new_plan: Plan = Field(description="The plan after the repartition, executable as is.")
-    moves: list[LayerMove] = Field(description="Layers whose stage changes, in layer order.")
-    policy_changes: list[PolicyChange]
-    step_time_now_ms: Milliseconds = Field(description="Current plan on the observed profile.")
-    step_time_after_ms: Milliseconds = Field(description="New plan on the observed profile.")
+    moves: list[LayerMove] = Field(max_length=MAX_LAYERS,
+                                   description="Layers whose stage changes, in layer order.")
+    policy_changes: list[PolicyChange] = Field(max_length=MAX_LAYERS)
+    step_time_now_ms: TotalMilliseconds = Field(
+        description="Current plan on the observed profile.")
+    step_time_after_ms: TotalMilliseconds = Field(
+        description="New plan on the observed profile.")
     gain_ms: float = Field(allow_inf_nan=False, description="Step time saved per step.")
     gain_fraction: float = Field(allow_inf_nan=False, description="gain_ms / step_time_now_ms.")
     migration_bytes: Bytes
     migration_breakdown: MigrationBreakdown
-    transfers: list[Transfer]
-    migration_ms: Milliseconds
+    transfers: list[Transfer] = Field(max_length=MAX_TRANSFERS)
+    migration_ms: TotalMilliseconds
     payback_steps: float | None = Field(
         description="migration_ms / gain_ms; null when nothing is gained.")
     hysteresis: Hysteresis
-    simulated_steps: int = Field(ge=1, description="Steps simulated for each step time.")
+    simulated_steps: Annotated[int, Field(ge=1, le=MAX_SIMULATED_STEPS), Integral] = Field(
+        description="Steps simulated for each step time.")
     worthwhile: bool
-    reason: str = Field(min_length=1)
-    candidates: list[CandidateSummary] = Field(default_factory=list)
+    reason: Text = Field(min_length=1)
+    candidates: list[CandidateSummary] = Field(default_factory=list, max_length=MAX_CANDIDATES)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "Proposal":

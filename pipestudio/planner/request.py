@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from pipestudio.planner.budget import StageWork, Workload, check_budget, most_boundaries
 from pipestudio.planner.cluster import Cluster, cluster_template
 from pipestudio.planner.costs import StageCosts, boundary_bytes, layer_set_costs
+from pipestudio.planner.documents import MAX_MICROBATCH_SIZE, MAX_MICROBATCHES
 from pipestudio.planner.errors import InfeasibleError as InfeasibleError  # the planners' import
 from pipestudio.planner.errors import PlanError, PlannerError
 from pipestudio.planner.min_memory import explain_infeasible
@@ -54,8 +56,14 @@ class PlanRequest:
                             f"{', '.join(OPTIMIZER_STATE_FACTOR)}")
         if self.num_microbatches < 1:
             raise PlanError(f"--microbatches must be >= 1, got {self.num_microbatches}")
+        if self.num_microbatches > MAX_MICROBATCHES:
+            raise PlanError(f"--microbatches must be <= {MAX_MICROBATCHES} (a plan's limit), "
+                            f"got {self.num_microbatches}")
         if self.microbatch_size is not None and self.microbatch_size < 1:
             raise PlanError(f"--microbatch-size must be >= 1, got {self.microbatch_size}")
+        if self.microbatch_size is not None and self.microbatch_size > MAX_MICROBATCH_SIZE:
+            raise PlanError(f"--microbatch-size must be <= {MAX_MICROBATCH_SIZE} (a plan's "
+                            f"limit), got {self.microbatch_size}")
         if self.num_stages is not None:
             if not 1 <= self.num_stages <= self.profile.num_layers:
                 raise PlanError(f"--stages {self.num_stages} is not between 1 and the "
@@ -192,13 +200,43 @@ def call_planner(planner: Planner, request: PlanRequest) -> PlannerOutput:
         raise explain_infeasible(planner, request, exc) from exc
 
 
+def check_request_budget(request: PlanRequest, max_ops: int | None, *, num_steps: int = 1
+                         ) -> None:
+    """Refuse ``request`` before any planner runs when simulating its plan for
+    ``num_steps`` steps could build more than ``max_ops`` ops (``budget.py``; ``None``: no
+    limit), with ``SimulationBudgetError``.
+
+    The plan is not known yet, so the count is an upper bound over the plans a planner may
+    return: the most workers the request allows (``num_stages``, or every device of the
+    cluster, which ``pipedream`` uses) in as many stages as there are layers for, every
+    stage recomputing and swapping, and the most pairs of stages that exchange tensors.
+    """
+    if max_ops is None:
+        return
+    cluster_devices = 0 if request.cluster is None else request.cluster.num_devices
+    num_workers = max(request.num_stages or 1, cluster_devices)
+    num_stages = min(num_workers, request.profile.num_layers)
+    base, extra = divmod(num_workers, num_stages)
+    stages = tuple(StageWork(base + (idx < extra), recomputes=True, swaps=True, updates=True)
+                   for idx in range(num_stages))
+    workload = Workload(request.schedule, num_steps, request.num_microbatches, stages,
+                        most_boundaries(request.profile, num_stages))
+    by_cluster = cluster_devices > (request.num_stages or 0)
+    workers_field = "cluster.devices" if by_cluster else "num_stages"
+    check_budget(workload, max_ops, fields={"num_microbatches": request.num_microbatches,
+                                            workers_field: num_workers})
+
+
 def run_planner(algorithm: str, planner: Planner, request: PlanRequest, *,
-                with_timeline: bool = True) -> PlanOutcome:
+                with_timeline: bool = True, max_ops: int | None = None) -> PlanOutcome:
     """Run one planner, time it, simulate its plan; a planner error becomes ``error``.
 
     ``planner_ms`` is the one call that answered ``request``; when it found no plan that
     fits, the search for the smallest memory that does comes after and is not counted.
+    With ``max_ops``, a request whose simulation could build more ops is refused first
+    (``check_request_budget``), raising ``SimulationBudgetError``.
     """
+    check_request_budget(request, max_ops)
     started = time.perf_counter()
     try:
         output = planner(request)

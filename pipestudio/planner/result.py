@@ -80,6 +80,9 @@ class MemoryTrack(_Strict):
 class SimResult(Document):
     """Predicted step time, throughput, memory and timeline of a plan."""
 
+    #: Written by the simulator, read back by programs: computed values, not typed input.
+    model_config = ConfigDict(extra="forbid", strict=False)
+
     format: Literal["pipestudio.simresult"] = "pipestudio.simresult"
     version: Literal[1] = 1
     model: str

@@ -28,7 +28,7 @@ and more steps give a truer mean.
 """
 
 import gc
-import math
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +36,7 @@ from itertools import pairwise
 
 from pydantic import TypeAdapter
 
+from pipestudio.planner.budget import check_simulation, padding_steps
 from pipestudio.planner.cluster import Cluster
 from pipestudio.planner.costs import StageCosts, boundary_bytes, stage_costs
 from pipestudio.planner.errors import PlanError
@@ -94,11 +95,13 @@ class _Build:
     last_swap_out: dict[int, int] = field(default_factory=dict)  # worker -> op
     # worker -> the last swap-out issued before its last compute op started
     swap_out_gate: dict[int, int] = field(default_factory=dict)
+    warmups: list[int] = field(default_factory=list)  # 1F1B warm-up forwards per stage
     compute_res: dict[int, int] = field(default_factory=dict)
     link_res: dict[tuple[str, int, int], int] = field(default_factory=dict)
     rounds: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.warmups = self.plan.all_warmup_forwards()
         for stage_idx, stage in enumerate(self.plan.stages):
             for replica in range(stage.replicas):
                 self.worker_id[(stage_idx, replica)] = len(self.workers)
@@ -155,19 +158,25 @@ def simulate(
     *,
     num_steps: int = 1,
     with_timeline: bool = True,
+    max_ops: int | None = None,
 ) -> SimResult:
-    """Predict what ``plan`` does on ``cluster`` (see the module docstring)."""
+    """Predict what ``plan`` does on ``cluster`` (see the module docstring).
+
+    ``max_ops`` bounds the ops the simulation may build (``budget.py``; ``None``: no
+    bound): a larger one raises ``SimulationBudgetError`` before any is built.
+    """
     with _gc_paused():
-        return _simulate(profile, plan, cluster, num_steps, with_timeline)
+        return _simulate(profile, plan, cluster, num_steps, with_timeline, max_ops)
 
 
 def _simulate(profile: Profile, plan: Plan, cluster: Cluster | None, num_steps: int,
-              with_timeline: bool) -> SimResult:
+              with_timeline: bool, max_ops: int | None) -> SimResult:
     if num_steps < 1:
         raise PlanError(f"the number of steps to simulate must be >= 1, got {num_steps}")
+    layout = resolve_plan(plan, profile)  # the rescaled profile has the same layers
+    check_simulation(profile, plan, layout, cluster, num_steps, max_ops)
     if plan.microbatch_size != profile.microbatch_size:
         profile = profile.rescaled(plan.microbatch_size)
-    layout = resolve_plan(plan, profile)
     devices = plan.worker_devices()
     if cluster is not None:
         for stage_devices in devices:
@@ -175,12 +184,8 @@ def _simulate(profile: Profile, plan: Plan, cluster: Cluster | None, num_steps: 
                 cluster.check_device(device_idx)
     build = _Build(plan, cluster, stage_costs(profile, plan, layout),
                    boundary_bytes(profile, layout), devices)
-    warmup_steps = drain_steps = 0
-    if plan.schedule == "pipedream":
-        # Enough micro-batches before the measured steps to fill the pipeline and after
-        # them to keep it full while they finish.
-        drain_steps = math.ceil(plan.num_workers / plan.num_microbatches)
-        warmup_steps = drain_steps + 1
+    warmup_steps, drain_steps = padding_steps(plan.schedule, plan.num_workers,
+                                              plan.num_microbatches)
     total_steps = warmup_steps + num_steps + drain_steps
     if plan.schedule == "pipedream":
         _build_stream(build, list(range(total_steps * plan.num_microbatches)))
@@ -199,8 +204,9 @@ def _build_stream(build: _Build, microbatches: list[int]) -> None:
     sync = plan.schedule != "pipedream"
     for worker, (stage_idx, replica) in enumerate(build.workers):
         replicas = plan.stages[stage_idx].replicas
-        mine = [mb for mb in microbatches if mb % replicas == replica]
-        order = worker_order(plan.schedule, mine, plan.warmup_forwards(stage_idx))
+        # Micro-batch i goes to replica i mod r; ``microbatches`` is a run of consecutive ones.
+        mine = microbatches[(replica - microbatches[0]) % replicas::replicas]
+        order = worker_order(plan.schedule, mine, build.warmups[stage_idx])
         for pos, (kind, mb) in enumerate(order):
             if kind == BACKWARD:
                 _add_backward(build, worker, mb)
@@ -294,12 +300,9 @@ def _add_allreduces(build: _Build) -> None:
         workers = [build.ops[update].worker for update in updates]
         devices = [build.device(worker) for worker in workers]
         num_bytes = build.costs[stage_idx].param_bytes
-        bandwidths = [] if build.cluster is None else [
-            bandwidth for a in devices for b in devices
-            if (bandwidth := build.cluster.bandwidth_gbps(a, b)) is not None
-        ]
+        slowest = None if build.cluster is None else build.cluster.slowest_bandwidth_gbps(devices)
         count = len(devices)
-        duration = transfer_ms(2 * (count - 1) / count * num_bytes, min(bandwidths, default=None))
+        duration = transfer_ms(2 * (count - 1) / count * num_bytes, slowest)
         first = build.ops[updates[0]]
         allreduce = build.add(
             _Op("allreduce", first.worker, first.microbatch, first.step, num_bytes=num_bytes),
@@ -379,6 +382,7 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
                 if op.kind == "recompute":
                     recompute[op.worker] += overlap
     peaks = ledger.peaks()
+    fits = _fits_by_device(build, ledger)
     stages = []
     for stage_idx, stage in enumerate(plan.stages):
         workers = [build.worker_id[(stage_idx, r)] for r in range(stage.replicas)]
@@ -397,8 +401,7 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
             peak_bytes=stage_peak,
             memory=peaks[top].memory,
             device_memory_bytes=limit,
-            fits=all(ledger.device_fits(build.device(w), _device_memory(
-                build.cluster, build.device(w)), build.devices) for w in workers),
+            fits=all(fits[build.device(w)] for w in workers),
             max_inflight_microbatches=max(peaks[w].max_inflight for w in workers),
             num_weight_versions=max(peaks[w].weight_versions for w in workers),
         ))
@@ -423,6 +426,26 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
         timeline=_timeline(build, start, end, window) if with_timeline else [],
         memory_timeline=ledger.tracks(build.workers, window) if with_timeline else [],
     )
+
+
+def _fits_by_device(build: _Build, ledger: MemoryLedger) -> dict[int, bool]:
+    """Whether the workers on each device fit its memory together. ``device_fits`` scans
+    every worker, so it runs once per device that two or more workers share, and a
+    device's only worker is compared with the memory directly."""
+    workers = range(len(build.workers))
+    sharing = Counter(build.device(worker) for worker in workers)
+    peaks = ledger.peaks()
+    fits: dict[int, bool] = {}
+    for worker in workers:
+        device = build.device(worker)
+        limit = _device_memory(build.cluster, device)
+        if limit is None:
+            fits[device] = True
+        elif sharing[device] == 1:
+            fits[device] = peaks[worker].memory.total_bytes <= limit
+        elif device not in fits:
+            fits[device] = ledger.device_fits(device, limit, build.devices)
+    return fits
 
 
 def _device_memory(cluster: Cluster | None, device_idx: int) -> int | None:

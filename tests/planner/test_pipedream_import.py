@@ -117,7 +117,25 @@ def test_nodes_are_sorted_topologically() -> None:
      "negative forward_compute_time=-1.0"),
     (GOOD.replace("parameter_size=24.0", "parameter_size=abc"), "not a number"),
     ("just some text\n", "a node line must read"),
+    (GOOD.replace("forward_compute_time=1.0, backward_compute_time=2.0",
+                  "forward_compute_time=inf, backward_compute_time=2.0"),
+     "node node2 has forward_compute_time=inf; expected a finite number"),
+    (GOOD.replace("forward_compute_time=1.0, backward_compute_time=2.0",
+                  "forward_compute_time=2e9, backward_compute_time=2.0"),
+     "layers[1] ('node2').fwd_ms = 2000000000.0: Input should be less than or equal to "
+     "1000000000"),
+    (GOOD.replace("node3", "n" * 201),
+     "name = 'nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn'... (201 characters): String should "
+     "have at most 200 characters"),
 ])
 def test_bad_files_get_clear_errors(text: str, message: str) -> None:
     with pytest.raises(ImportFormatError, match=re.escape(message)):
         parse_pipedream(text, model="tiny")
+
+
+def test_a_batch_size_past_the_profile_limit_is_refused_by_name() -> None:
+    with pytest.raises(ImportFormatError, match=re.escape(
+            "--batch-size must be <= 16777216 (a profile's largest microbatch_size), got "
+            "16777217")):
+        parse_pipedream(GOOD, model="tiny", batch_size=2**24 + 1)
+    assert parse_pipedream(GOOD, model="tiny", batch_size=2**24).microbatch_size == 2**24

@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((Path(__file__).parent / "data" / "pipedream_reference.json").read_text())
 WITH_COMM = [r for r in DATA["records"] if r["activation_compression_ratio"] == 1.0]
 WITHOUT_COMM = [r for r in DATA["records"] if r["activation_compression_ratio"] is None]
-MICROBATCHES = 720720  # divisible by every replica count up to 16
+MICROBATCHES = 10080  # 2**5 * 3**2 * 5 * 7: divisible by every replica count of a level
+# of up to 8 devices times one of up to 4 (the largest reference cluster is 8 x 4)
 GBPS_10 = 10.0  # 1.25e9 bytes/s
 
 
