@@ -12,6 +12,7 @@ _Formatter = argparse.RawDescriptionHelpFormatter
 BUILTIN_MODELS: tuple[str, ...] = ("dynamic", "gpt", "mlp", "resnet", "unet")
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 GRANULARITIES: tuple[str, ...] = ("layer", "op")
+ON_NONFINITE_LOSS: tuple[str, ...] = ("fail", "continue")
 
 
 def add_commands(commands: Any) -> None:
@@ -130,6 +131,10 @@ def _add_train(commands: Any) -> None:
                         help="BatchNorm running statistics over all micro-batches of a step, "
                              "as training on the whole mini-batch (torchgpipe); default: "
                              "updated per micro-batch")
+    parser.add_argument("--on-nonfinite-loss", default="fail", choices=ON_NONFINITE_LOSS,
+                        help="fail: end the job at the first step whose loss is NaN or "
+                             "infinite, naming the step and stage (default); continue: "
+                             "train on")
     _add_repartition(parser)
     parser.set_defaults(handler=_train)
 
@@ -147,7 +152,8 @@ def _train(args: argparse.Namespace) -> int:
         trace_path=args.trace, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume, seed=args.seed,
         device=args.device, timeout_s=args.timeout, granularity=args.granularity,
-        deferred_batchnorm=args.deferred_batchnorm, repartition=_repartition(args))
+        deferred_batchnorm=args.deferred_batchnorm, on_nonfinite_loss=args.on_nonfinite_loss,
+        repartition=_repartition(args))
     config.check()
     last_stage = config.plan.num_stages - 1
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from pipestudio.cli import main
-from pipestudio.cli.runtime import BUILTIN_MODELS
+from pipestudio.cli.runtime import BUILTIN_MODELS, ON_NONFINITE_LOSS
 from pipestudio.planner import Profile, load_document
+from pipestudio.runtime.engine import config as engine_config
 from pipestudio.runtime.models import MODELS
 
 
@@ -67,6 +68,10 @@ def test_errors_exit_2_with_one_line(argv: list[str], message: str,
 
 def test_builtin_names_in_the_help_match_the_registry() -> None:
     assert tuple(MODELS) == BUILTIN_MODELS
+
+
+def test_nonfinite_loss_choices_match_the_engine() -> None:
+    assert ON_NONFINITE_LOSS == engine_config.ON_NONFINITE_LOSS
 
 
 def test_help_does_not_import_torch() -> None:

@@ -100,7 +100,7 @@ class Agent:
             run_id, config, ranks, address,
             on_event=lambda event: loop.call_soon_threadsafe(
                 self.connection.add_event, run_id, {**event, "attempt": attempt}),
-            on_end=lambda state, text: self._end(key, state, text))
+            on_end=lambda state, text, retry: self._end(key, state, text, retry=retry))
         self.groups[key] = group
         group.start()
         self._state(key, "running", f"ranks {ranks} started on {self.name}")

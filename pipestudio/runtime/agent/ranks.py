@@ -3,8 +3,12 @@
 Each process runs ``engine.rank.run_rank`` against the run's TCPStore and streams its
 events back over its own pipe (as the local launcher does). A reader thread passes them on
 and, when every process has ended, reports how: ``finished``, ``failed`` (with the first
-error) or ``stopped``. Processes die with the agent (``PR_SET_PDEATHSIG``), so a killed
-worker leaves no rank behind holding its peers.
+error) or ``stopped``, and whether another attempt could succeed. The first error is the
+first that names a ``cause`` (a non-finite loss: the rank that computed it reports the
+reason, and the others' reports of their failed waits on it can reach the reader first),
+else the first to arrive; ``retry`` is false when an error event said so. Processes die
+with the agent (``PR_SET_PDEATHSIG``), so a killed worker leaves no rank behind holding
+its peers.
 """
 
 import ctypes
@@ -28,7 +32,8 @@ from pipestudio.runtime.engine.repartition import RepartitionConfig
 
 Event = dict[str, Any]
 _CONFIG_KEYS = ("model", "model_args", "steps", "lr", "seed", "device", "threads_per_rank",
-                "timeout_s", "checkpoint_dir", "checkpoint_every", "resume")
+                "timeout_s", "checkpoint_dir", "checkpoint_every", "resume",
+                "on_nonfinite_loss")
 
 
 def engine_config(config: dict[str, Any], control_dir: str | None = None) -> EngineConfig:
@@ -69,12 +74,14 @@ class RankGroup:
 
     def __init__(self, run_id: int, config: EngineConfig, ranks: list[int],
                  address: StoreAddress, on_event: Callable[[Event], None],
-                 on_end: Callable[[str, str | None], None]) -> None:
+                 on_end: Callable[[str, str | None, bool], None]) -> None:
         self.run_id, self.config, self.ranks, self.address = run_id, config, ranks, address
         self.on_event, self.on_end = on_event, on_end
         self.processes: list[Any] = []
         self.stopping = False
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # those naming a cause first (module docstring)
+        self._num_causes = 0
+        self.retry = True
 
     def start(self) -> None:
         context = mp.get_context("spawn")
@@ -100,18 +107,31 @@ class RankGroup:
                     readers.remove(conn)  # type: ignore[arg-type]
                     continue
                 if event.get("type") == "error":
-                    self.errors.append(str(event.get("message")))
+                    self.note_error(event)
                 self.on_event(event)
         for process in self.processes:
             process.join()
-        codes = [process.exitcode for process in self.processes]
+        self.end([process.exitcode for process in self.processes])
+
+    def note_error(self, event: Event) -> None:
+        """Keep an error event's message and whether it allows a retry (module docstring)."""
+        message = str(event.get("message"))
+        if event.get("cause") is not None:
+            self.errors.insert(self._num_causes, message)
+            self._num_causes += 1
+        else:
+            self.errors.append(message)
+        self.retry = self.retry and event.get("retry") is not False
+
+    def end(self, codes: list[int | None]) -> None:
+        """Report how the ranks ended, given their exit codes (module docstring)."""
         if self.stopping:
-            self.on_end("stopped", "stopped on request")
+            self.on_end("stopped", "stopped on request", True)
         elif all(code == 0 for code in codes):
-            self.on_end("finished", None)
+            self.on_end("finished", None, True)
         else:
             self.on_end("failed", self.errors[0] if self.errors else
-                        f"rank processes exited with {codes}")
+                        f"rank processes exited with {codes}", self.retry)
 
     def migrate(self, stages: list[list[str]], timeout_s: float = 60.0) -> tuple[bool, str]:
         """Ask the job (through rank 0's control directory) to take these stages."""

@@ -5,11 +5,17 @@
 made from an operator-level profile names its layers; with ``deferred_batchnorm`` every
 BatchNorm tracks running statistics over a stage replica's micro-batches of a step
 (``runtime/batchnorm.py``).
+
+``on_nonfinite_loss``: ``"fail"`` (the default) ends the job at the first step whose loss
+is NaN or infinite, naming the step and the stage (``errors.NonFiniteLoss``), where a
+diverged run would otherwise train on NaN weights to the end and checkpoint them.
+``"continue"`` trains on and reports the loss as it is.
 """
 
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from pipestudio.planner.plan import Plan
 from pipestudio.runtime.batchnorm import defer_batchnorm
@@ -25,6 +31,8 @@ from pipestudio.runtime.models.loading import import_factory
 OpHook = Callable[[int, Op], None]
 DEVICES = ("auto", "cpu", "cuda")
 GRANULARITIES = ("layer", "op")
+OnNonfiniteLoss = Literal["fail", "continue"]
+ON_NONFINITE_LOSS: tuple[str, ...] = get_args(OnNonfiniteLoss)
 
 
 @dataclass
@@ -50,6 +58,7 @@ class EngineConfig:
     repartition: RepartitionConfig | None = None
     granularity: str = "layer"
     deferred_batchnorm: bool = False
+    on_nonfinite_loss: OnNonfiniteLoss = "fail"
 
     def check(self) -> None:
         """Raise ``EngineError`` naming the first bad setting."""
@@ -69,6 +78,9 @@ class EngineConfig:
         if self.granularity not in GRANULARITIES:
             raise EngineError(f"granularity {self.granularity!r} is unknown; expected one of "
                               f"{', '.join(GRANULARITIES)}")
+        if self.on_nonfinite_loss not in ON_NONFINITE_LOSS:
+            raise EngineError(f"on_nonfinite_loss {self.on_nonfinite_loss!r} is unknown; "
+                              f"expected one of {', '.join(ON_NONFINITE_LOSS)}")
         if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
             raise EngineError("--resume and --checkpoint-every need --checkpoint-dir")
         if self.repartition is not None:

@@ -8,7 +8,9 @@ keeps a ``Watchdog``:
 - a thread writes a heartbeat to the store every ``heartbeat_s`` seconds, with what the
   rank is doing (``doing``) and, when it waits, for which rank;
 - a rank that fails writes a failure record naming the root it found, before it exits,
-  and a rank that ends well marks itself done;
+  and a rank that ends well marks itself done; the record says whether another attempt
+  would meet the failure again (``retry``: false after a non-finite loss), so every rank
+  reports that, not just the root;
 - ``diagnose`` (on a failed wait) polls these for a few seconds: a record that names a root
   gives that root; a rank whose heartbeat stopped (killed, crashed, frozen) is the root;
   failing both, the wait's peer is followed along the ranks it waits for to one that is
@@ -67,13 +69,14 @@ class Watchdog:
         with self._lock:
             self.store.set(f"done/{self.rank}", "1")
 
-    def record_failure(self, root: int | None, reason: str) -> None:
-        """Tell the others this rank is failing, because of ``root`` (``reason``)."""
+    def record_failure(self, root: int | None, reason: str, *, retry: bool = True) -> None:
+        """Tell the others this rank is failing, because of ``root`` (``reason``); ``retry``
+        false: another attempt would fail the same way."""
         self._stop.set()
         try:
             with self._lock:
-                self.store.set(f"failed/{self.rank}",
-                               json.dumps({"root": root, "reason": reason}))
+                self.store.set(f"failed/{self.rank}", json.dumps(
+                    {"root": root, "reason": reason, "retry": retry}))
         except Exception:
             pass
 
@@ -82,35 +85,39 @@ class Watchdog:
             return None
         return json.loads(self.store.get(key).decode())
 
-    def _root_once(self) -> tuple[int, str] | None:
+    def root_failure(self, *, heartbeats: bool = True) -> tuple[int, str, bool] | None:
+        """The root another rank recorded or (with ``heartbeats``) a rank whose heartbeat
+        stopped, with the reason and whether another attempt could succeed; None when
+        neither is known yet."""
         now = time.time()
         for rank in range(self.world_size):
             if rank == self.rank:
                 continue
             record = self._read(f"failed/{rank}")
             if record is not None and record["root"] is not None:
-                return record["root"], record["reason"]
-            if record is None and not self.store.check([f"done/{rank}"]):
+                return record["root"], record["reason"], record.get("retry", True)
+            if heartbeats and record is None and not self.store.check([f"done/{rank}"]):
                 beat = self._read(f"heartbeat/{rank}")
                 if beat is not None and now - beat["time"] > self.stale_s:
                     return rank, (f"{self.describe(rank)} is dead or frozen: no heartbeat for "
-                                  f"{now - beat['time']:.1f} s (last: {beat['activity']})")
+                                  f"{now - beat['time']:.1f} s (last: {beat['activity']})"), True
         return None
 
-    def diagnose(self, peer: int | None) -> tuple[int | None, str]:
-        """The root rank of a failed wait on ``peer`` and why (see the module docstring)."""
+    def diagnose(self, peer: int | None) -> tuple[int | None, str, bool]:
+        """The root rank of a failed wait on ``peer``, why, and whether another attempt could
+        succeed (see the module docstring)."""
         deadline = time.time() + self.grace_s
         while True:
             try:
-                found = self._root_once()
+                found = self.root_failure()
             except Exception as exc:
-                return peer, f"the store is unreachable ({exc}); {self._peer_text(peer)}"
+                return peer, f"the store is unreachable ({exc}); {self._peer_text(peer)}", True
             if found is not None:
                 return found
             if time.time() > deadline:
                 break
             time.sleep(0.2)
-        return self._hung(peer)
+        return (*self._hung(peer), True)
 
     def _peer_text(self, peer: int | None) -> str:
         return "no peer is known" if peer is None else f"waiting for {self.describe(peer)}"
@@ -134,9 +141,9 @@ class Watchdog:
 
     def failure(self, what: str, peer: int | None, exc: BaseException) -> WorkerFailure:
         """The error to raise after ``what`` (a wait on ``peer``) failed with ``exc``."""
-        root, reason = self.diagnose(peer)
-        self.record_failure(root, reason)
+        root, reason, retry = self.diagnose(peer)
+        self.record_failure(root, reason, retry=retry)
         failure = WorkerFailure(f"{self.describe(self.rank)} stopped while {what}: {reason}",
-                                root)
+                                root, retry=retry)
         failure.__cause__ = exc
         return failure

@@ -8,7 +8,9 @@ stream); the launcher writes them to the JSON-lines file and passes them to the 
 sink. It waits for every child. When one fails, the others are given ``grace_s`` to end
 by themselves (they do, within the timeout, each naming the rank at the root), and the
 launcher then terminates the rest; the result names the first rank that failed and carries
-every rank's error.
+every rank's error. The first rank is the first whose error names a ``cause`` (a
+non-finite loss), else the first seen to exit with an error: when one rank fails on
+purpose, the others end within moments, too close for the order of exits to tell.
 
 Children start by ``spawn`` (the default) or ``forkserver``, never by a plain ``fork``: the
 store's server thread, and any thread of the caller, runs while the launcher forks, and a
@@ -32,7 +34,7 @@ from typing import Any
 import torch.distributed as dist
 
 from pipestudio.runtime.engine.config import EngineConfig, build_model
-from pipestudio.runtime.engine.errors import EngineError
+from pipestudio.runtime.engine.errors import EngineError, WorkerFailure
 from pipestudio.runtime.engine.layout import EngineLayout
 from pipestudio.runtime.engine.metrics import Event, EventSink, JsonlSink
 from pipestudio.runtime.engine.rank import exit_now, run_rank, run_rank_reporting
@@ -44,13 +46,15 @@ START_METHODS = ("spawn", "forkserver")
 
 @dataclass
 class TrainResult:
-    """How a job ended: ``summary`` from rank 0 when it succeeded, else the errors."""
+    """How a job ended: ``summary`` from rank 0 when it succeeded, else the errors;
+    ``retry`` false when a rank said that another attempt would fail the same way."""
 
     ok: bool
     summary: dict[str, Any] | None = None
     errors: dict[int, str] = field(default_factory=dict)
     exit_codes: dict[int, int | None] = field(default_factory=dict)
     first_failed_rank: int | None = None
+    retry: bool = True
 
     @property
     def message(self) -> str:
@@ -129,6 +133,7 @@ def _supervise(processes: list[Any], readers: dict[Connection, int], sinks: list
                grace_s: float) -> TrainResult:
     result = TrainResult(ok=False)
     failed_at: float | None = None
+    cause_rank: int | None = None  # the first rank whose error names a cause
     while readers or any(p.exitcode is None for p in processes):
         for conn in wait(list(readers), timeout=0.2):
             try:
@@ -140,6 +145,9 @@ def _supervise(processes: list[Any], readers: dict[Connection, int], sinks: list
                 result.summary = event
             if event["type"] == "error":
                 result.errors[event["rank"]] = event["message"]
+                if event.get("cause") is not None and cause_rank is None:
+                    cause_rank = event["rank"]
+                result.retry = result.retry and event.get("retry") is not False
             for target in sinks:
                 target(event)
         for rank, process in enumerate(processes):
@@ -162,6 +170,8 @@ def _supervise(processes: list[Any], readers: dict[Connection, int], sinks: list
             result.errors[rank] = (f"rank {rank} exited with status {process.exitcode} "
                                    "without reporting an error")
     result.ok = all(code == 0 for code in result.exit_codes.values())
+    if cause_rank is not None:
+        result.first_failed_rank = cause_rank
     return result
 
 
@@ -182,5 +192,6 @@ def train_from_env(config: EngineConfig, sink: EventSink | None = None) -> Train
         summary = run_rank(config, rank, address_from_env(), fanout,
                            ranks_here=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except Exception as exc:
-        return TrainResult(ok=False, errors={rank: str(exc)}, first_failed_rank=rank)
+        return TrainResult(ok=False, errors={rank: str(exc)}, first_failed_rank=rank,
+                           retry=not isinstance(exc, WorkerFailure) or exc.retry)
     return TrainResult(ok=True, summary=summary)

@@ -6,7 +6,10 @@ gathers every worker's measured timeline (one ``gather_object`` over gloo, once,
 costs the run nothing while it trains), publishes the ``summary`` event (with each stage's
 layers in the partition the run ended on, after any live repartition) and writes the
 Chrome trace. A rank that fails records why in the store for the others (``faults.py``)
-and publishes an ``error`` event before it raises.
+and publishes an ``error`` event before it raises: ``root_rank``, the ``message`` and,
+when another attempt would fail again, ``retry`` false; the root of such a failure also
+names its ``cause`` (``nonfinite_loss``), so that whoever collects the errors reports it
+first.
 """
 
 import os
@@ -75,15 +78,16 @@ def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: Event
         watchdog.finish()
         return summary
     except BaseException as exc:
-        if isinstance(exc, WorkerFailure):
-            message = str(exc)
-            root = exc.root_rank
+        if isinstance(exc, WorkerFailure):  # its root is recorded (faults.py, worker.py)
+            failure = exc
         else:
-            message = f"{layout.describe(rank)} failed: {type(exc).__name__}: {exc}"
-            root = rank
-            watchdog.record_failure(rank, message)
+            failure = WorkerFailure(
+                f"{layout.describe(rank)} failed: {type(exc).__name__}: {exc}", rank)
+            watchdog.record_failure(rank, str(failure))
         sink({"type": "error", "rank": rank, "stage": stage_idx, "replica": replica,
-              "root_rank": root, "message": message})
+              "root_rank": failure.root_rank, "message": str(failure),
+              **({} if failure.cause is None else {"cause": failure.cause}),
+              **({} if failure.retry else {"retry": False})})
         raise
     finally:
         leave()

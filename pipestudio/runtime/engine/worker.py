@@ -12,12 +12,22 @@ When a step's last op is done the worker publishes the step's ops and metrics; a
 the first one it settles the heap (``pipestudio/heap.py``), so that no full collection
 stalls the pipeline for 0.1-0.2 s later on.
 
+The last stage checks each step's loss there, once its ``step`` event is out: the loss is
+the sum of the step's micro-batch losses, which the recorder accumulates on the device
+and brings to the host once per step for that event anyway, so the check costs no
+synchronisation; a sum is NaN or infinite when one of its terms is. With
+``on_nonfinite_loss="fail"`` a non-finite one raises ``NonFiniteLoss`` after recording it
+as the root of the job's failure (``faults.py``): this rank then leaves, the waits of the
+others on it fail within moments, and each of them reports this reason (and that another
+attempt would not help) instead of a timeout.
+
 Live repartition (``live.py``): each micro-batch runs on the partition in effect for it, so
 the stage's layers, the tensors it receives and sends, and its optimizer may change between
 two micro-batches; before the worker first touches an op of a step it learns the
 migrations announced for it, and its updates release the layer state due to move.
 """
 
+import math
 import time
 from collections import Counter
 
@@ -29,6 +39,7 @@ from pipestudio.runtime.engine import checkpoint as ckpt
 from pipestudio.runtime.engine.clock import Marker
 from pipestudio.runtime.engine.config import EngineConfig
 from pipestudio.runtime.engine.control import ControlClient
+from pipestudio.runtime.engine.errors import NonFiniteLoss
 from pipestudio.runtime.engine.faults import Watchdog
 from pipestudio.runtime.engine.layout import EngineLayout, StageIO
 from pipestudio.runtime.engine.live import LiveRepartition
@@ -130,16 +141,25 @@ class Worker:
             self.transport.reap()
             left[op.step] -= 1
             if left[op.step] == 0:
-                if self.plan.schedule != "pipedream":
-                    self.transport.drain()
-                self.recorder.finish_step(op.step)
-                if not self.settled:  # torch imports what the first step needed lazily
-                    settle_heap()
-                    self.settled = True
-                if self.control is not None:
-                    self.control.after_step(op.step, self.recorder, self.meter)
+                self._finish_step(op.step)
         self.transport.drain()
         self.recorder.flush()
+
+    def _finish_step(self, step: int) -> None:
+        """Publish the step's metrics, then check its loss (module docstring)."""
+        if self.plan.schedule != "pipedream":
+            self.transport.drain()
+        loss = self.recorder.finish_step(step).get("loss")
+        if (loss is not None and not math.isfinite(loss)
+                and self.config.on_nonfinite_loss == "fail"):
+            failure = NonFiniteLoss(loss, step, self.stage_idx, self.ctx.rank)
+            self.watchdog.record_failure(self.ctx.rank, str(failure), retry=False)
+            raise failure
+        if not self.settled:  # torch imports what the first step needed lazily
+            settle_heap()
+            self.settled = True
+        if self.control is not None:
+            self.control.after_step(step, self.recorder, self.meter)
 
     def _prepare(self, ops: list[Op], idx: int) -> None:
         """Post the receives of the next compute ops; prefetch swapped tensors."""
@@ -321,8 +341,16 @@ class Worker:
         if self.ctx.rank == 0:
             self.watchdog.doing(f"waiting for every rank's checkpoint of step {step}")
             deadline = time.time() + self.ctx.timeout_s
+            polls = 0
             while self.ctx.store.add(f"checkpoint/{step}", 0) < self.ctx.world_size:
-                if time.time() > deadline:
+                # a rank that failed meanwhile (a non-finite loss on the last stage at the
+                # end of this segment) never checkpoints: end now, not at the timeout. Only
+                # a failure record counts: a heartbeat may pause while a rank pickles a
+                # big checkpoint.
+                polls += 1
+                if time.time() > deadline or (
+                        polls % 10 == 0
+                        and self.watchdog.root_failure(heartbeats=False) is not None):
                     raise self.watchdog.failure(f"waiting for the checkpoint of step {step}",
                                                 None, TimeoutError(step))
                 time.sleep(0.05)

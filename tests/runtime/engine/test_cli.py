@@ -1,4 +1,5 @@
-"""``pipestudio train`` on a plan made by ``pipestudio plan``: metrics and a trace come out."""
+"""``pipestudio train`` on a plan made by ``pipestudio plan``: metrics and a trace come out;
+a loss that becomes NaN fails it with the reason, unless told to continue."""
 
 import json
 from pathlib import Path
@@ -7,6 +8,7 @@ import pytest
 
 from pipestudio.cli import main
 from pipestudio.planner.result import OpKind
+from tests.runtime.engine.helpers import make_plan
 
 TINY_MLP = ["--model", "mlp", "--model-arg", "layers=2", "--model-arg", "width=32",
             "--model-arg", "in_features=16"]
@@ -50,3 +52,24 @@ def test_a_plan_for_another_model_exits_2(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.splitlines() == ["error: the plan is for model 'gpt' but the model built is "
                                 "'mlp'"]
+
+
+@pytest.mark.parametrize("on_nonfinite_loss,status", [("fail", 1), ("continue", 0)])
+def test_a_nonfinite_loss_fails_train_unless_told_to_continue(
+        on_nonfinite_loss: str, status: int, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
+                    .model_dump_json())
+    argv = ["train", "--plan", str(plan), *TINY_MLP, "--model-arg", "out_features=5",
+            "--steps", "2", "--threads-per-rank", "1", "--lr", "1e15"]
+    if on_nonfinite_loss == "continue":
+        argv += ["--on-nonfinite-loss", "continue"]
+    assert main(argv) == status
+    err = capsys.readouterr().err
+    assert "step 1: loss nan" in err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    if status:
+        assert errors[0] == "error: loss is NaN at step 1 (stage 1)", err
+    else:
+        assert errors == [], err
