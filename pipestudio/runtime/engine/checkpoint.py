@@ -123,7 +123,9 @@ def load_rank(root: str, stage_idx: int, replica: int, module: nn.Module,
     meta = read_latest(root)
     assert meta is not None
     path = Path(root) / meta["path"] / f"stage{stage_idx}-replica{replica}.pt"
-    state = torch.load(path, map_location=device, weights_only=False)
+    # tensors and plain data only: a checkpoint directory is shared, and a pickle that
+    # runs code is not what any rank wrote
+    state = torch.load(path, map_location=device, weights_only=True)
     module.load_state_dict(state["model"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])

@@ -2,7 +2,7 @@
 
 Each rank builds the whole model from the factory with the run's seed, so every rank
 starts from the same weights, and keeps its stage's layers. After training, rank 0
-gathers every worker's measured timeline (one ``gather_object`` over gloo, once, so it
+gathers every worker's measured timeline (one ``gather_json`` over gloo, once, so it
 costs the run nothing while it trains), publishes the ``summary`` event (with each stage's
 layers in the partition the run ended on, after any live repartition) and writes the
 Chrome trace. A rank that fails records why in the store for the others (``faults.py``)
@@ -19,13 +19,13 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 import torch
-import torch.distributed as dist
 
 from pipestudio.heap import settle_heap
 from pipestudio.planner.trace import write_chrome_trace
 from pipestudio.runtime.engine import checkpoint as ckpt
 from pipestudio.runtime.engine.config import EngineConfig, build_model
 from pipestudio.runtime.engine.errors import WorkerFailure
+from pipestudio.runtime.engine.exchange import gather_json
 from pipestudio.runtime.engine.faults import Watchdog
 from pipestudio.runtime.engine.layout import EngineLayout
 from pipestudio.runtime.engine.measured import measured_result, summary_event
@@ -140,11 +140,9 @@ def _report(worker: Worker) -> dict[str, Any]:
 
 
 def _gather(config: EngineConfig, worker: Worker, steps: list[int]) -> dict[str, Any] | None:
-    rank = worker.ctx.rank
-    reports: list[Any] | None = [None] * worker.ctx.world_size if rank == 0 else None
     worker.watchdog.doing("gathering the timelines at rank 0")
     try:
-        dist.gather_object(_report(worker), reports, dst=0)
+        reports = gather_json(_report(worker), dst=0)
     except Exception as exc:
         raise worker.watchdog.failure("gathering the timelines", None, exc) from exc
     if reports is None:

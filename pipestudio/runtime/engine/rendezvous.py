@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from pipestudio.runtime.engine.clock import Clock
 from pipestudio.runtime.engine.errors import EngineError
+from pipestudio.runtime.engine.exchange import all_gather_json
 from pipestudio.runtime.engine.layout import EngineLayout
 
 #: The least time ranks wait for each other to start (see the module docstring).
@@ -130,8 +131,8 @@ def join(layout: EngineLayout, rank: int, address: StoreAddress, device_kind: st
         torch.cuda.set_device(device)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
                             world_size=world_size, timeout=timeout)
-    placement: list[tuple[str, str]] = [("", "")] * world_size
-    dist.all_gather_object(placement, (socket.gethostname(), str(device)))
+    placement = [(str(host), str(where)) for host, where in
+                 all_gather_json([socket.gethostname(), str(device)])]
     groups = _make_groups(layout, rank, placement, timeout)
     if rank == 0:
         store.set("t0", repr(time.time()))
