@@ -14,7 +14,7 @@ from pipestudio.planner.errors import (
     PlanError,
     PlannerError,
     ProfileError,
-    SimulationBudgetError,
+    WorkBudgetError,
 )
 from pipestudio.planner.pipedream_import import import_pipedream, parse_pipedream
 from pipestudio.planner.plan import Plan, Stage, plan_template, resolve_plan
@@ -40,8 +40,8 @@ __all__ = [
     "Profile",
     "ProfileError",
     "SimResult",
-    "SimulationBudgetError",
     "Stage",
+    "WorkBudgetError",
     "chrome_trace",
     "cluster_template",
     "import_pipedream",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from pipestudio.planner.cluster import Cluster
 from pipestudio.planner.costs import boundary_bytes
-from pipestudio.planner.errors import SimulationBudgetError
+from pipestudio.planner.errors import WorkBudgetError
 from pipestudio.planner.plan import Plan, StageLayout
 from pipestudio.planner.profile import Profile
 
@@ -177,7 +177,7 @@ def check_budget(workload: Workload, max_ops: int | None, *, fields: dict[str, i
     steps = f"{workload.num_steps} step{'s' if workload.num_steps != 1 else ''}"
     if workload.num_padding_steps:
         steps += f" (and {workload.num_padding_steps} warm-up and drain steps)"
-    raise SimulationBudgetError(
+    raise WorkBudgetError(
         f"{field}={value}: simulating {steps} of {workload.num_microbatches} micro-batches on "
         f"{workload.num_workers} workers is {num_ops} operations, more than the limit of "
         f"{max_ops}; use fewer {_ADVICE.get(field, 'micro-batches or steps')}",

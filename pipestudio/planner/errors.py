@@ -36,12 +36,14 @@ class InfeasibleError(PlannerError):
         self.precision_bytes = precision_bytes
 
 
-class SimulationBudgetError(PlannerError):
-    """A simulation would build more ops than allowed (``budget.py``), so it is refused
-    before it starts.
+class WorkBudgetError(PlannerError):
+    """A request would cost more work than allowed, so it is refused before it starts: a
+    simulation would build more ops (``budget.py``), or a planner would search more
+    (``request.check_request_budget``).
 
     ``field`` names the input most responsible (``num_microbatches``, ``num_steps``,
-    ``stages``...), ``limit`` is the most ops allowed and ``num_ops`` the estimate.
+    ``num_stages``...), ``limit`` is the most work allowed and ``num_ops`` the estimate,
+    in the same unit.
     """
 
     def __init__(self, message: str, *, field: str, limit: int, num_ops: int) -> None:

@@ -19,7 +19,7 @@ from pipestudio.planner.cluster import Cluster, cluster_template
 from pipestudio.planner.costs import StageCosts, boundary_bytes, layer_set_costs
 from pipestudio.planner.documents import MAX_MICROBATCH_SIZE, MAX_MICROBATCHES
 from pipestudio.planner.errors import InfeasibleError as InfeasibleError  # the planners' import
-from pipestudio.planner.errors import PlanError, PlannerError
+from pipestudio.planner.errors import PlanError, PlannerError, WorkBudgetError
 from pipestudio.planner.min_memory import explain_infeasible
 from pipestudio.planner.plan import OPTIMIZER_STATE_FACTOR, SCHEDULES, Plan, resolve_plan
 from pipestudio.planner.profile import Profile
@@ -204,7 +204,7 @@ def check_request_budget(request: PlanRequest, max_ops: int | None, *, num_steps
                          ) -> None:
     """Refuse ``request`` before any planner runs when simulating its plan for
     ``num_steps`` steps could build more than ``max_ops`` ops (``budget.py``; ``None``: no
-    limit), with ``SimulationBudgetError``.
+    limit), with ``WorkBudgetError``.
 
     The plan is not known yet, so the count is an upper bound over the plans a planner may
     return: the most workers the request allows (``num_stages``, or every device of the
@@ -225,6 +225,32 @@ def check_request_budget(request: PlanRequest, max_ops: int | None, *, num_steps
     workers_field = "cluster.devices" if by_cluster else "num_stages"
     check_budget(workload, max_ops, fields={"num_microbatches": request.num_microbatches,
                                             workers_field: num_workers})
+    _check_search(request, num_workers, workers_field)
+
+
+#: The planners' own search, which the simulation budget does not see: with at most this
+#: many workers and layers x workers, each planner answers within about a second on a
+#: 2-core machine (the slowest, pipedream and vpipe, grow with the workers squared or
+#: faster: 8 s and 3.5 s for 7,800 layers on 128 workers; at 64 workers and 15,600
+#: layers, 1.0 and 0.9 s; optimal 0.9 s).
+MAX_PLANNED_WORKERS = 64
+MAX_PLANNED_CELLS = 1_000_000
+
+
+def _check_search(request: PlanRequest, num_workers: int, field: str) -> None:
+    cells = num_workers * request.profile.num_layers
+    if num_workers > MAX_PLANNED_WORKERS:
+        raise WorkBudgetError(
+            f"{field}={num_workers}: a planner may be asked to place layers on at most "
+            f"{MAX_PLANNED_WORKERS} workers here; plan with fewer, or with `pipestudio "
+            "plan`, which has no work budget", field=field, limit=MAX_PLANNED_WORKERS,
+            num_ops=num_workers)
+    if cells > MAX_PLANNED_CELLS:
+        raise WorkBudgetError(
+            f"{field}={num_workers}: planning {request.profile.num_layers} layers onto "
+            f"{num_workers} workers weighs {cells} layer-worker pairs, more than the limit "
+            f"of {MAX_PLANNED_CELLS}; plan with fewer workers, or with `pipestudio plan`",
+            field=field, limit=MAX_PLANNED_CELLS, num_ops=cells)
 
 
 def run_planner(algorithm: str, planner: Planner, request: PlanRequest, *,
@@ -234,7 +260,7 @@ def run_planner(algorithm: str, planner: Planner, request: PlanRequest, *,
     ``planner_ms`` is the one call that answered ``request``; when it found no plan that
     fits, the search for the smallest memory that does comes after and is not counted.
     With ``max_ops``, a request whose simulation could build more ops is refused first
-    (``check_request_budget``), raising ``SimulationBudgetError``.
+    (``check_request_budget``), raising ``WorkBudgetError``.
     """
     check_request_budget(request, max_ops)
     started = time.perf_counter()

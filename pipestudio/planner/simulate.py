@@ -163,7 +163,7 @@ def simulate(
     """Predict what ``plan`` does on ``cluster`` (see the module docstring).
 
     ``max_ops`` bounds the ops the simulation may build (``budget.py``; ``None``: no
-    bound): a larger one raises ``SimulationBudgetError`` before any is built.
+    bound): a larger one raises ``WorkBudgetError`` before any is built.
     """
     with _gc_paused():
         return _simulate(profile, plan, cluster, num_steps, with_timeline, max_ops)

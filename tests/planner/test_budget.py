@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from pipestudio.planner import Cluster, Plan, PlanError, Profile, cluster_template, simulate
 from pipestudio.planner.budget import DEFAULT_MAX_SIMULATED_OPS, Workload, plan_workload
-from pipestudio.planner.errors import SimulationBudgetError
+from pipestudio.planner.errors import WorkBudgetError
 from pipestudio.planner.events import OpGraph
 from pipestudio.planner.pipedream_import import import_pipedream
 from pipestudio.planner.plan import resolve_plan
@@ -68,7 +68,7 @@ def test_a_million_microbatches_are_refused_at_once() -> None:
     # The Plan document allows 100,000 micro-batches; a plan built in code may hold more.
     plan = even_plan(profile, 4, 8, "1f1b").model_copy(update={"num_microbatches": 10**6})
     started = time.perf_counter()
-    with pytest.raises(SimulationBudgetError) as info:
+    with pytest.raises(WorkBudgetError) as info:
         simulate(profile, plan, num_steps=2, max_ops=2_000_000)
     assert time.perf_counter() - started < 0.1
     assert str(info.value) == (
@@ -83,7 +83,7 @@ def test_the_largest_valid_plan_is_refused_by_the_default_budget() -> None:
     profile = chain_profile(8)
     plan = even_plan(profile, 4, 100_000, "gpipe")
     started = time.perf_counter()
-    with pytest.raises(SimulationBudgetError, match=f"the limit of {DEFAULT_MAX_SIMULATED_OPS}"):
+    with pytest.raises(WorkBudgetError, match=f"the limit of {DEFAULT_MAX_SIMULATED_OPS}"):
         simulate(profile, plan, max_ops=DEFAULT_MAX_SIMULATED_OPS)
     assert time.perf_counter() - started < 0.1
 
@@ -95,7 +95,7 @@ def test_a_plan_at_the_limit_runs_and_one_op_more_is_refused() -> None:
     with counting_ops() as counts:
         simulate(profile, plan, num_steps=2, max_ops=num_ops)
     assert counts == [num_ops]
-    with pytest.raises(SimulationBudgetError, match=f"more than the limit of {num_ops - 1};"):
+    with pytest.raises(WorkBudgetError, match=f"more than the limit of {num_ops - 1};"):
         simulate(profile, plan, num_steps=2, max_ops=num_ops - 1)
     simulate(profile, plan, num_steps=2, max_ops=None)
 
@@ -109,7 +109,7 @@ def test_the_error_names_the_field_that_multiplies_the_work_most(
         num_stages: int, num_microbatches: int, num_steps: int, field: str) -> None:
     profile = chain_profile(400)
     plan = even_plan(profile, num_stages, num_microbatches, "gpipe")
-    with pytest.raises(SimulationBudgetError) as info:
+    with pytest.raises(WorkBudgetError) as info:
         simulate(profile, plan, num_steps=num_steps, max_ops=1000)
     assert info.value.field == field and info.value.limit == 1000
     assert str(info.value).startswith(f"{field}=")
@@ -118,7 +118,7 @@ def test_the_error_names_the_field_that_multiplies_the_work_most(
 def test_pipedream_counts_its_warm_up_and_drain_steps() -> None:
     profile = chain_profile(8)
     plan = even_plan(profile, 8, 2, "pipedream")
-    with pytest.raises(SimulationBudgetError,
+    with pytest.raises(WorkBudgetError,
                        match=r"simulating 1 step \(and 9 warm-up and drain steps\) of 2 "):
         simulate(profile, plan, max_ops=10)
 
@@ -136,7 +136,7 @@ def test_devices_shared_by_thousands_of_workers_count_their_memory_checks() -> N
     profile = chain_profile(2)
     with_memory = single_level_cluster(2000, memory=2**40)
     assert workload(profile, plan).num_ops() == 3 * 4000 + 1
-    with pytest.raises(SimulationBudgetError) as info:
+    with pytest.raises(WorkBudgetError) as info:
         simulate(profile, plan, with_memory, max_ops=20_000)
     assert info.value.field == "stages.devices"
     assert str(info.value).startswith("stages.devices=2000: ")
@@ -165,7 +165,7 @@ def test_a_request_over_the_budget_is_refused_before_the_planner_runs() -> None:
     request = PlanRequest(profile=chain_profile(64), num_microbatches=100_000, schedule="1f1b",
                           num_stages=4)
     started = time.perf_counter()
-    with pytest.raises(SimulationBudgetError) as info:
+    with pytest.raises(WorkBudgetError) as info:
         run_planner("uniform", never_called, request, max_ops=DEFAULT_MAX_SIMULATED_OPS)
     assert time.perf_counter() - started < 0.1
     assert info.value.field == "num_microbatches"
@@ -178,7 +178,7 @@ def test_a_request_counts_every_device_of_its_cluster() -> None:
     request = PlanRequest(profile=chain_profile(4000), num_microbatches=64,
                           schedule="pipedream", num_stages=2,
                           cluster=cluster_template([1000, 4], [100.0, 10.0]))
-    with pytest.raises(SimulationBudgetError) as info:
+    with pytest.raises(WorkBudgetError) as info:
         check_request_budget(request, DEFAULT_MAX_SIMULATED_OPS)
     assert info.value.field == "cluster.devices"
     assert "on 4000 workers" in str(info.value)
@@ -197,7 +197,7 @@ def test_the_request_bound_holds_for_what_the_planners_return() -> None:
                 outcome = run_planner(algorithm, PLANNERS[algorithm], request, max_ops=bound)
             assert outcome.plan is not None, outcome.error
             assert max(counts) <= bound  # the final simulation and any the planner ran
-            with pytest.raises(SimulationBudgetError):
+            with pytest.raises(WorkBudgetError):
                 run_planner(algorithm, never_called, request, max_ops=bound - 1)
 
 
@@ -205,7 +205,7 @@ def workload_of_request(request: PlanRequest) -> int:
     """The bound ``check_request_budget`` compares with its limit."""
     try:
         check_request_budget(request, 0)
-    except SimulationBudgetError as exc:
+    except WorkBudgetError as exc:
         return exc.num_ops
     raise AssertionError("a limit of 0 ops refuses every request")
 
@@ -230,3 +230,32 @@ def test_a_simulation_at_the_default_limit_takes_seconds_not_minutes() -> None:
     result = simulate(profile, plan, num_steps=2, max_ops=DEFAULT_MAX_SIMULATED_OPS)
     assert time.perf_counter() - started < 10
     assert len(result.timeline) == workload(profile, plan, 2).num_ops()
+
+
+@pytest.mark.parametrize(("num_layers", "num_stages", "words"), [
+    (100, 65, "at most 64 workers"),
+    (20_000, 64, "1280000 layer-worker pairs, more than the limit of 1000000"),
+])
+def test_a_planners_own_search_is_bounded(num_layers: int, num_stages: int,
+                                          words: str) -> None:
+    """Planners whose work grows with layers x workers (and pipedream's and vpipe's with
+    the workers squared) are not started on more than the budget allows."""
+    request = PlanRequest(profile=chain_profile(num_layers), num_microbatches=4,
+                          schedule="1f1b", num_stages=num_stages)
+    started = time.perf_counter()
+    with pytest.raises(WorkBudgetError) as info:
+        run_planner("vpipe", PLANNERS["vpipe"], request, max_ops=DEFAULT_MAX_SIMULATED_OPS)
+    assert time.perf_counter() - started < 0.5
+    assert info.value.field == "num_stages" and words in str(info.value)
+    check_request_budget(request, None)  # no budget (the command line): no limit
+
+
+def test_a_request_at_the_search_limit_plans_within_seconds() -> None:
+    request = PlanRequest(profile=chain_profile(15_600), num_microbatches=4,
+                          schedule="1f1b", num_stages=64)
+    for algorithm in ("optimal", "vpipe", "dawnpiper"):
+        started = time.perf_counter()
+        outcome = run_planner(algorithm, PLANNERS[algorithm], request,
+                              max_ops=DEFAULT_MAX_SIMULATED_OPS, with_timeline=False)
+        assert outcome.plan is not None, outcome.error
+        assert time.perf_counter() - started < 10, algorithm
