@@ -8,6 +8,7 @@ run's figures change.
 
 import bisect
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +42,15 @@ class RunView:
     proposals: list[dict[str, Any]] = field(default_factory=list)
 
 
+#: How the backend stores what JSON has no number for (a diverging loss); read back as the
+#: floats they are, which the charts draw as gaps.
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
 def flatten(metric: dict[str, Any]) -> dict[str, Any]:
     """A stored metric as the engine's event: its data, with stage, replica and step."""
-    event = dict(metric.get("data") or {})
+    event = {key: NON_FINITE.get(value, value) if isinstance(value, str) else value
+             for key, value in (metric.get("data") or {}).items()}
     for key in ("stage", "replica", "step"):
         if event.get(key) is None and metric.get(key) is not None:
             event[key] = metric[key]
@@ -152,12 +159,19 @@ def figures(view: RunView) -> list[Figure]:
 
 
 def status_text(view: RunView) -> str:
+    """The run's state and why it ended; and how many worker messages the backend
+    rejected (it could not store them: a stranger's, or malformed), with the latest."""
     run = view.run
     steps = f"step {run['last_step']} of {run['steps']}" if run.get("last_step") is not None \
         else f"{run['steps']} steps"
     text = (f"Run {run['id']} of plan {run['plan_id']} ({run['model']}): {run['state']}, "
             f"{steps}, {len(run.get('ranks') or [])} ranks")
-    return text + (f" — {run['message']}" if run.get("message") else "")
+    text += f" — {run['message']}" if run.get("message") else ""
+    rejected = [e for e in view.events if e["kind"] == "rejected"]
+    if rejected:
+        text += (f" · {len(rejected)} worker message(s) rejected, the latest: "
+                 f"{rejected[-1].get('message', '')}")
+    return text
 
 
 def measured_trace(ops: list[dict[str, Any]], run_id: int) -> str:

@@ -192,3 +192,34 @@ def test_observed_profile_scales_each_stage_by_its_measured_compute():
     assert observed.layers[7].bwd_ms == pytest.approx(2 * profile.layers[7].bwd_ms)
     with pytest.raises(PlannerError, match="stage 1 has reported no step yet"):
         observed_profile(profile, plan, steps[:1])
+
+
+class DivergedBackend(RecordedBackend):
+    """A run whose loss became NaN at step 2 and infinite at step 3 (stored as names), that
+    failed saying so, and whose backend rejected a stranger's message."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for m in self.steps:
+            if m["stage"] == 1 and m["step"] >= 2:
+                m["data"]["loss"] = "NaN" if m["step"] == 2 else "Infinity"
+
+    def run(self, run_id):
+        return {**super().run(run_id), "state": "failed",
+                "message": "loss is NaN at step 2 (stage 1)"}
+
+    def events(self, run_id, after_id=0):
+        return [*super().events(run_id), {
+            "kind": "rejected", "created_at": "2026-01-01T00:00:03", "step": None,
+            "message": "message 9 (run_state) of worker x was rejected: worker x holds no "
+                       "rank of run 5", "data": {}}]
+
+
+def test_a_diverged_loss_is_a_gap_and_the_reason_is_shown():
+    view = monitor.fetch_view(DivergedBackend(), 5)
+    loss = monitor.figures(view)[-1]
+    assert loss["data"][0]["y"] == [2.0, 1.9, None, None]  # gaps, not points at 0
+    assert loss["layout"]["title"]["text"] == "Training loss (NaN from step 2)"
+    status = monitor.status_text(view)
+    assert "failed, step 3 of 10" in status and "loss is NaN at step 2 (stage 1)" in status
+    assert "1 worker message(s) rejected, the latest: message 9 (run_state)" in status

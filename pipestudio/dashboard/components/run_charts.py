@@ -7,6 +7,7 @@ worker and step: ``peak_bytes``). Migrations are ``Marker``s drawn as dotted lin
 step, so a repartition's effect shows on every chart.
 """
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,15 +153,20 @@ def swap_recompute_figure(steps: Sequence[Event], markers: Sequence[Marker] = ()
 
 
 def loss_figure(steps: Sequence[Event], markers: Sequence[Marker] = ()) -> Figure:
+    """The loss per step; a loss that is NaN or infinite is a gap in the line, and the
+    title names the first step it happened at."""
     title = "Training loss"
     points = sorted((e["step"], e["loss"]) for e in steps if e.get("loss") is not None)
     if not points:
         return empty_figure("Waiting for the last stage to report a loss…", title)
     data = [{"type": "scatter", "mode": "lines+markers", "name": "loss",
-             "x": [p[0] for p in points], "y": [p[1] for p in points],
+             "x": [p[0] for p in points],
+             "y": [p[1] if math.isfinite(p[1]) else None for p in points],
              "hovertemplate": "step %{x}: loss %{y:.4f}<extra></extra>"}]
+    broken = next((p for p in points if not math.isfinite(p[1])), None)
+    summary = (f"{'NaN' if math.isnan(broken[1]) else broken[1]} from step {broken[0]}"
+               if broken is not None else f"last {points[-1][1]:.4f}")
     figure = {"data": data, "layout": base_layout(
-        f"{title} (last {points[-1][1]:.4f})", "step", "loss (sum over micro-batches)",
-        height=300)}
+        f"{title} ({summary})", "step", "loss (sum over micro-batches)", height=300)}
     _mark(figure, markers)
     return figure
