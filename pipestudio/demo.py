@@ -298,8 +298,9 @@ def banner(url: str, token: str, lines: list[str], log_dir: Path) -> str:
     seeded = "\n".join(f"  - {line}" for line in lines)
     return (f"\nPipeStudio is running.\n\n  dashboard   {url}/\n  REST API    {url}/api/ "
             f"(OpenAPI {url}/docs)\n  API token   {token}\n  logs        {log_dir}/\n\n"
-            f"Seeded:\n{seeded}\n\nOpen the dashboard, go to Runs, pick a gpt plan and press "
-            "Launch.\nPress Ctrl-C to stop every process the demo started.\n")
+            f"Seeded:\n{seeded}\n\nOpen the dashboard and sign in: leave Name empty and paste "
+            f"the API token\nas the password ({url}/login). Then go to Runs, pick a gpt plan "
+            "and press Launch.\nPress Ctrl-C to stop every process the demo started.\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,3 +18,14 @@ def chromium_page() -> Iterator[object]:
         tab.set_default_timeout(30_000)
         yield tab
         browser.close()
+
+
+def sign_in(tab: object, base_url: str, password: str, user: str = "") -> None:
+    """Sign in on the dashboard's sign-in page (with the API token when ``user`` is
+    empty) and wait for the navigation of a signed-in page."""
+    tab.goto(f"{base_url}/login?next=/profiles")
+    if user:
+        tab.fill("#signin-user", user)
+    tab.fill("#signin-password", password)
+    tab.click("#signin-submit")
+    tab.wait_for_selector("#nav-signout")

@@ -1,4 +1,5 @@
-"""What one running backend holds: settings, database, hub, ingest and the watchdog task."""
+"""What one running backend holds: settings, database, credentials, hub, ingest and the
+watchdog task."""
 
 import asyncio
 import logging
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 
 from anyio import to_thread
 
+from pipestudio.backend.auth import Credentials
 from pipestudio.backend.db import Database
 from pipestudio.backend.hub import Hub
 from pipestudio.backend.ingest import Ingestor
@@ -14,6 +16,7 @@ from pipestudio.backend.repositories import Runs
 from pipestudio.backend.services import runs, workers
 from pipestudio.backend.services.messages import Actions
 from pipestudio.backend.settings import Settings
+from pipestudio.backend.users import parse_users
 
 log = logging.getLogger("pipestudio.backend")
 
@@ -22,11 +25,16 @@ log = logging.getLogger("pipestudio.backend")
 class AppContext:
     settings: Settings
     db: Database
+    credentials: Credentials = field(init=False)
     hub: Hub = field(default_factory=Hub)
     ingestor: Ingestor | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     #: Runs in ``resuming``: since when (monotonic) they wait for free slots.
     resuming_since: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.credentials = Credentials(self.settings.api_token,
+                                       parse_users(self.settings.users), self.db)
 
     async def start(self) -> None:
         self.hub.loop = asyncio.get_running_loop()

@@ -1,6 +1,6 @@
-"""What routes depend on: the application context, a database session, the API token."""
+"""What routes depend on: the application context, a database session, and who the request
+acts for (``Principal``): ``Reader`` may read, ``Writer`` may change what is stored."""
 
-import secrets
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Annotated
@@ -10,10 +10,13 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from pipestudio.backend.auth import CredentialError
 from pipestudio.backend.context import AppContext
 from pipestudio.backend.db import finish
+from pipestudio.backend.users import TOKEN_USER, Principal
 
-_bearer = HTTPBearer(auto_error=False, description="The API token (PIPESTUDIO_API_TOKEN).")
+_bearer = HTTPBearer(auto_error=False, description="The API token (PIPESTUDIO_API_TOKEN) or "
+                     "a session token from POST /api/auth/session.")
 
 
 async def get_context(request: Request) -> AppContext:
@@ -47,15 +50,56 @@ async def get_session(context: ContextDep) -> AsyncIterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-async def require_token(context: ContextDep, credentials: Annotated[
-        HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-    """Mutating calls carry ``Authorization: Bearer <API token>``."""
-    token = context.settings.api_token
-    if credentials is None or token is None or not secrets.compare_digest(
-            credentials.credentials.encode(), token.encode()):
-        raise HTTPException(401, "a valid API token is required: send "
-                                 "'Authorization: Bearer <token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-Authorized = Depends(require_token)
+def _unauthorized(reason: str) -> HTTPException:
+    return HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
+
+
+async def get_principal(context: ContextDep, credentials: BearerDep) -> Principal | None:
+    """Who the bearer credential names; None without one; 401 for one that is not valid."""
+    if credentials is None:
+        return None
+    token = credentials.credentials
+    found = context.credentials.cached(token)
+    if found is not None:
+        return found
+    try:
+        return await to_thread.run_sync(context.credentials.resolve, token)
+    except CredentialError as exc:
+        raise _unauthorized(str(exc)) from None
+
+
+PrincipalDep = Annotated[Principal | None, Depends(get_principal)]
+
+
+async def require_reader(context: ContextDep, principal: PrincipalDep) -> Principal | None:
+    """Reads need a credential unless ``public_reads`` is set."""
+    if principal is None and not context.settings.public_reads:
+        raise _unauthorized("sign in first: send 'Authorization: Bearer <API token or "
+                            "session token>' (reads are not public on this server)")
+    return principal
+
+
+async def require_writer(principal: PrincipalDep) -> Principal:
+    """Changes need the API token or a person whose role may write."""
+    if principal is None:
+        raise _unauthorized("a valid API token is required: send 'Authorization: Bearer "
+                            "<token>' (the API token, or a session token of an editor)")
+    if not principal.may_write:
+        raise HTTPException(403, f"{principal.user} is a {principal.role}: viewers may read "
+                                 "but not change anything")
+    return principal
+
+
+Reader = Annotated[Principal | None, Depends(require_reader)]
+Writer = Annotated[Principal, Depends(require_writer)]
+Authorized = Depends(require_writer)
+Readable = Depends(require_reader)
+
+
+def author(principal: Principal, given: str) -> str:
+    """Who a change is recorded as: the signed-in person; a script holding the API token
+    may name itself (``given``)."""
+    return given if principal.user == TOKEN_USER else principal.user

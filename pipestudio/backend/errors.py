@@ -1,8 +1,18 @@
 """The API's errors and how each becomes an HTTP answer: 404, 409, 413 or 422, never 500
-for bad input. A planner's ``ValueError`` is a mistake in the input and answers 422."""
+for bad input. A planner's ``ValueError`` is a mistake in the input and answers 422.
+
+Two requests on one item at once (an edit racing a delete) meet in the database: the loser
+finds its row changed or gone (``StaleDataError``) or a reference gone
+(``IntegrityError``), and answers 409 to be retried on what is stored now."""
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.orm.exc import StaleDataError
+
+from pipestudio.backend.schemas.common import TAG_PREFIX
 
 
 class NotFoundError(LookupError):
@@ -43,6 +53,32 @@ def add_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": [{"loc": _location(exc), "msg": str(exc),
                                          "type": "value_error"}]}, status_code=422)
 
+    async def raced(_request: Request, _exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": "another request changed or deleted this item at the "
+                             "same time; read it again and retry"}, status_code=409)
+
+    async def unfit(_request: Request, exc: Exception) -> JSONResponse:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        return JSONResponse({"detail": [{"loc": ["body"], "msg": f"a value does not fit the "
+                                         f"store: {reason}", "type": "value_error"}]},
+                            status_code=422)
+
+    async def too_deep(_request: Request, _exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": [{"loc": ["body"], "msg": "the body nests too deeply "
+                                         "to be read", "type": "value_error"}]},
+                            status_code=422)
+
+    async def invalid(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = [{**error, "loc": [part for part in error["loc"] if not (
+            isinstance(part, str) and part.startswith(TAG_PREFIX))]} for error in exc.errors()]
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+    app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(NotFoundError, not_found)
     app.add_exception_handler(ConflictError, conflict)
     app.add_exception_handler(ValueError, bad_value)
+    app.add_exception_handler(StaleDataError, raced)
+    app.add_exception_handler(IntegrityError, raced)
+    app.add_exception_handler(DataError, unfit)
+    app.add_exception_handler(RecursionError, too_deep)

@@ -8,13 +8,19 @@ dashboards' latency does not include the commit. Group commit keeps the
 per-message cost of a commit (an fsync on SQLite, a round trip on PostgreSQL) shared by
 every worker, and one writer is all SQLite allows anyway. A message is applied only when
 its ``seq`` is the worker's ``last_seq + 1`` (``protocol.py``).
+
+One message cannot fail the others: a message ``screening.screen`` refuses, or one about
+a run its worker has no rank in, is rejected (acked, recorded on its run as a ``rejected``
+event, never applied); and when a batch fails in the database anyway, it is stored again
+one message per transaction, so that only the message that fails is rejected. No worker
+is disconnected for what it sent, only for a gap in its numbers.
 """
 
 import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from anyio import to_thread
@@ -26,8 +32,9 @@ from pipestudio.backend import models
 from pipestudio.backend.db import Database
 from pipestudio.backend.hub import Hub
 from pipestudio.backend.repositories import Workers
-from pipestudio.backend.services import messages
+from pipestudio.backend.services import messages, screening, workers
 from pipestudio.backend.services.messages import Actions
+from pipestudio.backend.services.workers import Judgment
 
 log = logging.getLogger("pipestudio.backend")
 _MAX_BATCH = 2000
@@ -43,9 +50,24 @@ _COPY_METRICS = f"COPY metrics ({', '.join(_METRIC_COLUMNS)}) FROM STDIN"
 class Item:
     worker_id: str
     message: dict[str, Any]
-    verdict: str = "pending"  # stored | repeat | gap
+    verdict: str = "pending"  # stored | repeat | gap | rejected
     #: Its metrics already went to the dashboards (``Ingestor.submit``).
     early: bool = False
+    #: Why ``screening.screen`` refused it (None: it may be applied).
+    refusal: str | None = None
+
+
+@dataclass
+class Stored:
+    """What storing a batch leaves to do after its commit."""
+
+    actions: Actions = field(default_factory=Actions)
+    #: Judgments made in the batch (``workers.Judgment``), to forget once committed.
+    judged: list[Judgment] = field(default_factory=list)
+
+    def extend(self, other: "Stored") -> None:
+        self.actions.extend(other.actions)
+        self.judged += other.judged
 
 
 class Ingestor:
@@ -55,6 +77,11 @@ class Ingestor:
         self.task: asyncio.Task[None] | None = None
         #: Per worker, the number its next message has to carry to be streamed at once.
         self.next_seq: dict[str, int] = {}
+        #: Per reconnected worker, the judgment of its runs waiting for its old messages.
+        self.judgments: dict[str, Judgment] = {}
+        #: Per run, the workers the last batch found holding its ranks: only their
+        #: metrics are streamed before the commit (a stranger's are rejected, unseen).
+        self.holders: dict[int, frozenset[str]] = {}
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name="pipestudio-ingest")
@@ -69,19 +96,33 @@ class Ingestor:
         """A worker (re)connected with ``last_seq`` stored: stream from the next number."""
         self.next_seq[worker_id] = last_seq + 1
 
-    def submit(self, worker_id: str, message: dict[str, Any]) -> None:
+    def judge_later(self, judgment: Judgment) -> None:
+        """Judge the worker's runs once its message ``judgment.after_seq`` is stored."""
+        self.judgments[judgment.worker_id] = judgment
+
+    def submit(self, worker_id: str, message: dict[str, Any], *, suspect: bool = True
+               ) -> None:
         """Queue a message for the writer; stream its metrics now if it is the next one.
 
         Dashboards get metrics without waiting for the commit. The message that is next in
         order is streamed here and flagged ``early``; every other stored message is streamed
         after its commit, so nothing stored goes unstreamed. A streamed message whose store
         then fails is resent by its worker and streamed again (a duplicate, never a loss).
+        A message ``screening.screen`` refuses is never streamed; ``suspect`` false: its
+        raw frame holds no NaN, infinity or escape, so the walks for them are skipped.
         """
+        if suspect:
+            message = screening.finite(message)
         item = Item(worker_id, message)
+        try:
+            screening.screen(message, suspect=suspect)
+        except screening.Rejected as exc:
+            item.refusal = str(exc)
         run_id, seq = message.get("run_id"), message.get("seq")
         if seq is not None and seq == self.next_seq.get(worker_id):
             self.next_seq[worker_id] = seq + 1
-            item.early = message.get("type") == "events" and isinstance(run_id, int)
+            item.early = (message.get("type") == "events" and item.refusal is None
+                          and worker_id in self.holders.get(run_id, ()))
         if item.early:
             events = messages.metric_events(message)
             if events:
@@ -94,15 +135,20 @@ class Ingestor:
             while not self.queue.empty() and len(batch) < _MAX_BATCH:
                 batch.append(self.queue.get_nowait())
             try:
-                actions = await self._store_retrying(batch)
-            except Exception:
-                log.exception("storing %d worker messages failed; their workers reconnect "
-                              "and resend", len(batch))
-                await self._close({item.worker_id for item in batch})
-                continue
-            await self._after(batch, actions)
+                stored = await self._store_retrying(batch)
+            except Exception as exc:
+                log.warning("storing %d worker messages at once failed (%s); storing them "
+                            "one by one", len(batch), _reason(exc))
+                try:
+                    stored = await to_thread.run_sync(self._store_each, batch)
+                except Exception:
+                    log.exception("storing %d worker messages failed; their workers "
+                                  "reconnect and resend", len(batch))
+                    await self._close({item.worker_id for item in batch})
+                    continue
+            await self._after(batch, stored)
 
-    async def _store_retrying(self, batch: list[Item]) -> Actions:
+    async def _store_retrying(self, batch: list[Item]) -> Stored:
         """``_store``, again when the database chose its transaction as a deadlock's or a
         serialization conflict's victim (it rolled back whole, so a retry is safe)."""
         for attempt in range(1, _STORE_ATTEMPTS):
@@ -117,42 +163,102 @@ class Ingestor:
                             _STORE_ATTEMPTS)
         return await to_thread.run_sync(self._store, batch)
 
-    def _store(self, batch: list[Item]) -> Actions:
-        actions = Actions()
+    def _store_each(self, batch: list[Item]) -> Stored:
+        """The batch one message per transaction: a message the database refuses is
+        rejected alone (module docstring)."""
+        stored = Stored()
+        for item in batch:
+            try:
+                stored.extend(self._store([item], stored.judged))
+            except Exception as exc:
+                stored.extend(self._reject_alone(item, _reason(exc), stored.judged))
+        return stored
+
+    def _store(self, batch: list[Item], judged: list[Judgment] | None = None) -> Stored:
+        """Store ``batch`` in one transaction (``judged``: the judgments made already by
+        earlier transactions of the same batch)."""
+        earlier, stored = judged or [], Stored()
         with self.db.session() as session, session.no_autoflush:
-            workers, _runs = _prefetch(session, batch)  # _runs: held for the identity map
+            found, _runs, holders = _prefetch(session, batch)  # _runs: for the identity map
+            self.holders.update(holders.streamable())
             for item in batch:
-                worker = workers.get(item.worker_id)
+                worker = found.get(item.worker_id)
                 seq = item.message.get("seq")
                 if worker is None or not isinstance(seq, int) or seq > worker.last_seq + 1:
                     item.verdict = "gap"
                     continue
                 if seq <= worker.last_seq:
                     item.verdict = "repeat"
-                    continue
-                worker.last_seq = seq
-                item.verdict = "stored"
-                done = apply_message(session, item.worker_id, item.message)
-                if item.early:
-                    done.to_watchers = [(run_id, message) for run_id, message in done.to_watchers
-                                        if message["type"] != "metrics"]
-                actions.extend(done)
-            _insert_metrics(session, actions.metric_rows)
-        return actions
+                else:
+                    worker.last_seq = seq
+                    refusal = item.refusal or _intruder(session, item, holders)
+                    if refusal is None:
+                        item.verdict = "stored"
+                        stored.actions.extend(self._apply(session, item))
+                    else:
+                        item.verdict = "rejected"
+                        stored.actions.extend(_record_rejection(session, item, refusal))
+                stored.extend(self._judge_if_due(session, item, [*earlier, *stored.judged]))
+            _insert_metrics(session, stored.actions.metric_rows)
+        return stored
 
-    async def _after(self, batch: list[Item], actions: Actions) -> None:
+    @staticmethod
+    def _apply(session: Session, item: Item) -> Actions:
+        done = apply_message(session, item.worker_id, item.message)
+        if item.early:
+            done.to_watchers = [(run_id, message) for run_id, message in done.to_watchers
+                                if message["type"] != "metrics"]
+        return done
+
+    def _judge_if_due(self, session: Session, item: Item, judged: list[Judgment]
+                      ) -> Stored:
+        """Judge the worker's runs when this message is the last it numbered before its
+        ``hello`` (``workers.Judgment``)."""
+        judgment = self.judgments.get(item.worker_id)
+        if judgment is None or judgment in judged \
+                or item.message["seq"] < judgment.after_seq:
+            return Stored()
+        return Stored(workers.judge(session, judgment), [judgment])
+
+    def _reject_alone(self, item: Item, reason: str, judged: list[Judgment]) -> Stored:
+        """Take the message the database refused out of the worker's sequence, and record
+        why on its run."""
+        stored = Stored()
+        with self.db.session() as session:
+            worker = Workers(session).locked([item.worker_id]).get(item.worker_id)
+            seq = item.message["seq"]
+            if worker is None or seq > worker.last_seq + 1:
+                item.verdict = "gap"
+                return stored
+            item.verdict = "repeat" if seq <= worker.last_seq else "rejected"
+            worker.last_seq = max(worker.last_seq, seq)
+        if item.verdict == "rejected":
+            try:
+                with self.db.session() as session:
+                    stored.actions.extend(_record_rejection(session, item, reason))
+            except Exception as exc:
+                log.warning("recording the rejection of message %d of worker %s failed: "
+                            "%s", seq, item.worker_id, _reason(exc))
+        with self.db.session() as session:
+            stored.extend(self._judge_if_due(session, item, judged))
+        return stored
+
+    async def _after(self, batch: list[Item], stored: Stored) -> None:
         """Publish, then ack: one cumulative ack per worker (its highest number)."""
         gaps = {item.worker_id for item in batch if item.verdict == "gap"}
-        for run_id, message in _merged(actions.to_watchers):
+        for judgment in stored.judged:
+            if self.judgments.get(judgment.worker_id) is judgment:
+                del self.judgments[judgment.worker_id]
+        for run_id, message in _merged(stored.actions.to_watchers):
             self.hub.publish(run_id, message)
         highest: dict[str, int] = {}
         for item in batch:
-            if item.verdict in ("stored", "repeat") and item.worker_id not in gaps:
+            if item.verdict in ("stored", "repeat", "rejected") and item.worker_id not in gaps:
                 highest[item.worker_id] = max(highest.get(item.worker_id, 0),
                                               item.message["seq"])
         for worker_id, seq in highest.items():
             await self.hub.send(worker_id, {"type": "ack", "seq": seq})
-        for worker_id, message in actions.to_workers:
+        for worker_id, message in stored.actions.to_workers:
             await self.hub.send(worker_id, message)
         if gaps:
             log.warning("messages out of order from %s; closing to resync", sorted(gaps))
@@ -169,17 +275,83 @@ class Ingestor:
                     log.info("closing worker %s: %s", worker_id, exc)
 
 
+@dataclass
+class Holders:
+    """Per run of a batch: the workers holding ranks of its current attempt (rank 0's
+    apart), and every worker that held a rank of any attempt."""
+
+    current: dict[int, set[str]] = field(default_factory=dict)
+    rank0: dict[int, str] = field(default_factory=dict)
+    ever: dict[int, set[str]] = field(default_factory=dict)
+
+    def streamable(self) -> dict[int, frozenset[str]]:
+        """Per run, the workers whose events about it are stored."""
+        return {run_id: frozenset(self.current.get(run_id, set()) | workers)
+                for run_id, workers in self.ever.items()}
+
+
 def _prefetch(session: Session, batch: list[Item]
-              ) -> tuple[dict[str, models.Worker], list[models.Run]]:
-    """The batch's workers (locked first, in id order: ``Workers.locked``) and runs in one
-    ``SELECT`` each. While the caller holds the runs, ``apply_message``'s ``session.get``
-    finds them in the identity map (which holds unchanged objects only weakly) without a
-    round trip."""
-    workers = Workers(session).locked(item.worker_id for item in batch)
+              ) -> tuple[dict[str, models.Worker], list[models.Run], Holders]:
+    """The batch's workers (locked first, in id order: ``Workers.locked``), runs and rank
+    holders, in one ``SELECT`` each. While the caller holds the runs, ``apply_message``'s
+    ``session.get`` finds them in the identity map (which holds unchanged objects only
+    weakly) without a round trip."""
+    found = Workers(session).locked(item.worker_id for item in batch)
     run_ids = {run_id for item in batch
                if isinstance(run_id := item.message.get("run_id"), int)}
     runs = list(session.scalars(select(models.Run).where(models.Run.id.in_(run_ids))))
-    return workers, runs
+    holders = Holders()
+    for rank in session.scalars(select(models.RunRank).where(
+            models.RunRank.run_id.in_(run_ids))):
+        holders.current.setdefault(rank.run_id, set()).add(rank.worker_id)
+        if rank.rank == 0:
+            holders.rank0[rank.run_id] = rank.worker_id
+    for run_id, data in session.execute(select(models.Event.run_id, models.Event.data).where(
+            models.Event.run_id.in_(run_ids), models.Event.kind.in_(("launch", "resume")))):
+        holders.ever.setdefault(run_id, set()).update(
+            str(rank[1]) for rank in data.get("ranks", []))
+    return found, runs, holders
+
+
+def _intruder(session: Session, item: Item, holders: Holders) -> str | None:
+    """Why the worker may not say this about its run, or None: a run's state and store
+    come from the workers of its current attempt (the store from rank 0's), its events and
+    command results from any worker that held one of its ranks."""
+    run_id, worker_id = item.message["run_id"], item.worker_id
+    run = session.get(models.Run, run_id)
+    if run is None:
+        return f"run {run_id} does not exist"
+    kind = item.message["type"]
+    if kind in ("store", "run_state") and item.message.get("attempt", 0) == run.attempt:
+        allowed = ({holders.rank0.get(run_id)} if kind == "store"
+                   else holders.current.get(run_id, set()))
+    else:
+        allowed = holders.current.get(run_id, set()) | holders.ever.get(run_id, set())
+    if worker_id not in allowed:
+        return f"worker {worker_id} holds no rank of run {run_id} that may send a {kind}"
+    return None
+
+
+def _record_rejection(session: Session, item: Item, reason: str) -> Actions:
+    """A ``rejected`` event on the message's run (when it names one), for the dashboard."""
+    seq, kind, run_id = (item.message.get("seq"), str(item.message.get("type"))[:40],
+                         item.message.get("run_id"))
+    text = f"message {seq} ({kind}) of worker {item.worker_id} was rejected: {reason}"
+    log.warning("%s", text)
+    if type(run_id) is not int or session.get(models.Run, run_id) is None:
+        return Actions()
+    event = models.Event(run_id=run_id, worker_id=item.worker_id, kind="rejected",
+                         message=text, data={"type": "rejected", "seq": seq, "kind": kind,
+                                             "reason": reason})
+    session.add(event)
+    return Actions(to_watchers=[(run_id, {"type": "event", "run_id": run_id,
+                                          "event": event.data})])
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception in one line (a database error's first line)."""
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
 
 
 def _insert_metrics(session: Session, rows: list[dict[str, Any]]) -> None:
@@ -219,13 +391,10 @@ def _merged(messages: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[
 
 
 def apply_message(session: Session, worker_id: str, message: dict[str, Any]) -> Actions:
-    """One numbered message (``protocol.py``); one about an unknown run is dropped."""
-    run_id = message.get("run_id")
-    run = session.get(models.Run, run_id) if isinstance(run_id, int) else None
-    if run is None:
-        log.info("worker %s sent %s for unknown run %r", worker_id, message.get("type"),
-                 run_id)
-        return Actions()
+    """One numbered message (``protocol.py``) that ``screening.screen`` and ``_intruder``
+    passed: its run exists and the worker may speak of it."""
+    run = session.get(models.Run, message["run_id"])
+    assert run is not None, "_intruder refuses a message about an unknown run"
     kind = message.get("type")
     if kind in ("store", "run_state") and message.get("attempt", 0) != run.attempt:
         log.info("worker %s sent %s of attempt %r of run %d, which is at attempt %d: "
@@ -241,7 +410,5 @@ def apply_message(session: Session, worker_id: str, message: dict[str, Any]) -> 
         return messages.apply_run_state(session, worker_id, run, str(message.get("state")),
                                         message.get("message"),
                                         retry=message.get("retry") is not False)
-    if kind == "command_result":
-        return messages.apply_command_result(session, worker_id, run, message)
-    log.info("worker %s sent unknown message type %r", worker_id, kind)
-    return Actions()
+    assert kind == "command_result", "screening.screen admits four types"
+    return messages.apply_command_result(session, worker_id, run, message)

@@ -92,7 +92,7 @@ class Plan(Base):
     state: Mapped[str] = mapped_column(String(20), default="draft")
     document: Mapped[dict[str, Any]]
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    planner: Mapped[str] = mapped_column(String(50))
+    planner: Mapped[str] = mapped_column(String(200))
     parameters: Mapped[dict[str, Any]]
     created_by: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -107,9 +107,16 @@ class Worker(Base):
     host: Mapped[str] = mapped_column(String(200))
     devices: Mapped[list[Any]]
     slots: Mapped[int]
+    #: The built-in models the worker has, and the patterns of other model factories it
+    #: allows (``pipestudio worker --allow-model``): what the backend may send it.
+    builtin_models: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
+    allowed_models: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
     state: Mapped[str] = mapped_column(String(20), default="online")
     #: The highest message sequence number stored; a resent message at or below is a repeat.
     last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: SHA-256 of the secret the worker was given in its last ``welcome``: only who holds
+    #: it may come back under this id (``services/workers.py``).
+    secret_sha256: Mapped[str | None] = mapped_column(String(64))
     connected_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -190,3 +197,15 @@ class Proposal(Base):
     decided_by: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     decided_at: Mapped[datetime | None]
+
+
+class UserSession(Base):
+    """A sign-in: the SHA-256 of its bearer token (the token itself is never stored), who
+    signed in, with which role, until when."""
+
+    __tablename__ = "sessions"
+    token_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)

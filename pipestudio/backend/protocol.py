@@ -3,9 +3,13 @@
 Every message is a JSON object with a ``type``. A worker connects with
 ``Authorization: Bearer <worker token>`` (or ``?token=``) and says ``hello``::
 
-    worker -> server   hello        worker_id (null the first time), name, host, devices,
-                                    slots, next_seq, runs [{run_id, ranks}]
-    server -> worker   welcome      worker_id, last_seq, heartbeat_s
+    worker -> server   hello        worker_id (null when the process starts), name, host,
+                                    devices, slots, next_seq (its lowest unacked number),
+                                    last_seq (the highest it has numbered), runs [{run_id,
+                                    attempt, ranks}], models (its built-in models),
+                                    allowed_models (patterns of the factories it runs)
+    server -> worker   welcome      worker_id, secret (to say with worker_id next time),
+                                    last_seq, heartbeat_s
     worker -> server   heartbeat    every heartbeat_s seconds
     worker -> server   events       seq, run_id, events [engine events, each with sent_at]
     worker -> server   store        seq, run_id, attempt, host, port      (rank 0's worker)
@@ -22,7 +26,22 @@ Messages with a ``seq`` are numbered 1, 2, ... per worker. The server stores the
 in one transaction with the worker's ``last_seq`` and acks; a repeat (seq <= last_seq) is
 acked and dropped, a gap (seq > last_seq + 1) closes the connection. A worker keeps every
 message until acked and resends the unacked ones after ``welcome`` on a new connection, so
-metrics buffered while the server was away are neither lost nor stored twice.
+metrics buffered while the server was away are neither lost nor stored twice. A message
+the server cannot store (a field of the wrong type or out of range, text with a NUL, a run
+the worker has no rank in) is rejected alone: acked like a stored one, never resent, and
+recorded on its run as a ``rejected`` event; NaN and infinities in metrics are data
+(stored as the strings "NaN", "Infinity", "-Infinity").
+
+A worker that reconnects is known by the id it had (``worker_id``, with the ``secret`` its
+last ``welcome`` gave: another connection cannot take a worker's id), else by its name and
+host among the workers not connected. The runs its ``hello`` does not list are judged
+only after the messages it numbered before the ``hello`` (up to ``last_seq``) are stored:
+a run that ended while the server was away is not taken for lost.
+
+Frames that are not protocol messages close the connection: a binary frame with 1003, text
+that is not a JSON object or a malformed ``hello`` or ``seq`` with 1007, an unnumbered
+message other than ``heartbeat`` with 1008, a bad worker token with 4401, no ``hello``
+first with 4400.
 
 Launch: the server assigns ranks (stage 0's replicas first) and sends ``assign``; the
 worker holding rank 0 opens a ``torch.distributed`` TCPStore on port 0 and reports it in
@@ -43,6 +62,51 @@ streamed twice, never lost), ``event`` (``start``, ``error``,
 ``summary``, migrations...) and ``proposal`` messages.
 """
 
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
 METRIC_KINDS = ("op", "step", "memory")
 WORKER_CLOSE_AUTH = 4401
 WORKER_CLOSE_PROTOCOL = 4400
+#: Close codes of RFC 6455: a frame type, or data, the endpoint cannot accept; a policy.
+CLOSE_UNSUPPORTED = 1003
+CLOSE_INVALID = 1007
+CLOSE_POLICY = 1008
+MAX_SEQ = 2**62
+MAX_DB_INT = 2**31 - 1
+#: A close frame's reason holds at most 123 bytes of UTF-8.
+_MAX_REASON_BYTES = 123
+
+
+def close_reason(text: str) -> str:
+    """``text`` cut to fit a close frame."""
+    return text.encode()[:_MAX_REASON_BYTES].decode(errors="ignore")
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class HelloRun(_Message):
+    run_id: int = Field(ge=1, le=MAX_DB_INT)
+    attempt: int = Field(0, ge=0, le=MAX_DB_INT)
+    ranks: list[int] = Field(default_factory=list, max_length=100_000)
+
+
+class Hello(_Message):
+    """A worker's first message (module docstring)."""
+
+    type: Literal["hello"]
+    worker_id: str | None = Field(None, min_length=1, max_length=64)
+    secret: str | None = Field(None, min_length=1, max_length=128)
+    name: str = Field("worker", min_length=1, max_length=200)
+    host: str = Field("", max_length=200)
+    devices: list[dict[str, str | int | float | bool | None]] = Field(
+        default_factory=list, max_length=1024)
+    slots: int | None = Field(None, ge=0, le=1024)
+    next_seq: int = Field(1, ge=1, le=MAX_SEQ)
+    last_seq: int | None = Field(None, ge=0, le=MAX_SEQ)
+    runs: list[HelloRun] = Field(default_factory=list, max_length=10_000)
+    models: list[str] = Field(default_factory=list, max_length=1000)
+    allowed_models: list[str] = Field(default_factory=list, max_length=1000)

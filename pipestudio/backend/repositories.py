@@ -2,6 +2,7 @@
 
 import math
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import ColumnElement, func, or_, select
@@ -23,8 +24,12 @@ class Repository(Generic[M]):
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def get(self, item_id: object) -> M:
-        item = self.session.get(self.model, item_id)
+    def get(self, item_id: object, *, for_update: bool = False) -> M:
+        """The item; ``for_update`` locks its row until the transaction ends (PostgreSQL;
+        SQLite's writers take turns anyway), so that two requests changing it take turns
+        and the second sees what the first left, a deleted row included (404)."""
+        item = self.session.get(self.model, item_id, with_for_update=for_update,
+                                populate_existing=for_update)
         if item is None:
             raise NotFoundError(self.kind, item_id)
         return item
@@ -68,6 +73,12 @@ class Plans(Repository[models.Plan]):
         if users:
             raise ConflictError(f"{what} is used by plan(s) {', '.join(map(str, users))}; "
                                 "delete them first")
+
+
+def retained(retention_s: float) -> ColumnElement[bool]:
+    """Workers online, or offline for less than ``retention_s``."""
+    cutoff = models.utcnow() - timedelta(seconds=retention_s)
+    return or_(models.Worker.state == "online", models.Worker.last_seen_at >= cutoff)
 
 
 class Workers(Repository[models.Worker]):

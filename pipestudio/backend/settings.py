@@ -6,6 +6,9 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from pipestudio.backend.users import parse_users
+from pipestudio.planner import DEFAULT_MAX_SIMULATED_OPS
+
 DEFAULT_DATABASE_URL = f"sqlite:///{Path('.pipestudio') / 'pipestudio.db'}"
 ENV_PREFIX = "PIPESTUDIO_"
 
@@ -41,12 +44,39 @@ class Settings(BaseSettings):
         60.0, gt=0, description="How long a run that resumes after a failure waits for "
         "enough free slots on connected workers before it fails.")
     migrate_on_start: bool = Field(True, description="Apply Alembic migrations on start.")
+    users: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="People who may sign in besides the API token: "
+        "comma-separated NAME:ROLE:HASH entries, ROLE editor (may change things) or viewer "
+        "(reads only), HASH from `pipestudio hash-password`.")
+    public_reads: bool = Field(
+        False, description="Let anyone who reaches the server read (REST GETs, the run "
+        "stream, the dashboard's pages) without signing in; changes still need a credential.")
+    session_ttl_s: float = Field(
+        12 * 3600.0, gt=0, le=90 * 86400.0,
+        description="How long a sign-in lasts (the dashboard's session, or an API session).")
+    cookie_secure: bool = Field(
+        False, description="Mark the dashboard's cookies Secure (send them over HTTPS only); "
+        "set it when the dashboard is served over HTTPS.")
+    worker_retention_s: float = Field(
+        86400.0, gt=0, description="Offline workers last heard from longer ago than this "
+        "are left out of worker lists (their records stay, for the runs that used them).")
+    max_simulated_ops: int = Field(
+        DEFAULT_MAX_SIMULATED_OPS, ge=1_000, le=100_000_000, description="Work budget of "
+        "one simulation or planner request: the schedule operations its simulation may "
+        "build (about 8 us and 2 KB each; 422 beyond, naming the field and the limit).")
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "users", mode="before")
     @classmethod
-    def _split_origins(cls, value: object) -> object:
+    def _split_list(cls, value: object) -> object:
         if isinstance(value, str):
-            return [origin.strip() for origin in value.split(",") if origin.strip()]
+            return [item.strip() for item in value.replace("\n", ",").split(",")
+                    if item.strip()]
+        return value
+
+    @field_validator("users")
+    @classmethod
+    def _check_users(cls, value: list[str]) -> list[str]:
+        parse_users(value)  # raises ValueError naming the bad entry
         return value
 
     @property
@@ -66,5 +96,6 @@ def load_settings(**overrides: Any) -> Settings:
             field = str(error["loc"][0]) if error["loc"] else "?"
             name = (f"--{field.replace('_', '-')}" if field in overrides
                     else f"{ENV_PREFIX}{field.upper()}")
-            reasons.append(f"{name}={error.get('input')!r}: {error['msg']}")
+            shown = "" if field == "users" else f"={error.get('input')!r}"  # hashes stay
+            reasons.append(f"{name}{shown}: {error['msg']}")
         raise SettingsError("; ".join(reasons)) from None

@@ -35,10 +35,16 @@ example:
 _WORKER_HELP = """\
 Run a worker agent: it registers this machine's devices with the backend, starts engine
 processes for the ranks it is assigned, and streams their metrics and events back. It
-reconnects by itself when the backend goes away, losing nothing it measured meanwhile.
+reconnects by itself when the backend goes away, losing nothing it measured meanwhile, and
+keeps its identity across restarts by its name (give each worker on a host its own).
+
+It runs the built-in models, and other model factories (MODULE:FACTORY, FILE.py:FACTORY)
+only where --allow-model or PIPESTUDIO_ALLOWED_MODELS (comma-separated) matches them: a
+model is code run on this machine, and the API token alone must not run any of it.
 
 example:
-  pipestudio worker --server http://127.0.0.1:8000 --token TOKEN --slots 2 --device cpu
+  pipestudio worker --server http://127.0.0.1:8000 --token TOKEN --slots 2 --device cpu \\
+      --allow-model 'mypkg.models:*'
 """
 
 _DB_HELP = """\
@@ -50,6 +56,15 @@ service runs this command).
 
 example:
   pipestudio db upgrade --database-url postgresql://postgres@127.0.0.1/pipestudio
+"""
+
+_HASH_HELP = """\
+Print a PIPESTUDIO_USERS entry (NAME:ROLE:HASH) for a person who may sign in: the
+password is read twice from the terminal (once from standard input when it is not a
+terminal) and only its scrypt hash is printed. Join entries with commas.
+
+example:
+  pipestudio hash-password ada --role editor
 """
 
 _DB_GROUP_HELP = """\
@@ -77,7 +92,8 @@ def add_commands(commands: Any) -> None:
                         help="the backend, e.g. http://127.0.0.1:8000")
     parser.add_argument("--token", metavar="TOKEN",
                         help="worker token (default: PIPESTUDIO_WORKER_TOKEN)")
-    parser.add_argument("--name", help="name shown in the dashboard (default: host-pid)")
+    parser.add_argument("--name", help="name shown in the dashboard; a restarted worker of "
+                        "the same name and host keeps its id (default: the host name)")
     parser.add_argument("--slots", type=int, metavar="N",
                         help="ranks this worker runs at once (default: one per device)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -86,7 +102,19 @@ def add_commands(commands: Any) -> None:
     parser.add_argument("--advertise-host", metavar="ADDRESS",
                         help="address peers dial for the run's store (default: this "
                              "machine's address on the route to the server)")
+    parser.add_argument("--allow-model", action="append", default=[], metavar="PATTERN",
+                        help="also run model factories matching PATTERN, e.g. "
+                             "'mypkg.models:*' (repeatable; added to "
+                             "PIPESTUDIO_ALLOWED_MODELS)")
     parser.set_defaults(handler=_worker)
+
+    parser = commands.add_parser("hash-password", formatter_class=_Formatter,
+                                 description=_HASH_HELP,
+                                 help="print a PIPESTUDIO_USERS entry for a person")
+    parser.add_argument("name", help="the name to sign in with (letters, digits, _.@-)")
+    parser.add_argument("--role", choices=("editor", "viewer"), default="editor",
+                        help="editor: may change things; viewer: reads only (default editor)")
+    parser.set_defaults(handler=_hash_password)
 
     parser = commands.add_parser("db", formatter_class=_Formatter, description=_DB_GROUP_HELP,
                                  help="manage the backend's database schema")
@@ -133,16 +161,17 @@ def _listen(host: str, port: int) -> socket.socket | None:
     return listener
 
 
-def _dashboard(url: str, token: str) -> Any:
-    """The dashboard's WSGI app talking to the backend at ``url``; ``None`` when the
-    dashboard's packages are not installed (the API is then served alone)."""
+def _dashboard(url: str, cookie_secure: bool) -> Any:
+    """The dashboard's WSGI app talking to the backend at ``url`` for whoever signs in;
+    ``None`` when the dashboard's packages are not installed (the API is then served
+    alone)."""
     try:
         from pipestudio.dashboard.app import create_dashboard
     except ImportError as exc:
         print(f"warning: no dashboard ({exc}); install the `dashboard` extra to serve it "
               "at /", file=sys.stderr, flush=True)
         return None
-    return create_dashboard(url, token).server
+    return create_dashboard(url, cookie_secure=cookie_secure).server
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -162,7 +191,7 @@ def _serve(args: argparse.Namespace) -> int:
     port = listener.getsockname()[1]
     local = _WILDCARDS.get(args.host, args.host)
     dashboard = _dashboard(f"http://{f'[{local}]' if ':' in local else local}:{port}",
-                           settings.api_token)
+                           settings.cookie_secure)
     try:
         app = create_app(settings, dashboard=dashboard)
     except DatabaseUrlError as exc:
@@ -175,10 +204,39 @@ def _serve(args: argparse.Namespace) -> int:
           f"{'at /' if dashboard is not None else 'not installed'})", flush=True)
     if "PIPESTUDIO_API_TOKEN" not in os.environ:
         print(f"API token: {settings.api_token}", flush=True)
+    if dashboard is not None:
+        print(f"Sign in at http://{shown}:{port}/login with the API token"
+              + (f" or as one of {len(settings.users)} configured user(s)"
+                 if settings.users else ""), flush=True)
     config = uvicorn.Config(app, log_level="warning", ws_max_size=2**26,
                             ws_per_message_deflate=False)
     settle_heap()  # torch, Dash and the app: out of every full collection's walk
     uvicorn.Server(config).run(sockets=[listener])
+    return 0
+
+
+def _hash_password(args: argparse.Namespace) -> int:
+    import getpass
+
+    from pipestudio.backend.users import UserEntryError, check_name, hash_password
+
+    try:
+        check_name(args.name)
+    except UserEntryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if sys.stdin.isatty():
+        password = getpass.getpass(f"Password for {args.name}: ")
+        if getpass.getpass("Again: ") != password:
+            print("error: the two passwords differ", file=sys.stderr)
+            return 2
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    if not 8 <= len(password) <= 1024:
+        print(f"error: the password must have 8 to 1024 characters, not {len(password)}",
+              file=sys.stderr)
+        return 2
+    print(f"{args.name}:{args.role}:{hash_password(password)}")
     return 0
 
 
@@ -216,6 +274,7 @@ def _worker(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from pipestudio.allowlist import AllowListError, parse_patterns
     from pipestudio.runtime.agent.agent import Agent
     from pipestudio.runtime.agent.connection import AgentAuthError
     from pipestudio.runtime.agent.devices import DeviceError
@@ -224,20 +283,28 @@ def _worker(args: argparse.Namespace) -> int:
     if not token:
         print("error: give --token or set PIPESTUDIO_WORKER_TOKEN", file=sys.stderr)
         return 2
-    if args.slots is not None and args.slots < 0:
-        print(f"error: --slots must be >= 0, got {args.slots}", file=sys.stderr)
+    if args.slots is not None and not 0 <= args.slots <= 1024:
+        print(f"error: --slots must be 0..1024, got {args.slots}", file=sys.stderr)
+        return 2
+    try:
+        allowed = parse_patterns([os.environ.get("PIPESTUDIO_ALLOWED_MODELS", ""),
+                                  *args.allow_model])
+    except AllowListError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     with contextlib.suppress(AttributeError, OSError, ValueError):  # stderr is no file
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where it is
     try:
         agent = Agent(args.server, token, name=args.name, slots=args.slots,
-                      device=args.device, advertise_host=args.advertise_host)
+                      device=args.device, advertise_host=args.advertise_host,
+                      allowed_models=allowed)
     except DeviceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"worker {agent.name}: {len(agent.devices)} device(s), {agent.slots} slot(s), "
-          f"serving {args.server}", flush=True)
+          f"serving {args.server}; models: built-in"
+          + (f" and {', '.join(allowed)}" if allowed else " only"), flush=True)
     settle_heap()
     try:
         asyncio.run(agent.run())

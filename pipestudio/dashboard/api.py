@@ -5,6 +5,7 @@ is the backend's own explanation (a 422 names the field and the reason), ready t
 person; a backend that cannot be reached raises it too, saying where it was looked for.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -34,24 +35,38 @@ def error_message(response: httpx.Response) -> str:
         for item in detail:
             loc = [str(part) for part in item.get("loc", []) if part != "body"]
             where = ".".join(loc)
-            lines.append(f"{where}: {item.get('msg', '')}" if where else item.get("msg", ""))
+            text = str(item.get("msg", ""))
+            value = item.get("input")
+            if isinstance(value, (int, float, str)) and not isinstance(value, bool) \
+                    and len(str(value)) <= 80 and str(value) not in text:
+                text += f" (got {value!r})"
+            lines.append(f"{where}: {text}" if where else text)
         return "\n".join(lines)
     return f"the backend answered {response.status_code} {response.reason_phrase}"
 
 
 class ApiClient:
-    """Calls the backend at ``base_url``; mutating calls carry the API token."""
+    """Calls the backend at ``base_url``. Each call carries ``credential()`` (in the
+    dashboard: the signed-in person's session token, ``signin.session_token``), else
+    ``token`` (a script's, or a test's), else nothing."""
 
     def __init__(self, base_url: str, token: str | None = None, *,
-                 http: httpx.Client | None = None) -> None:
+                 http: httpx.Client | None = None,
+                 credential: Callable[[], str | None] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.token, self.credential = token, credential
         self.http = http or httpx.Client(base_url=self.base_url, timeout=TIMEOUT_S)
-        self.http.headers.update(headers)
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _auth(self, token: str | None) -> dict[str, str]:
+        token = token or (self.credential() if self.credential else None) or self.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def request(self, method: str, path: str, *, token: str | None = None,
+                **kwargs: Any) -> Any:
+        """The decoded answer; ``token`` replaces the credential for this call."""
+        headers = {**self._auth(token), **kwargs.pop("headers", {})}
         try:
-            response = self.http.request(method, path, **kwargs)
+            response = self.http.request(method, path, headers=headers, **kwargs)
         except httpx.HTTPError as exc:
             raise ApiError(f"cannot reach the backend at {self.base_url}: {exc}") from None
         if response.status_code >= 400:
@@ -65,10 +80,29 @@ class ApiClient:
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, json=body if body is not None else {})
 
-    # -- profiles ---------------------------------------------------------------------
+    # -- signing in --------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         return self.get("/api/health")
 
+    def me(self, token: str | None) -> dict[str, Any]:
+        """Who ``token`` signs in as (``user`` null for no token) and whether reads are
+        public; ``ApiError`` 401 for a token that is not valid."""
+        if token is None:
+            return self.request("GET", "/api/auth/me", headers={"Authorization": ""})
+        return self.request("GET", "/api/auth/me", token=token)
+
+    def sign_in(self, user: str | None, password: str, client: str | None = None
+                ) -> dict[str, Any]:
+        """A session; ``client`` is the address of the browser signing in (forwarded, so
+        that the backend brakes each browser's failed attempts apart)."""
+        headers = {"Authorization": "", **({"X-Forwarded-For": client} if client else {})}
+        return self.request("POST", "/api/auth/session", headers=headers,
+                            json={"user": user, "password": password})
+
+    def sign_out(self, token: str) -> None:
+        self.request("DELETE", "/api/auth/session", token=token)
+
+    # -- profiles ---------------------------------------------------------------------
     def profiles(self) -> list[dict[str, Any]]:
         return self.get("/api/profiles", limit=1000)["data"]
 

@@ -24,6 +24,10 @@ PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 API_TOKEN = "test-api-token"
 WORKER_TOKEN = "test-worker-token"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+#: Headers that take the fixtures' credential away from one request.
+ANONYMOUS = {"Authorization": ""}
+#: The built-in models of a real worker (``runtime.models.MODELS``), as fakes advertise.
+BUILTIN_MODELS = ["dynamic", "gpt", "mlp", "resnet", "unet"]
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +77,9 @@ def settings(database_url: str) -> Settings:
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as test_client:
+    """The backend in process; every request carries the API token unless it passes
+    ``ANONYMOUS`` headers."""
+    with TestClient(create_app(settings), headers=AUTH) as test_client:
         yield test_client
 
 

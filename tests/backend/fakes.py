@@ -1,10 +1,11 @@
 """A scripted worker on /ws/worker, to drive the protocol from tests without torch."""
 
+import json
 from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.backend.conftest import WORKER_TOKEN
+from tests.backend.conftest import BUILTIN_MODELS, WORKER_TOKEN
 
 
 class FakeWorker:
@@ -12,16 +13,20 @@ class FakeWorker:
 
     def __init__(self, client: TestClient, name: str = "fake", *, slots: int = 1,
                  worker_id: str | None = None, next_seq: int = 1,
-                 runs: list[dict[str, Any]] | None = None) -> None:
+                 runs: list[dict[str, Any]] | None = None,
+                 allowed_models: list[str] | None = None, **hello: Any) -> None:
         self._context = client.websocket_connect(
             "/ws/worker", headers={"Authorization": f"Bearer {WORKER_TOKEN}"})
         self.socket = self._context.__enter__()
         self.socket.send_json({"type": "hello", "worker_id": worker_id, "name": name,
                                "host": "127.0.0.1", "slots": slots, "next_seq": next_seq,
-                               "devices": [{"kind": "cpu", "index": 0}], "runs": runs or []})
+                               "devices": [{"kind": "cpu", "index": 0}], "runs": runs or [],
+                               "models": BUILTIN_MODELS,
+                               "allowed_models": allowed_models or [], **hello})
         self.welcome = self.socket.receive_json()
         assert self.welcome["type"] == "welcome", self.welcome
         self.id: str = self.welcome["worker_id"]
+        self.secret: str = self.welcome["secret"]
         self.seq = int(self.welcome["last_seq"])
         self.acked: list[int] = []
         self.inbox: list[dict[str, Any]] = []
@@ -31,7 +36,9 @@ class FakeWorker:
         if seq is None:
             self.seq += 1
             seq = self.seq
-        self.socket.send_json({**message, "seq": seq})
+        # json.dumps escapes what is not ASCII, as a real client's UTF-8 frame must: a lone
+        # surrogate can only arrive as the escape \\udXXX
+        self.socket.send_text(json.dumps({**message, "seq": seq}))
         return seq
 
     def expect(self, kind: str) -> dict[str, Any]:

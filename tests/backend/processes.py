@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -70,3 +72,15 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextmanager
+def dashboard_session(url: str, password: str = API_TOKEN, user: str = ""
+                      ) -> Iterator[httpx.Client]:
+    """A client signed in to the dashboard at ``url`` as a browser is: its cookies, and the
+    CSRF header Dash's renderer copies from the ``_csrf_token`` cookie."""
+    with httpx.Client(base_url=url, timeout=60) as client:
+        response = client.post("/login", data={"user": user, "password": password})
+        assert response.status_code == 302, response.text
+        client.headers["X-CSRFToken"] = client.cookies["_csrf_token"]
+        yield client

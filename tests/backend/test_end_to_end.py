@@ -15,6 +15,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.backend.conftest import AUTH, small_profile
+from tests.backend.live import read
 from tests.backend.processes import (
     TINY_MLP,
     start_backend,
@@ -63,7 +64,7 @@ def _launch(url: str, steps: int, **request: Any) -> int:
 
 
 def _run(url: str, run_id: int) -> dict[str, Any]:
-    run: dict[str, Any] = httpx.get(f"{url}/api/runs/{run_id}").json()
+    run: dict[str, Any] = read(f"{url}/api/runs/{run_id}").json()
     return run
 
 
@@ -71,13 +72,14 @@ def test_train_stream_and_migrate(system: dict[str, Any]) -> None:
     url = system["url"]
     run_id = _launch(url, steps=100_000)
     streamed: list[dict[str, Any]] = []
-    with connect(url.replace("http", "ws") + f"/ws/runs/{run_id}") as dashboard:
+    with connect(url.replace("http", "ws") + f"/ws/runs/{run_id}",
+                 additional_headers=AUTH) as dashboard:
         while not any(m["type"] == "metrics" and any(e["type"] == "step" for e in m["events"])
                       for m in streamed):
             streamed.append(json.loads(dashboard.recv(timeout=90)))
     assert streamed[0]["type"] == "run"
     wait_for(lambda: (_run(url, run_id)["last_step"] or 0) >= 2, 60, "three steps")
-    stored = httpx.get(f"{url}/api/runs/{run_id}/metrics", params={"kind": "step"}).json()
+    stored = read(f"{url}/api/runs/{run_id}/metrics", params={"kind": "step"}).json()
     assert {m["stage"] for m in stored["data"]} == {0, 1}
     assert any("loss" in m["data"] for m in stored["data"])
 
@@ -91,13 +93,13 @@ def test_train_stream_and_migrate(system: dict[str, Any]) -> None:
                                               "to_stage": 1}]
     approved = httpx.post(f"{url}/api/proposals/{proposal['id']}/approve", headers=AUTH)
     assert approved.status_code == 200, approved.text
-    done = wait_for(lambda: httpx.get(f"{url}/api/proposals/{proposal['id']}").json()
-                    if httpx.get(f"{url}/api/proposals/{proposal['id']}").json()["state"]
+    done = wait_for(lambda: read(f"{url}/api/proposals/{proposal['id']}").json()
+                    if read(f"{url}/api/proposals/{proposal['id']}").json()["state"]
                     != "approved" else None, 60, "the migration's outcome")
     assert done["state"] == "applied", done["outcome"]
 
     def done_by_both_stages() -> list[dict[str, Any]]:
-        events = httpx.get(f"{url}/api/runs/{run_id}/events",
+        events = read(f"{url}/api/runs/{run_id}/events",
                            params={"kind": "migration"}).json()["data"]
         done = [e["data"] for e in events if e["data"].get("phase") == "done"]
         return done if {e["stage"] for e in done} == {0, 1} else []
@@ -117,9 +119,9 @@ def test_short_run_finishes(system: dict[str, Any]) -> None:
         "starting", "running") else None, 120, "the run to end")
     assert run["state"] == "finished", run["message"]
     assert run["last_step"] == 4
-    steps = httpx.get(f"{url}/api/runs/{run_id}/metrics", params={"kind": "step"}).json()
+    steps = read(f"{url}/api/runs/{run_id}/metrics", params={"kind": "step"}).json()
     assert steps["total"] == 10
-    kinds = {e["kind"] for e in httpx.get(f"{url}/api/runs/{run_id}/events").json()["data"]}
+    kinds = {e["kind"] for e in read(f"{url}/api/runs/{run_id}/events").json()["data"]}
     assert {"launch", "start", "summary", "finished"} <= kinds
 
 
@@ -132,12 +134,12 @@ def test_killed_worker_fails_the_run_and_restart_keeps_data(system: dict[str, An
     run = wait_for(lambda: _run(url, run_id) if _run(url, run_id)["state"] == "failed"
                    else None, 30, "the run to fail")
     assert run["message"]
-    before = httpx.get(f"{url}/api/runs/{run_id}/metrics").json()["total"]
+    before = read(f"{url}/api/runs/{run_id}/metrics").json()["total"]
 
     port = int(url.rsplit(":", 1)[1])
     stop(system["backend"])
     system["backend"], url = start_backend(system["database_url"], system["log"], port)
-    assert httpx.get(f"{url}/api/runs/{run_id}/metrics").json()["total"] >= before
+    assert read(f"{url}/api/runs/{run_id}/metrics").json()["total"] >= before
     assert _run(url, run_id)["state"] == "failed"
     wait_for(lambda: httpx.get(f"{url}/api/health").json()["workers_online"] == 1, 30,
              "the surviving worker to reconnect")
@@ -153,7 +155,7 @@ def test_killed_worker_resumes_the_run_from_its_checkpoint(system: dict[str, Any
     system["workers"].append(start_worker(url, "spare", system["tmp"] / "spare.log"))
 
     def resumed_starts() -> list[dict[str, Any]]:
-        events = httpx.get(f"{url}/api/runs/{run_id}/events", params={"kind": "start"}).json()
+        events = read(f"{url}/api/runs/{run_id}/events", params={"kind": "start"}).json()
         starts = [e["data"] for e in events["data"] if e["data"].get("attempt") == 1]
         return starts if len(starts) == 2 else []
 
@@ -161,17 +163,17 @@ def test_killed_worker_resumes_the_run_from_its_checkpoint(system: dict[str, Any
     resumed_s = time.monotonic() - killed
     run = _run(url, run_id)
     assert (run["state"], run["attempt"]) == ("running", 1), run
-    spare = httpx.get(f"{url}/api/workers").json()["data"][-1]
+    spare = read(f"{url}/api/workers").json()["data"][-1]
     assert spare["name"] == "spare" and spare["id"] in {r["worker_id"] for r in run["ranks"]}
     start_step = starts[0]["start_step"]
     assert start_step >= 2 and start_step % 2 == 0 and {s["start_step"] for s in starts} == {
         start_step}
     assert resumed_s < 30, f"resumed {resumed_s:.1f} s after the kill"
-    kinds = [e["kind"] for e in httpx.get(f"{url}/api/runs/{run_id}/events").json()["data"]]
+    kinds = [e["kind"] for e in read(f"{url}/api/runs/{run_id}/events").json()["data"]]
     assert "resuming" in kinds and "resume" in kinds and "failed" not in kinds
 
     def resumed_steps() -> list[int]:
-        rows = httpx.get(f"{url}/api/runs/{run_id}/metrics",
+        rows = read(f"{url}/api/runs/{run_id}/metrics",
                          params={"kind": "step", "max_points": 100_000}).json()
         steps = sorted(m["step"] for m in rows["data"] if m["data"].get("attempt") == 1)
         return steps if len(steps) >= 4 else []

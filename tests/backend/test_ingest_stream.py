@@ -20,11 +20,15 @@ def test_next_message_streams_before_it_is_stored() -> None:
         hub = Hub()
         watcher = hub.watch(7)
         ingestor = Ingestor(db=None, hub=hub)  # type: ignore[arg-type]  # never started
+        ingestor.holders[7] = frozenset({"w"})  # w holds a rank of run 7
         ingestor.expect("w", last_seq=4)
+        ingestor.expect("stranger", last_seq=0)
         ingestor.submit("w", _events(5, [0, 1]))
         ingestor.submit("w", _events(7, [9]))  # a gap: streamed only once stored
         ingestor.submit("w", _events(5, [0, 1]))  # a repeat: not streamed again
-        assert [item.early for item in list(ingestor.queue._queue)] == [True, False, False]
+        ingestor.submit("stranger", _events(1, [5]))  # holds no rank: rejected, unseen
+        assert [item.early for item in list(ingestor.queue._queue)] == [True, False, False,
+                                                                         False]
         return [watcher.get_nowait() for _ in range(watcher.qsize())]
 
     streamed = asyncio.run(scenario())

@@ -1,11 +1,11 @@
 """``pipestudio serve`` and ``pipestudio db upgrade`` (pipestudio/cli/server.py): the
-dashboard served at / in the backend's process, talking to that backend with its token;
-bad settings refused in one line; the one-shot migration."""
+dashboard served at / in the backend's process, talking to that backend as whoever signed
+in; bad settings refused in one line; the one-shot migration."""
 
 import base64
+import contextlib
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -14,52 +14,32 @@ from sqlalchemy import create_engine, inspect
 from pipestudio.backend.db import normalize_url
 from pipestudio.cli import main
 from tests.backend.conftest import small_profile
-from tests.backend.processes import start_backend, stop
-
-
-def dash_call(url: str, input_id: str, prop: str, value: Any,
-              states: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fire the dashboard callback that ``input_id.prop`` triggers, as the browser does;
-    its outputs by component id."""
-    dependencies = httpx.get(f"{url}/_dash-dependencies", timeout=30).json()
-    callback = next(c for c in dependencies
-                    if {"id": input_id, "property": prop} in c["inputs"])
-    output = callback["output"]
-    multi = output.startswith("..")
-    outputs = [dict(zip(("id", "property"), part.split(".", 1), strict=True))
-               for part in (output.strip(".").split("...") if multi else [output])]
-    states = states or {}
-    body = {"output": output, "outputs": outputs if multi else outputs[0],
-            "inputs": [{"id": input_id, "property": prop, "value": value}],
-            "changedPropIds": [f"{input_id}.{prop}"],
-            "state": [{**s, "value": states.get(f"{s['id']}.{s['property']}")}
-                      for s in callback["state"]]}
-    response = httpx.post(f"{url}/_dash-update-component", json=body, timeout=60)
-    assert response.status_code == 200, response.text
-    return dict(response.json()["response"])
+from tests.backend.live import dash_call, read
+from tests.backend.processes import dashboard_session, start_backend, stop
 
 
 def test_serve_port_0_serves_the_dashboard_wired_to_itself(tmp_path: Path) -> None:
     process, url = start_backend(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path / "serve.log")
-    try:
-        page = httpx.get(f"{url}/", timeout=30)
+    with contextlib.ExitStack() as stack:
+        stack.callback(stop, process)
+        assert httpx.get(f"{url}/", timeout=30).status_code == 302  # to the sign-in page
+        browser = stack.enter_context(dashboard_session(url))
+        page = browser.get("/")
         assert page.status_code == 200 and "_dash-config" in page.text
-        assert httpx.get(f"{url}/runs", timeout=30).status_code == 200
+        assert browser.get("/runs").status_code == 200
         assert "dashboard at /" in (tmp_path / "serve.log").read_text()
         # the dashboard reads its backend: the URL has the port the OS picked
-        health = dash_call(url, "nav-health-interval", "n_intervals", 1)
+        health = dash_call(browser, "nav-health-interval", "n_intervals", 1)
         assert health["nav-health"]["children"].startswith("backend "), health
         assert "sqlite" in health["nav-health"]["children"]
-        # ... and writes to it: the token it was given is the backend's API token
+        # ... and writes to it, as the person who signed in (here: with the API token)
         contents = "data:application/json;base64," + base64.b64encode(
             json.dumps(small_profile(3)).encode()).decode()
-        uploaded = dash_call(url, "profiles-upload", "contents", contents, {
+        uploaded = dash_call(browser, "profiles-upload", "contents", contents, {
             "profiles-upload.filename": "toy.json", "profiles-changed.data": 0})
         assert "Uploaded toy.json" in json.dumps(uploaded), uploaded
-        stored = httpx.get(f"{url}/api/profiles", timeout=30).json()["data"]
+        stored = read(f"{url}/api/profiles", timeout=30).json()["data"]
         assert [p["num_layers"] for p in stored] == [3]
-    finally:
-        stop(process)
 
 
 @pytest.mark.parametrize(("variable", "value", "reason"), [

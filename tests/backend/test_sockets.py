@@ -120,7 +120,7 @@ def test_reconnect_resumes_numbering(client: TestClient, fake: Workers) -> None:
     run_id = None
     worker.expect_ack(worker.send({"type": "events", "run_id": 999, "events": []}))
     worker.close()
-    again = fake(worker_id=worker.id, next_seq=worker.seq + 1)
+    again = fake(worker_id=worker.id, secret=worker.secret, next_seq=worker.seq + 1)
     assert (again.id, again.welcome["last_seq"]) == (worker.id, 1)
     listed = client.get("/api/workers").json()
     assert listed["count"] == 1 and listed["data"][0]["state"] == "online"

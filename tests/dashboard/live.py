@@ -26,7 +26,7 @@ class LiveStack:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        dashboard = create_dashboard(self.url, TOKEN)
+        dashboard = create_dashboard(self.url)
         app = create_app(Settings(database_url=f"sqlite:///{database_path}", api_token=TOKEN),
                          dashboard=dashboard.server)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.browser import CHROMIUM, chromium_page
+from tests.browser import CHROMIUM, chromium_page, sign_in
 from tests.conftest import PIPEDREAM_DIR, ROOT
 from tests.dashboard.conftest import big_profile
 from tests.dashboard.live import TOKEN, LiveStack
@@ -41,6 +41,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
 @pytest.fixture(scope="module")
 def page(stack: LiveStack) -> Iterator[object]:
     with chromium_page() as tab:
+        sign_in(tab, stack.url, TOKEN)
         yield tab
 
 
@@ -108,6 +109,32 @@ def choose(page: object, dropdown_id: str, text: str) -> None:
 def set_number(page: object, input_id: str, value: int) -> None:
     page.fill(f"#{input_id}", str(value))
     page.press(f"#{input_id}", "Tab")
+
+
+def test_sign_in_and_out(stack: LiveStack) -> None:
+    """A newcomer lands on the sign-in page, a wrong token is refused in words, the right
+    one opens the pages with their name in the header, and signing out locks them again."""
+    with chromium_page() as tab:
+        tab.goto(f"{stack.url}/runs")
+        tab.wait_for_selector("#signin-password")
+        assert "/login?next=/runs" in tab.url
+        shot(tab, "sign-in")
+        tab.fill("#signin-password", "not the token")
+        tab.click("#signin-submit")
+        tab.wait_for_selector("text=the API token is wrong")
+        tab.fill("#signin-password", TOKEN)
+        tab.click("#signin-submit")
+        tab.wait_for_selector("#nav-signout")
+        assert tab.url.endswith("/runs"), "back where the newcomer was going"
+        assert tab.inner_text("#nav-user-name") == "api-token (admin)"
+        cookies = {c["name"]: c for c in tab.context.cookies()}
+        session = cookies["pipestudio_session"]
+        assert session["httpOnly"] and session["sameSite"] == "Strict"
+        assert tab.evaluate("document.cookie").count("pipestudio_session") == 0
+        tab.click("#nav-signout")
+        tab.wait_for_selector("#signin-password")
+        tab.goto(f"{stack.url}/profiles")
+        tab.wait_for_selector("#signin-password")  # the old session no longer opens pages
 
 
 def test_upload_plan_drag_and_approve(page: object, stack: LiveStack) -> None:
@@ -248,7 +275,8 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
                            ".textContent.includes('migrat')", timeout=60_000)
     deadline = time.monotonic() + 90  # the workers report once the engine has switched
     while True:
-        proposals = httpx.get(f"{stack.url}/api/proposals", timeout=10).json()["data"]
+        proposals = httpx.get(f"{stack.url}/api/proposals", timeout=10, headers={
+            "Authorization": f"Bearer {TOKEN}"}).json()["data"]
         if any(p["state"] != "approved" for p in proposals) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -257,3 +285,32 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     page.wait_for_function("() => document.querySelector('#runs-throughput-graph')"
                            ".textContent.includes('migrated:')", timeout=60_000)
     shot(page, "runs-migration")
+
+
+def test_a_diverged_run_says_why(page: object, stack: LiveStack) -> None:
+    """A run at a learning rate of 1e15: the monitor says it failed because its loss became
+    NaN, at which step and stage, and the loss chart has a gap from there."""
+    api = httpx.Client(base_url=stack.url, timeout=30,
+                       headers={"Authorization": f"Bearer {TOKEN}"})
+    for run in api.get("/api/runs").json()["data"]:
+        if run["state"] in ("starting", "running", "resuming"):
+            api.post(f"/api/runs/{run['id']}/stop").raise_for_status()
+    gpt = next(p for p in api.get("/api/profiles").json()["data"] if p["model"] == "gpt")
+    plan = api.post("/api/plans", json={"profile_id": gpt["id"], "name": "diverging", "manual": {
+        "boundaries": [13], "num_microbatches": 2, "schedule": "1f1b"}}).json()
+    api.post(f"/api/plans/{plan['id']}/approve").raise_for_status()
+    stack.wait_for_workers(2)
+    launched = api.post("/api/runs", json={
+        "plan_id": plan["id"], "model": "gpt", "steps": 50, "lr": 1e15, "device": "cpu",
+        "model_args": {"layers": "24", "width": "32", "heads": "2", "seq_len": "16",
+                       "vocab": "64"}})
+    assert launched.status_code == 201, launched.text
+    page.goto(f"{stack.url}/runs")  # the run picker lists the runs there were on load
+    choose(page, "runs-select", f"run {launched.json()['id']}:")
+    page.wait_for_function("() => document.querySelector('#runs-status').innerText"
+                           ".includes('loss is NaN at step')", timeout=90_000)
+    page.wait_for_function("() => document.querySelector('#runs-loss-graph')"
+                           ".textContent.includes('NaN from step')", timeout=30_000)
+    assert ": failed" in page.inner_text("#runs-status")
+    page.keyboard.press("Escape")  # close the run picker
+    shot(page, "runs-nan")

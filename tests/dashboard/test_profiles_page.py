@@ -36,7 +36,7 @@ def test_bad_uploads_say_what_is_wrong(context):
         "broken.json": (b'{"model": "x",', "starts like JSON, which does not parse"),
         "list.json": (b"[1, 2]", "holds a JSON list, not a profile object"),
         "empty.json": (b'{"model": "x", "microbatch_size": 1, "layers": []}',
-                       "layers = []: List should have at least 1 item"),
+                       "profile.layers: List should have at least 1 item"),
         "notes.txt": (b"hello world", "a node line must read"),
     }
     for filename, (data, expected) in cases.items():

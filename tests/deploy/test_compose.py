@@ -25,6 +25,8 @@ from tests.deploy.compose import (
 SERVICES = {"postgres", "migrate", "backend", "worker-cpu-0", "worker-cpu-1", "worker-gpu"}
 WORKERS = ("worker-cpu-0", "worker-cpu-1", "worker-gpu")
 PIPESTUDIO_VARIABLES = {f"PIPESTUDIO_{name.upper()}" for name in Settings.model_fields}
+#: What only workers read (``pipestudio worker``), not the backend.
+WORKER_VARIABLES = {"PIPESTUDIO_ALLOWED_MODELS"}
 
 
 @pytest.fixture
@@ -73,7 +75,7 @@ def test_services_are_wired_as_deployed(services: dict[str, dict[str, Any]]) -> 
     assert backend["command"][:2] == ["pipestudio", "serve"]
     assert backend["environment"]["PIPESTUDIO_MIGRATE_ON_START"] == "false"
     assert backend["environment"]["PIPESTUDIO_API_TOKEN"] == "api-secret"
-    assert backend["ports"] == ["8000:8000"] and "healthcheck" in backend
+    assert backend["ports"] == ["127.0.0.1:8000:8000"] and "healthcheck" in backend
     for url in (backend["environment"]["PIPESTUDIO_DATABASE_URL"],
                 migrate["environment"]["PIPESTUDIO_DATABASE_URL"]):
         assert url == "postgresql://pipestudio:pipestudio@postgres:5432/pipestudio"
@@ -81,7 +83,8 @@ def test_services_are_wired_as_deployed(services: dict[str, dict[str, Any]]) -> 
         worker = services[name]
         assert worker["command"][:2] == ["pipestudio", "worker"], name
         assert "http://backend:8000" in worker["command"], name
-        assert worker["environment"] == {"PIPESTUDIO_WORKER_TOKEN": "worker-secret"}, name
+        assert worker["environment"] == {"PIPESTUDIO_WORKER_TOKEN": "worker-secret",
+                                         "PIPESTUDIO_ALLOWED_MODELS": None}, name
         assert worker["depends_on"] == {"backend": {"condition": "service_healthy"}}, name
 
 
@@ -104,7 +107,9 @@ def test_configuration_is_only_environment(services: dict[str, dict[str, Any]]) 
                 f"{name} mounts {volume}"
         assert "env_file" not in service, name
         for variable in service.get("environment", {}):
-            if variable.startswith("PIPESTUDIO_"):
+            if variable in WORKER_VARIABLES:
+                assert name in (*WORKERS, "worker-gpu"), f"{name} sets {variable}"
+            elif variable.startswith("PIPESTUDIO_"):
                 assert variable in PIPESTUDIO_VARIABLES, f"{name}: unknown setting {variable}"
             else:
                 assert name == "postgres" and variable.startswith("POSTGRES_"), variable

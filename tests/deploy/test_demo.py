@@ -31,8 +31,12 @@ def test_a_taken_port_is_refused_clearly() -> None:
     assert done.returncode == 2 and "--port must be 0..65535, got 70000" in done.stderr
 
 
-def seeded(url: str) -> tuple[list[dict], list[dict], list[dict]]:  # type: ignore[type-arg]
-    get = lambda path: httpx.get(f"{url}/api/{path}?limit=1000", timeout=30).json()["data"]  # noqa: E731
+def seeded(url: str, token: str) -> tuple[list[dict], list[dict], list[dict]]:  # type: ignore[type-arg]
+    def get(path: str) -> list[dict]:  # type: ignore[type-arg]
+        response = httpx.get(f"{url}/api/{path}?limit=1000", timeout=30,
+                             headers={"Authorization": f"Bearer {token}"})
+        return response.json()["data"]  # type: ignore[no-any-return]
+
     return get("profiles"), get("clusters"), get("plans")
 
 
@@ -40,13 +44,17 @@ def test_demo_seeds_once_and_stops_everything(tmp_path: Path) -> None:
     demo = Demo(tmp_path / "state", "--no-workers")
     try:
         banner = demo.wait_until_running(timeout_s=240)
-        profiles, clusters, plans = seeded(demo.url)
+        assert httpx.get(f"{demo.url}/api/profiles", timeout=30).status_code == 401
+        profiles, clusters, plans = seeded(demo.url, demo.token)
         gpt_id = next(p["id"] for p in profiles if p["model"] == "gpt")
-        measured = httpx.get(f"{demo.url}/api/profiles/{gpt_id}", timeout=30).json()
+        measured = httpx.get(f"{demo.url}/api/profiles/{gpt_id}", timeout=30, headers={
+            "Authorization": f"Bearer {demo.token}"}).json()
     finally:
         status, left = demo.stop(signal.SIGTERM)
     assert status == 0 and not left, f"status {status}; left behind: {left}"
     assert "0 of 0 CPU workers online" in banner
+    assert "sign in: leave Name empty and paste the API token" in banner, banner
+    assert f"({demo.url}/login)" in banner
     by_name = {p["name"]: p for p in profiles}
     gpt = by_name["gpt (measured on this machine)"]
     assert gpt["id"] == gpt_id and gpt["source"] == "json"
@@ -72,7 +80,7 @@ def test_demo_seeds_once_and_stops_everything(tmp_path: Path) -> None:
     try:
         again.wait_until_running(timeout_s=120)
         assert "measuring the gpt model" not in again.text()
-        assert seeded(again.url) == (profiles, clusters, plans)
+        assert seeded(again.url, again.token) == (profiles, clusters, plans)
     finally:
         status, left = again.stop(signal.SIGINT)
     assert status == 0 and not left, f"status {status}; left behind: {left}"

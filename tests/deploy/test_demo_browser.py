@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipestudio.demo import GPT_PROFILE_NAME
-from tests.browser import CHROMIUM, chromium_page
+from tests.browser import CHROMIUM, chromium_page, sign_in
 from tests.conftest import ROOT
 from tests.deploy.demo_process import Demo
 
@@ -48,6 +48,9 @@ def shot(page: object, name: str) -> None:
 
 def open_dashboard(page: object, demo: Demo) -> None:
     page.goto(f"{demo.url}/profiles")
+    page.wait_for_selector("#signin-password")  # the dashboard asks who you are first
+    shot(page, "demo-sign-in")
+    sign_in(page, demo.url, demo.token)
     try:
         page.wait_for_selector("#nav-runs", timeout=20_000)
     except playwright_api.TimeoutError:

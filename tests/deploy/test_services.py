@@ -109,7 +109,9 @@ def test_migrate_then_serve(backend: dict[str, Any]) -> None:
     assert created.status_code == 201, created.text
     assert "API token:" not in backend["log"].read_text(), "the token came from the env"
     page = httpx.get(f"{url}/", timeout=30)
-    assert page.status_code == 200 and "_dash-config" in page.text, "the dashboard is at /"
+    assert page.status_code == 302 and page.headers["location"].startswith("/login"), \
+        "the dashboard is at /, behind its sign-in page"
+    assert "Sign in" in httpx.get(f"{url}/login", timeout=30).text
 
 
 def wait_health(url: str) -> dict[str, Any]:
@@ -156,7 +158,8 @@ def test_healthcheck_and_workers(backend: dict[str, Any], tmp_path: Path) -> Non
                 assert worker.poll() is None, (tmp_path / f"{name}.log").read_text()
             assert time.monotonic() < deadline, f"{online} of {len(workers)} workers registered"
             time.sleep(0.5)
-        listed = httpx.get(f"{url}/api/workers", timeout=10).json()["data"]
+        listed = httpx.get(f"{url}/api/workers", timeout=10, headers={
+            "Authorization": f"Bearer {TOKENS['PIPESTUDIO_API_TOKEN']}"}).json()["data"]
         expected = {"cpu-0", "cpu-1", "gpu-0"} if "worker-gpu" in workers else {"cpu-0",
                                                                                  "cpu-1"}
         assert {w["name"] for w in listed} == expected

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from pipestudio.backend.deps import Authorized, SessionDep
+from pipestudio.backend.deps import Authorized, Readable, SessionDep
 from pipestudio.backend.repositories import Clusters
 from pipestudio.backend.schemas.clusters import ClusterCreate, ClusterPublic, ClustersPublic
 from pipestudio.backend.schemas.common import ERRORS, PathId
@@ -18,19 +18,19 @@ def create_cluster(session: SessionDep, data: ClusterCreate) -> ClusterPublic:
     return ClusterPublic.model_validate(service.create_cluster(session, data))
 
 
-@router.get("")
+@router.get("", dependencies=[Readable])
 def list_clusters(session: SessionDep, offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ClustersPublic:
     rows, total = Clusters(session).page(offset, limit)
     return ClustersPublic(data=[ClusterPublic.model_validate(r) for r in rows], count=total)
 
 
-@router.get("/{cluster_id}")
+@router.get("/{cluster_id:int}", dependencies=[Readable])
 def get_cluster(session: SessionDep, cluster_id: PathId) -> ClusterPublic:
     return ClusterPublic.model_validate(Clusters(session).get(cluster_id))
 
 
-@router.delete("/{cluster_id}", status_code=204, dependencies=[Authorized])
+@router.delete("/{cluster_id:int}", status_code=204, dependencies=[Authorized])
 def delete_cluster(session: SessionDep, cluster_id: PathId) -> None:
     """Delete a cluster; 409 while a plan uses it."""
     service.delete_cluster(session, cluster_id)

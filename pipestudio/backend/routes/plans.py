@@ -4,7 +4,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from pipestudio.backend.deps import Authorized, SessionDep
+from pipestudio.backend.context import AppContext
+from pipestudio.backend.deps import (
+    Authorized,
+    ContextDep,
+    Readable,
+    SessionDep,
+    Writer,
+    author,
+)
 from pipestudio.backend.models import Plan as PlanRow
 from pipestudio.backend.repositories import Plans
 from pipestudio.backend.schemas.common import ERRORS, PathId, QueryId
@@ -24,14 +32,16 @@ from pipestudio.backend.services import plans as service
 router = APIRouter(prefix="/api/plans", tags=["plans"], responses=ERRORS)
 
 
-@router.post("", status_code=201, dependencies=[Authorized])
-def create_plan(session: SessionDep, data: PlanCreate) -> PlanPublic:
+@router.post("", status_code=201)
+def create_plan(session: SessionDep, context: ContextDep, principal: Writer,
+                data: PlanCreate) -> PlanPublic:
     """Make a plan with a planner, by hand (boundaries and policies), or from a document;
     it is simulated and stored as a draft."""
-    return PlanPublic.model_validate(service.create_plan(session, data))
+    data = data.model_copy(update={"author": author(principal, data.author)})
+    return PlanPublic.model_validate(service.create_plan(session, data, _budget(context)))
 
 
-@router.get("")
+@router.get("", dependencies=[Readable])
 def list_plans(session: SessionDep, offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                profile_id: QueryId | None = None,
@@ -45,45 +55,56 @@ def list_plans(session: SessionDep, offset: Annotated[int, Query(ge=0, le=2**31)
     return PlansPublic(data=[PlanPublic.model_validate(r) for r in rows], count=total)
 
 
-@router.post("/simulate")
-def preview_plan(session: SessionDep, data: PreviewRequest) -> dict[str, Any]:
-    """Simulate a plan without storing it; answers the SimResult document."""
-    return service.preview(session, data).model_dump(mode="json")
+@router.post("/simulate", dependencies=[Readable])
+def preview_plan(session: SessionDep, context: ContextDep, data: PreviewRequest
+                 ) -> dict[str, Any]:
+    """Simulate a plan without storing it; answers the SimResult document (422 beyond the
+    work budget, naming the field and the limit)."""
+    return service.preview(session, data, _budget(context)).model_dump(mode="json")
 
 
-@router.post("/compare", dependencies=[Authorized])
-def compare_planners(session: SessionDep, data: CompareRequest) -> ComparePublic:
+@router.post("/compare")
+def compare_planners(session: SessionDep, context: ContextDep, principal: Writer,
+                     data: CompareRequest) -> ComparePublic:
     """Run every planner (or those named) on one request; ``save`` stores their plans."""
-    return ComparePublic(rows=service.compare(session, data))
+    data = data.model_copy(update={"author": author(principal, data.author)})
+    return ComparePublic(rows=service.compare(session, data, _budget(context)))
 
 
-@router.get("/{plan_id}")
+@router.get("/{plan_id:int}", dependencies=[Readable])
 def get_plan(session: SessionDep, plan_id: PathId) -> PlanPublic:
     return PlanPublic.model_validate(Plans(session).get(plan_id))
 
 
-@router.patch("/{plan_id}", dependencies=[Authorized])
-def update_plan(session: SessionDep, plan_id: PathId, data: PlanUpdate) -> PlanPublic:
+@router.patch("/{plan_id:int}")
+def update_plan(session: SessionDep, context: ContextDep, principal: Writer,
+                plan_id: PathId, data: PlanUpdate) -> PlanPublic:
     """Edit a draft (boundaries, policies, shape, document) or change its state
     (draft <-> approved); a launched plan is frozen (409)."""
-    return PlanPublic.model_validate(service.update_plan(session, plan_id, data))
+    data = data.model_copy(update={"author": author(principal, data.author)})
+    return PlanPublic.model_validate(service.update_plan(session, plan_id, data,
+                                                         _budget(context)))
 
 
-@router.post("/{plan_id}/approve", dependencies=[Authorized])
-def approve_plan(session: SessionDep, plan_id: PathId) -> PlanPublic:
-    return PlanPublic.model_validate(service.update_plan(session, plan_id,
-                                                         PlanUpdate(state="approved")))
+@router.post("/{plan_id:int}/approve", dependencies=[Authorized])
+def approve_plan(session: SessionDep, context: ContextDep, plan_id: PathId) -> PlanPublic:
+    return PlanPublic.model_validate(service.update_plan(
+        session, plan_id, PlanUpdate(state="approved"), _budget(context)))
 
 
-@router.post("/{plan_id}/simulate")
-def simulate_plan(session: SessionDep, plan_id: PathId, data: SimulateRequest
-                  ) -> dict[str, Any]:
+@router.post("/{plan_id:int}/simulate", dependencies=[Readable])
+def simulate_plan(session: SessionDep, context: ContextDep, plan_id: PathId,
+                  data: SimulateRequest) -> dict[str, Any]:
     """The SimResult document of a stored plan on its profile and cluster."""
-    return service.simulate_plan(session, plan_id, data.steps,
-                                 data.with_timeline).model_dump(mode="json")
+    return service.simulate_plan(session, plan_id, data.steps, data.with_timeline,
+                                 _budget(context)).model_dump(mode="json")
 
 
-@router.delete("/{plan_id}", status_code=204, dependencies=[Authorized])
+def _budget(context: AppContext) -> int:
+    return context.settings.max_simulated_ops
+
+
+@router.delete("/{plan_id:int}", status_code=204, dependencies=[Authorized])
 def delete_plan(session: SessionDep, plan_id: PathId) -> None:
     """Delete a plan; 409 when runs used it."""
     service.delete_plan(session, plan_id)

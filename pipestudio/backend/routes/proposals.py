@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from pipestudio.backend.deps import Authorized, ContextDep, SessionDep
+from pipestudio.backend.deps import ContextDep, Readable, SessionDep, Writer, author
 from pipestudio.backend.models import Proposal as ProposalRow
 from pipestudio.backend.repositories import Proposals
 from pipestudio.backend.schemas.common import ERRORS, PathId, QueryId
@@ -20,17 +20,18 @@ from pipestudio.backend.services import proposals as service
 router = APIRouter(prefix="/api/proposals", tags=["proposals"], responses=ERRORS)
 
 
-@router.post("", status_code=201, dependencies=[Authorized])
-def create_proposal(session: SessionDep, context: ContextDep, data: ProposalCreate
-                    ) -> ProposalPublic:
+@router.post("", status_code=201)
+def create_proposal(session: SessionDep, context: ContextDep, principal: Writer,
+                    data: ProposalCreate) -> ProposalPublic:
     """Weigh a repartition of a run for an observed profile, or store a Proposal."""
+    data = data.model_copy(update={"author": author(principal, data.author)})
     row = ProposalPublic.model_validate(service.create_proposal(session, data))
     context.hub.publish_from_thread(row.run_id, {"type": "proposal", "run_id": row.run_id,
                                                  "proposal_id": row.id, "state": row.state})
     return row
 
 
-@router.get("")
+@router.get("", dependencies=[Readable])
 def list_proposals(session: SessionDep, run_id: QueryId | None = None,
                    state: ProposalState | None = None,
                    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
@@ -44,22 +45,23 @@ def list_proposals(session: SessionDep, run_id: QueryId | None = None,
     return ProposalsPublic(data=[ProposalPublic.model_validate(r) for r in rows], count=total)
 
 
-@router.get("/{proposal_id}")
+@router.get("/{proposal_id:int}", dependencies=[Readable])
 def get_proposal(session: SessionDep, proposal_id: PathId) -> ProposalPublic:
     return ProposalPublic.model_validate(Proposals(session).get(proposal_id))
 
 
-@router.post("/{proposal_id}/approve", dependencies=[Authorized])
-def approve_proposal(session: SessionDep, context: ContextDep, proposal_id: PathId,
-                     data: ProposalDecision | None = None) -> ProposalPublic:
+@router.post("/{proposal_id:int}/approve")
+def approve_proposal(session: SessionDep, context: ContextDep, principal: Writer,
+                     proposal_id: PathId, data: ProposalDecision | None = None
+                     ) -> ProposalPublic:
     """Approve: rank 0's worker gets the migration; its outcome is recorded."""
-    author = data.author if data else "api"
-    row = service.approve(session, proposal_id, author, context.hub.send_from_thread)
+    row = service.approve(session, proposal_id, author(principal, data.author if data else "api"),
+                          context.hub.send_from_thread)
     return ProposalPublic.model_validate(row)
 
 
-@router.post("/{proposal_id}/reject", dependencies=[Authorized])
-def reject_proposal(session: SessionDep, proposal_id: PathId,
+@router.post("/{proposal_id:int}/reject")
+def reject_proposal(session: SessionDep, principal: Writer, proposal_id: PathId,
                     data: ProposalDecision | None = None) -> ProposalPublic:
-    return ProposalPublic.model_validate(service.reject(session, proposal_id,
-                                                        data.author if data else "api"))
+    return ProposalPublic.model_validate(service.reject(
+        session, proposal_id, author(principal, data.author if data else "api")))

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from pipestudio.backend.deps import Authorized, ContextDep, SessionDep
+from pipestudio.backend.deps import Authorized, ContextDep, Readable, SessionDep, Writer, author
 from pipestudio.backend.protocol import METRIC_KINDS
 from pipestudio.backend.repositories import Runs
 from pipestudio.backend.schemas.common import ERRORS, PathId
@@ -23,28 +23,30 @@ from pipestudio.backend.services import runs as service
 router = APIRouter(prefix="/api/runs", tags=["runs"], responses=ERRORS)
 
 
-@router.post("", status_code=201, dependencies=[Authorized])
-def launch_run(session: SessionDep, context: ContextDep, data: RunCreate) -> RunPublic:
-    """Launch an approved plan: ranks go to online workers with free slots (409 when
-    there are too few), and the workers start the engine."""
+@router.post("", status_code=201)
+def launch_run(session: SessionDep, context: ContextDep, principal: Writer, data: RunCreate
+               ) -> RunPublic:
+    """Launch an approved plan: ranks go to online workers with free slots that allow its
+    model (409 when there are too few), and the workers start the engine."""
+    data = data.model_copy(update={"author": author(principal, data.author)})
     run = service.launch(session, data, set(context.hub.links), context.hub.send_from_thread,
                          context.settings.checkpoint_dir)
     return service.run_public(session, run)
 
 
-@router.get("")
+@router.get("", dependencies=[Readable])
 def list_runs(session: SessionDep, offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> RunsPublic:
     rows, total = Runs(session).page(offset, limit)
     return RunsPublic(data=[service.run_public(session, r) for r in rows], count=total)
 
 
-@router.get("/{run_id}")
+@router.get("/{run_id:int}", dependencies=[Readable])
 def get_run(session: SessionDep, run_id: PathId) -> RunPublic:
     return service.run_public(session, Runs(session).get(run_id))
 
 
-@router.post("/{run_id}/stop", dependencies=[Authorized])
+@router.post("/{run_id:int}/stop", dependencies=[Authorized])
 def stop_run(session: SessionDep, context: ContextDep, run_id: PathId) -> RunPublic:
     run, actions = service.stop(session, run_id, context.hub.send_from_thread)
     for watched, message in actions.to_watchers:
@@ -52,7 +54,7 @@ def stop_run(session: SessionDep, context: ContextDep, run_id: PathId) -> RunPub
     return service.run_public(session, run)
 
 
-@router.get("/{run_id}/metrics")
+@router.get("/{run_id:int}/metrics", dependencies=[Readable])
 def get_metrics(session: SessionDep, run_id: PathId,
                 kind: Annotated[list[MetricKind] | None, Query()] = None,
                 stage: Annotated[int | None, Query(ge=0, le=100_000)] = None,
@@ -68,7 +70,7 @@ def get_metrics(session: SessionDep, run_id: PathId,
                          total=total, stride=stride)
 
 
-@router.get("/{run_id}/events")
+@router.get("/{run_id:int}/events", dependencies=[Readable])
 def get_events(session: SessionDep, run_id: PathId,
                kind: Annotated[list[str] | None, Query(max_length=50)] = None,
                after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,

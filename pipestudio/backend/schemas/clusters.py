@@ -5,12 +5,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from pipestudio.backend.schemas.common import Public
+from pipestudio.backend.schemas.common import Public, Request
+from pipestudio.planner import Cluster
 
 
-class ClusterCreate(BaseModel):
+class ClusterCreate(Request):
     name: str | None = Field(None, max_length=200, description="Default: the document's name.")
-    cluster: dict[str, Any] = Field(description="The Cluster document.")
+    cluster: Cluster = Field(description="The Cluster document.")
 
 
 class ClusterPublic(Public):

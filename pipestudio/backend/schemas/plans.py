@@ -1,80 +1,120 @@
 """Plans: made by a planner or by hand, simulated, compared, edited, approved."""
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
-from pipestudio.backend.schemas.common import DbId, Public
+from pipestudio.backend.schemas.common import DbId, Public, Request, choice, one_of
+from pipestudio.planner import Plan
+from pipestudio.planner.documents import Integral
 
 Schedule = Literal["gpipe", "1f1b", "pipedream"]
 Optimizer = Literal["sgd", "momentum", "adam"]
 Policy = Literal["keep", "recompute", "swap"]
 PlanState = Literal["draft", "approved", "launched"]
+#: As many stages and layers as a profile may have (``planner.documents``).
+MAX_LAYERS = 20_000
+LayerName = Annotated[str, Field(min_length=1, max_length=200)]
+Boundaries = Annotated[list[Annotated[int, Field(ge=1, le=MAX_LAYERS), Integral]],
+                       Field(max_length=MAX_LAYERS)]
+Policies = Annotated[dict[LayerName, Policy], Field(max_length=MAX_LAYERS)]
+MicrobatchSize = Annotated[int, Field(ge=1, le=2**24), Integral]
+NumMicrobatches = Annotated[int, Field(ge=1, le=100_000), Integral]
+Steps = Annotated[int, Field(ge=1, le=20), Integral]
 
 
-class PlannerParameters(BaseModel):
+class PlannerParameters(Request):
     """What a planner is asked (as ``pipestudio plan``)."""
 
-    num_stages: int | None = Field(None, ge=1, description="Stages (devices for optimal).")
-    num_microbatches: int = Field(ge=1, le=100_000)
+    num_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS), Integral] | None = Field(
+        None, description="Stages (devices for optimal).")
+    num_microbatches: NumMicrobatches
     schedule: Schedule
-    microbatch_size: int | None = Field(None, ge=1, description="Default: the profile's.")
+    microbatch_size: MicrobatchSize | None = Field(None, description="Default: the profile's.")
     optimizer: Optimizer = "adam"
     straight: bool = Field(False, description="No replicated stages (optimal, pipedream).")
-    device_memory_bytes: int | None = Field(
-        None, ge=1, description="Without a cluster: memory per device, links free.")
+    device_memory_bytes: Annotated[int, Field(ge=1, le=2**53), Integral] | None = Field(
+        None, description="Without a cluster: memory per device, links free.")
 
 
 class PlannerRequest(PlannerParameters):
-    algorithm: str = Field(description="A planner: uniform, balance-time, pipedream, ...")
+    algorithm: str = Field(max_length=50,
+                           description="A planner: uniform, balance-time, pipedream, ...")
 
 
-class ManualPlan(BaseModel):
+class ManualPlan(Request):
     """A plan by hand: the first layer index of every stage after the first, and policies."""
 
-    boundaries: list[int] = Field(description="Layer indices where stages 1.. begin, rising.")
-    num_microbatches: int = Field(ge=1, le=100_000)
+    boundaries: Boundaries = Field(description="Layer indices where stages 1.. begin, rising.")
+    num_microbatches: NumMicrobatches
     schedule: Schedule
-    microbatch_size: int | None = Field(None, ge=1, description="Default: the profile's.")
+    microbatch_size: MicrobatchSize | None = Field(None, description="Default: the profile's.")
     optimizer: Optimizer = "adam"
-    policies: dict[str, Policy] = Field(default_factory=dict, description="Layer -> policy.")
+    policies: Policies = Field(default_factory=dict, description="Layer -> policy.")
 
 
-class PlanSource(BaseModel):
-    """Exactly one of ``planner``, ``manual`` or ``plan`` (a whole Plan document)."""
+class _Source(Request):
+    """Where a plan comes from: a stored profile (and cluster), and exactly one of a
+    planner's answer, boundaries by hand, or a whole Plan document."""
 
     profile_id: DbId
     cluster_id: DbId | None = None
-    planner: PlannerRequest | None = None
-    manual: ManualPlan | None = None
-    plan: dict[str, Any] | None = Field(None, description="A Plan document.")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "PlanSource":
-        given = [name for name in ("planner", "manual", "plan") if getattr(self, name)]
-        if len(given) != 1:
-            raise ValueError("give exactly one of planner, manual or plan; got "
-                             f"{', '.join(given) or 'none'}")
-        return self
 
 
-class PlanCreate(PlanSource):
+class ByPlanner(_Source):
+    source_kind: ClassVar[str] = "planner"
+    planner: PlannerRequest
+
+
+class ByHand(_Source):
+    source_kind: ClassVar[str] = "manual"
+    manual: ManualPlan
+
+
+class ByDocument(_Source):
+    source_kind: ClassVar[str] = "plan"
+    plan: Plan = Field(description="A Plan document.")
+
+
+PlanSource = ByPlanner | ByHand | ByDocument
+_ONE_SOURCE = "give exactly one of planner, manual or plan"
+
+
+class _Creation(Request):
     name: str | None = Field(None, max_length=200)
     author: str = Field("api", max_length=200, description="Who makes the plan.")
 
 
-class PlanUpdate(BaseModel):
+class PlanFromPlanner(ByPlanner, _Creation):
+    pass
+
+
+class PlanByHand(ByHand, _Creation):
+    pass
+
+
+class PlanFromDocument(ByDocument, _Creation):
+    pass
+
+
+AnyPlanCreate = PlanFromPlanner | PlanByHand | PlanFromDocument
+PlanCreate = one_of((PlanFromPlanner, "planner"), (PlanByHand, "manual"),
+                    (PlanFromDocument, "plan"), tag=choice("planner", "manual", "plan"),
+                    what=_ONE_SOURCE)
+
+
+class PlanUpdate(Request):
     """Changes to a draft plan: stage boundaries, policies, shape, or the whole document;
     or a state change (``draft`` <-> ``approved``)."""
 
     name: str | None = Field(None, max_length=200)
-    boundaries: list[int] | None = None
-    policies: dict[str, Policy] | None = None
-    num_microbatches: int | None = Field(None, ge=1, le=100_000)
+    boundaries: Boundaries | None = None
+    policies: Policies | None = None
+    num_microbatches: NumMicrobatches | None = None
     schedule: Schedule | None = None
-    microbatch_size: int | None = Field(None, ge=1)
-    plan: dict[str, Any] | None = None
+    microbatch_size: MicrobatchSize | None = None
+    plan: Plan | None = Field(None, description="A whole Plan document.")
     state: Literal["draft", "approved"] | None = None
     author: str = Field("api", max_length=200)
 
@@ -112,22 +152,41 @@ class PlansPublic(BaseModel):
     count: int
 
 
-class SimulateRequest(BaseModel):
-    steps: int = Field(2, ge=1, le=20, description="Steps simulated (the first is warm-up).")
+class SimulateRequest(Request):
+    steps: Steps = Field(2, description="Steps simulated (the first is warm-up).")
     with_timeline: bool = True
 
 
-class PreviewRequest(PlanSource):
+class _Preview(Request):
     """Simulate a plan without storing it (what the dashboard does while dragging)."""
 
-    steps: int = Field(2, ge=1, le=20)
+    steps: Steps = 2
     with_timeline: bool = True
+
+
+class PreviewFromPlanner(ByPlanner, _Preview):
+    pass
+
+
+class PreviewByHand(ByHand, _Preview):
+    pass
+
+
+class PreviewFromDocument(ByDocument, _Preview):
+    pass
+
+
+AnyPreviewRequest = PreviewFromPlanner | PreviewByHand | PreviewFromDocument
+PreviewRequest = one_of((PreviewFromPlanner, "planner"), (PreviewByHand, "manual"),
+                        (PreviewFromDocument, "plan"), tag=choice("planner", "manual", "plan"),
+                        what=_ONE_SOURCE)
 
 
 class CompareRequest(PlannerParameters):
     profile_id: DbId
     cluster_id: DbId | None = None
-    algorithms: list[str] | None = Field(None, description="Default: every planner.")
+    algorithms: list[Annotated[str, Field(max_length=50)]] | None = Field(
+        None, max_length=50, description="Default: every planner.")
     save: bool = Field(False, description="Store every plan found as a draft.")
     author: str = Field("api", max_length=200)
 

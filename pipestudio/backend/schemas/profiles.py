@@ -1,22 +1,42 @@
 """Profiles: upload (native JSON or PipeDream graph.txt), summaries, per-layer data."""
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pipestudio.backend.schemas.common import Public
+from pipestudio.backend.schemas.common import Public, Request, choice, one_of
+from pipestudio.planner import Profile
+from pipestudio.planner.documents import Integral
 
 
-class ProfileCreate(BaseModel):
-    """A profile as JSON: the native document, or the text of a PipeDream graph.txt."""
-
+class _ProfileSource(Request):
     name: str | None = Field(None, max_length=200, description="Default: the model name.")
-    format: Literal["pipestudio", "pipedream"] = "pipestudio"
-    profile: dict[str, Any] | None = Field(None, description="The Profile document.")
-    graph: str | None = Field(None, description="PipeDream graph.txt text (format pipedream).")
-    batch_size: int = Field(1, ge=1, description="PipeDream: the profiled minibatch size.")
-    model: str | None = Field(None, max_length=200, description="PipeDream: the model name.")
+
+
+class ProfileDocument(_ProfileSource):
+    """The native Profile document (``format`` pipestudio, the default)."""
+
+    format: Literal["pipestudio"] = "pipestudio"
+    profile: Profile = Field(description="The Profile document.")
+
+
+class PipeDreamGraph(_ProfileSource):
+    """The text of a PipeDream graph.txt, converted on the way in."""
+
+    format: Literal["pipedream"]
+    graph: str = Field(min_length=1, description="PipeDream graph.txt text.")
+    batch_size: Annotated[int, Field(ge=1, le=2**24), Integral] = Field(
+        1, description="The profiled minibatch size.")
+    model: str | None = Field(None, min_length=1, max_length=200,
+                              description="The model name (default: the profile's name).")
+
+
+AnyProfileCreate = ProfileDocument | PipeDreamGraph
+ProfileCreate = one_of((ProfileDocument, "pipestudio"), (PipeDreamGraph, "pipedream"),
+                       tag=choice("pipestudio", "pipedream", default="pipestudio"),
+                       what="format must be pipestudio (with profile) or pipedream (with "
+                            "graph)")
 
 
 class ProfilePublic(Public):

@@ -1,34 +1,46 @@
 """Proposals: repartitions of a running job, approved or rejected."""
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
-from pipestudio.backend.schemas.common import DbId, Public
+from pipestudio.backend.schemas.common import DbId, Public, Request, choice, one_of
+from pipestudio.planner import Profile
+from pipestudio.planner.proposal import Proposal
 
 ProposalState = Literal["pending", "approved", "rejected", "applied", "failed"]
 
 
-class ProposalCreate(BaseModel):
-    """Either an observed profile for the online planner to weigh (``replan``), or a
-    Proposal document made elsewhere."""
-
+class _ProposalSource(Request):
     run_id: DbId
-    observed_profile: dict[str, Any] | None = Field(None, description="A Profile document.")
-    proposal: dict[str, Any] | None = Field(None, description="A Proposal document.")
-    payback_steps: float = Field(100, gt=0)
-    min_gain_fraction: float = Field(0.02, ge=0, lt=1)
     author: str = Field("online-planner", max_length=200)
 
-    @model_validator(mode="after")
-    def _one_source(self) -> "ProposalCreate":
-        if (self.observed_profile is None) == (self.proposal is None):
-            raise ValueError("give exactly one of observed_profile or proposal")
-        return self
+
+class ObservedProfile(_ProposalSource):
+    """A profile measured while the run trains, for the online planner to weigh
+    (``replan``)."""
+
+    source_kind: ClassVar[str] = "observed_profile"
+    observed_profile: Profile = Field(description="A Profile document.")
+    payback_steps: float = Field(100, gt=0, le=1e9, allow_inf_nan=False)
+    min_gain_fraction: float = Field(0.02, ge=0, lt=1)
 
 
-class ProposalDecision(BaseModel):
+class ProposalDocument(_ProposalSource):
+    """A Proposal document made elsewhere."""
+
+    source_kind: ClassVar[str] = "proposal"
+    proposal: Proposal = Field(description="A Proposal document.")
+
+
+AnyProposalCreate = ObservedProfile | ProposalDocument
+ProposalCreate = one_of((ObservedProfile, "observed_profile"), (ProposalDocument, "proposal"),
+                        tag=choice("observed_profile", "proposal"),
+                        what="give exactly one of observed_profile or proposal")
+
+
+class ProposalDecision(Request):
     author: str = Field("api", max_length=200, description="Who decides.")
 
 

@@ -1,37 +1,48 @@
 """Runs: launching an approved plan on workers, their state, metrics and events."""
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pipestudio.backend.schemas.common import DbId, Public
+from pipestudio.backend.schemas.common import DbId, Public, Request
+from pipestudio.planner.documents import Integral
 
 RunState = Literal["starting", "running", "resuming", "finished", "failed", "stopped"]
 MetricKind = Literal["step", "memory", "op"]
 
 
-class RunCreate(BaseModel):
+ArgName = Annotated[str, Field(min_length=1, max_length=100)]
+ArgValue = Annotated[str, Field(max_length=1000)]
+WorkerId = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class RunCreate(Request):
     plan_id: DbId
-    model: str = Field(min_length=1, max_length=200,
-                       description="A built-in model (mlp, gpt, ...) or MODULE:FACTORY.")
-    model_args: dict[str, str] = Field(default_factory=dict)
-    steps: int = Field(ge=1, le=10_000_000)
-    lr: float | None = Field(None, gt=0)
-    seed: int | None = None
+    model: str = Field(min_length=1, max_length=200, description=(
+        "A built-in model (mlp, gpt, ...) or MODULE:FACTORY; the chosen workers must allow "
+        "it (409 naming those that do not)."))
+    model_args: dict[ArgName, ArgValue] = Field(default_factory=dict, max_length=100)
+    steps: Annotated[int, Field(ge=1, le=10_000_000), Integral]
+    lr: float | None = Field(None, gt=0, le=1e30, allow_inf_nan=False)
+    seed: Annotated[int, Field(ge=0, le=2**53), Integral] | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads_per_rank: int | None = Field(None, ge=1, le=1024)
+    threads_per_rank: Annotated[int, Field(ge=1, le=1024), Integral] | None = None
     timeout_s: float = Field(20.0, gt=0, le=3600)
-    checkpoint_every: int = Field(
-        0, ge=0, le=10_000_000,
+    checkpoint_every: Annotated[int, Field(ge=0, le=10_000_000), Integral] = Field(
+        0,
         description="Save a checkpoint every this many steps (0: none) in the backend's "
         "checkpoint directory.")
     on_failure: Literal["fail", "resume"] = Field(
         "fail", description="resume: when a rank fails or a worker falls silent, start the "
         "run again from its last checkpoint on the online workers (from step 0 if none).")
-    max_resumes: int = Field(3, ge=0, le=100,
-                             description="With on_failure=resume, how many times at most.")
-    worker_ids: list[str] | None = Field(None, description="Default: any online workers.")
+    max_resumes: Annotated[int, Field(ge=0, le=100), Integral] = Field(
+        3, description="With on_failure=resume, how many times at most.")
+    on_nonfinite_loss: Literal["fail", "continue"] = Field(
+        "fail", description="fail: a loss that is NaN or infinite ends the run, failed, with "
+        "the step and stage in its message; continue: train on.")
+    worker_ids: list[WorkerId] | None = Field(None, max_length=10_000,
+                                              description="Default: any online workers.")
     author: str = Field("api", max_length=200)
 
 

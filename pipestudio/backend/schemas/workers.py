@@ -13,6 +13,8 @@ class WorkerPublic(Public):
     name: str
     host: str
     devices: list[dict[str, Any]]
+    builtin_models: list[str]
+    allowed_models: list[str]
     slots: int
     state: Literal["online", "offline"]
     connected_at: datetime

@@ -1,6 +1,7 @@
 """What a worker's numbered messages do to the store (``protocol.py``), and what must
 follow once they are committed: messages to workers and to dashboards (``Actions``)."""
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +106,15 @@ def metric_events(message: dict[str, Any]) -> list[dict[str, Any]]:
             if isinstance(e, dict) and str(e.get("type", "unknown"))[:20] in METRIC_KINDS]
 
 
+def _finite_number(value: object) -> float | None:
+    """A time for the ``time_ms`` column: NaN and infinities (stored as names in the
+    event's data, ``screening.finite``) have no place on the time axis."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def apply_events(session: Session, worker_id: str, run: models.Run,
                  events: list[dict[str, Any]]) -> Actions:
     now = models.utcnow()
@@ -113,7 +123,7 @@ def apply_events(session: Session, worker_id: str, run: models.Run,
         kind = str(event.get("type", "unknown"))[:20]
         step = event.get("step")
         if kind in METRIC_KINDS:
-            time_ms = event.get("end_ms", event.get("time_ms"))
+            time_ms = _finite_number(event.get("end_ms", event.get("time_ms")))
             metrics.append({"run_id": run.id, "worker_id": worker_id, "kind": kind,
                             "stage": event.get("stage"), "replica": event.get("replica"),
                             "step": step, "time_ms": time_ms, "received_at": now,

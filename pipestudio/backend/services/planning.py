@@ -2,17 +2,29 @@
 simulating them. Every planner error is the user's input and becomes a 422."""
 
 import itertools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pipestudio.backend.errors import InputError
 from pipestudio.backend.schemas.plans import (
+    ByDocument,
+    ByHand,
+    ByPlanner,
     ManualPlan,
     PlannerParameters,
     PlannerRequest,
     PlanSource,
     PlanSummary,
 )
-from pipestudio.planner import Cluster, Plan, PlannerError, Profile, SimResult, simulate
+from pipestudio.planner import (
+    Cluster,
+    Plan,
+    PlannerError,
+    Profile,
+    SimResult,
+    WorkBudgetError,
+    simulate,
+)
 from pipestudio.planner.documents import parse_document
 from pipestudio.planner.plan import resolve_plan
 from pipestudio.planner.planners import PLANNERS
@@ -22,6 +34,8 @@ from pipestudio.planner.request import (
     memory_only_cluster,
     run_planner,
 )
+
+T = TypeVar("T")
 
 
 def planner_request(profile: Profile, cluster: Cluster | None, params: PlannerParameters
@@ -46,11 +60,22 @@ def check_algorithm(name: str, field: str) -> None:
                                 f"{', '.join(PLANNERS)}")
 
 
-def ask_planner(profile: Profile, cluster: Cluster | None, request: PlannerRequest
-                ) -> PlanOutcome:
+def ask_planner(profile: Profile, cluster: Cluster | None, request: PlannerRequest,
+                max_ops: int | None) -> PlanOutcome:
     check_algorithm(request.algorithm, "planner.algorithm")
-    return run_planner(request.algorithm, PLANNERS[request.algorithm],
-                       planner_request(profile, cluster, request), with_timeline=False)
+    return within_budget(lambda: run_planner(
+        request.algorithm, PLANNERS[request.algorithm],
+        planner_request(profile, cluster, request), with_timeline=False, max_ops=max_ops),
+        "planner")
+
+
+def within_budget(work: Callable[[], T], where: str) -> T:
+    """``work()``, its ``WorkBudgetError`` a 422 naming the field (under ``where``
+    in the request) and the limit."""
+    try:
+        return work()
+    except WorkBudgetError as exc:
+        raise InputError(f"{where}.{exc.field}" if where else exc.field, str(exc)) from None
 
 
 def manual_plan(profile: Profile, manual: ManualPlan, *, field: str = "manual",
@@ -74,10 +99,11 @@ def manual_plan(profile: Profile, manual: ManualPlan, *, field: str = "manual",
     return checked_plan(profile, document, f"{field}")
 
 
-def checked_plan(profile: Profile, document: dict[str, Any], field: str) -> Plan:
+def checked_plan(profile: Profile, document: Plan | dict[str, Any], field: str) -> Plan:
     """``document`` as a Plan that places every layer of ``profile``."""
     try:
-        plan = parse_document(Plan, document, source="plan")
+        plan = (document if isinstance(document, Plan)
+                else parse_document(Plan, document, source="plan"))
         resolve_plan(plan, profile)
     except PlannerError as exc:
         raise InputError(field, str(exc)) from None
@@ -90,10 +116,10 @@ def boundaries_of(plan: Plan, profile: Profile) -> list[int]:
 
 
 def plan_from_source(profile: Profile, cluster: Cluster | None, source: PlanSource,
-                     author: str) -> tuple[Plan, str, dict[str, Any]]:
+                     author: str, max_ops: int | None) -> tuple[Plan, str, dict[str, Any]]:
     """The plan a request describes, the planner that made it and its parameters."""
-    if source.planner is not None:
-        outcome = ask_planner(profile, cluster, source.planner)
+    if isinstance(source, ByPlanner):
+        outcome = ask_planner(profile, cluster, source.planner, max_ops)
         if outcome.plan is None:
             raise InputError("planner", f"{source.planner.algorithm}: {outcome.error}")
         parameters = {**source.planner.model_dump(exclude={"algorithm"}),
@@ -101,21 +127,26 @@ def plan_from_source(profile: Profile, cluster: Cluster | None, source: PlanSour
         plan = outcome.plan.model_copy(update={"provenance": {
             **outcome.plan.provenance, "author": author}})
         return plan, source.planner.algorithm, parameters
-    if source.manual is not None:
+    if isinstance(source, ByHand):
         plan = manual_plan(profile, source.manual,
                            provenance={"planner": "manual", "author": author})
         return plan, "manual", source.manual.model_dump()
-    assert source.plan is not None
+    assert isinstance(source, ByDocument)
     plan = checked_plan(profile, source.plan, "plan")
     return plan, str(plan.provenance.get("planner", "document")), {}
 
 
 def run_simulation(profile: Profile, plan: Plan, cluster: Cluster | None, *,
-                   steps: int = 2, with_timeline: bool = True) -> SimResult:
+                   steps: int = 2, with_timeline: bool = True, max_ops: int | None = None,
+                   where: str = "plan") -> SimResult:
+    """The plan simulated; beyond ``max_ops`` operations, a 422 naming the field (under
+    ``where`` in the request) and the limit."""
     try:
-        return simulate(profile, plan, cluster, num_steps=steps, with_timeline=with_timeline)
+        return within_budget(lambda: simulate(profile, plan, cluster, num_steps=steps,
+                                              with_timeline=with_timeline, max_ops=max_ops),
+                             where)
     except PlannerError as exc:
-        raise InputError("plan", str(exc)) from None
+        raise InputError(where, str(exc)) from None
 
 
 def summarize(result: SimResult) -> PlanSummary:

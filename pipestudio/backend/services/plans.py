@@ -2,6 +2,9 @@
 
 States: ``draft`` (editable) -> ``approved`` (may be launched; back to draft to edit) ->
 ``launched`` (a run used it; frozen). Provenance: the planner, its parameters, who.
+
+Every call that simulates or plans takes ``max_ops``, the work budget of one request
+(``PIPESTUDIO_MAX_SIMULATED_OPS``): beyond it, a 422 names the field and the limit.
 """
 
 
@@ -11,17 +14,18 @@ from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError
 from pipestudio.backend.repositories import Clusters, Plans, Profiles, Runs
 from pipestudio.backend.schemas.plans import (
+    AnyPlanCreate,
+    AnyPreviewRequest,
     CompareRequest,
     CompareRow,
     ManualPlan,
-    PlanCreate,
+    PlanFromDocument,
     PlanUpdate,
-    PreviewRequest,
 )
 from pipestudio.backend.services import planning
 from pipestudio.planner import Cluster, Plan, Profile, SimResult
 from pipestudio.planner.planners import PLANNERS
-from pipestudio.planner.request import run_planner
+from pipestudio.planner.request import check_request_budget, run_planner
 
 
 def documents(session: Session, profile_id: int, cluster_id: int | None
@@ -32,21 +36,25 @@ def documents(session: Session, profile_id: int, cluster_id: int | None
     return profile, cluster
 
 def _store(session: Session, row: models.Plan, plan: Plan, profile: Profile,
-           cluster: Cluster | None) -> models.Plan:
-    result = planning.run_simulation(profile, plan, cluster, with_timeline=False)
+           cluster: Cluster | None, max_ops: int | None) -> models.Plan:
+    result = planning.run_simulation(profile, plan, cluster, with_timeline=False,
+                                     max_ops=max_ops)
     row.document = plan.model_dump(mode="json")
     row.summary = planning.summarize(result).model_dump()
     row.updated_at = models.utcnow()
     return Plans(session).add(row)
 
-def create_plan(session: Session, data: PlanCreate) -> models.Plan:
+def create_plan(session: Session, data: AnyPlanCreate, max_ops: int | None
+                ) -> models.Plan:
+    """Store the plan ``data`` describes, simulated, as a draft."""
     profile, cluster = documents(session, data.profile_id, data.cluster_id)
-    plan, planner, parameters = planning.plan_from_source(profile, cluster, data, data.author)
+    plan, planner, parameters = planning.plan_from_source(profile, cluster, data, data.author,
+                                                          max_ops)
     row = models.Plan(name=data.name or f"{profile.model} {planner} {plan.num_stages} stages",
                       profile_id=data.profile_id, cluster_id=data.cluster_id, state="draft",
                       planner=planner, parameters=parameters, created_by=data.author,
                       document={})
-    return _store(session, row, plan, profile, cluster)
+    return _store(session, row, plan, profile, cluster, max_ops)
 
 def _edited(plan: Plan, profile: Profile, data: PlanUpdate) -> Plan | None:
     if data.plan is not None:
@@ -70,8 +78,9 @@ def _edited(plan: Plan, profile: Profile, data: PlanUpdate) -> Plan | None:
     return planning.manual_plan(profile, manual, field="", provenance={
         **plan.provenance, "edited_by": data.author})
 
-def update_plan(session: Session, plan_id: int, data: PlanUpdate) -> models.Plan:
-    row = Plans(session).get(plan_id)
+def update_plan(session: Session, plan_id: int, data: PlanUpdate, max_ops: int | None
+                ) -> models.Plan:
+    row = Plans(session).get(plan_id, for_update=True)
     if row.state == "launched":
         raise ConflictError(f"plan {plan_id} was launched and cannot change; copy it to a "
                             "new plan instead")
@@ -82,7 +91,7 @@ def update_plan(session: Session, plan_id: int, data: PlanUpdate) -> models.Plan
             raise ConflictError(f"plan {plan_id} is {row.state}; set state 'draft' to edit it")
         row.state = "draft"
         row.approved_at = None
-        _store(session, row, edited, profile, cluster)
+        _store(session, row, edited, profile, cluster, max_ops)
     if data.name is not None:
         row.name = data.name
     if data.state is not None and data.state != row.state:
@@ -93,39 +102,47 @@ def update_plan(session: Session, plan_id: int, data: PlanUpdate) -> models.Plan
     return row
 
 def delete_plan(session: Session, plan_id: int) -> None:
-    row = Plans(session).get(plan_id)
+    row = Plans(session).get(plan_id, for_update=True)
     if Runs(session).runs_of_plan(plan_id):
         raise ConflictError(f"plan {plan_id} has runs and is kept as their record")
     Plans(session).delete(row)
 
-def simulate_plan(session: Session, plan_id: int, steps: int, with_timeline: bool
-                  ) -> SimResult:
+def simulate_plan(session: Session, plan_id: int, steps: int, with_timeline: bool,
+                  max_ops: int | None) -> SimResult:
     row = Plans(session).get(plan_id)
     profile, cluster = documents(session, row.profile_id, row.cluster_id)
     return planning.run_simulation(profile, Plan.model_validate(row.document), cluster,
-                                   steps=steps, with_timeline=with_timeline)
+                                   steps=steps, with_timeline=with_timeline,
+                                   max_ops=max_ops, where="")
 
-def preview(session: Session, data: PreviewRequest) -> SimResult:
+def preview(session: Session, data: AnyPreviewRequest, max_ops: int | None) -> SimResult:
+    """Simulate the plan ``data`` describes, storing nothing."""
     profile, cluster = documents(session, data.profile_id, data.cluster_id)
-    plan, _, _ = planning.plan_from_source(profile, cluster, data, "preview")
+    plan, _, _ = planning.plan_from_source(profile, cluster, data, "preview", max_ops)
     return planning.run_simulation(profile, plan, cluster, steps=data.steps,
-                                   with_timeline=data.with_timeline)
+                                   with_timeline=data.with_timeline, max_ops=max_ops,
+                                   where=data.source_kind)
 
-def compare(session: Session, data: CompareRequest) -> list[CompareRow]:
-    """Every planner (or those named) on one request; optionally stored as drafts."""
+def compare(session: Session, data: CompareRequest, max_ops: int | None
+            ) -> list[CompareRow]:
+    """Every planner (or those named) on one request; optionally stored as drafts. The
+    request's work budget is shared: each planner gets its part of ``max_ops``."""
     names = data.algorithms or list(PLANNERS)
     for idx, name in enumerate(names):
         planning.check_algorithm(name, f"algorithms.{idx}")
     profile, cluster = documents(session, data.profile_id, data.cluster_id)
     request = planning.planner_request(profile, cluster, data)
+    share = None if max_ops is None else max(1, max_ops // len(names))
+    planning.within_budget(lambda: check_request_budget(request, share), "")
     rows = []
     for name in names:
-        outcome = run_planner(name, PLANNERS[name], request, with_timeline=False)
+        outcome = run_planner(name, PLANNERS[name], request, with_timeline=False,
+                              max_ops=share)
         plan_id = None
         if data.save and outcome.plan is not None:
-            plan_id = create_plan(session, PlanCreate(
+            plan_id = create_plan(session, PlanFromDocument(
                 profile_id=data.profile_id, cluster_id=data.cluster_id, author=data.author,
-                plan=outcome.plan.model_dump(mode="json"))).id
+                plan=outcome.plan), max_ops).id
         summary = None if outcome.result is None else planning.summarize(outcome.result)
         rows.append(CompareRow(
             algorithm=name, plan_id=plan_id, summary=summary,
@@ -135,7 +152,7 @@ def compare(session: Session, data: CompareRequest) -> list[CompareRow]:
     return rows
 
 def plan_for_launch(session: Session, plan_id: int) -> tuple[models.Plan, Plan]:
-    row = Plans(session).get(plan_id)
+    row = Plans(session).get(plan_id, for_update=True)
     if row.state == "draft":
         raise ConflictError(f"plan {plan_id} is a draft; approve it before launching")
     return row, Plan.model_validate(row.document)

@@ -6,49 +6,60 @@ from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
 from pipestudio.backend.errors import InputError
+from pipestudio.backend.inputs import find_unstorable, text_problem
 from pipestudio.backend.repositories import Plans, Profiles
-from pipestudio.backend.schemas.profiles import ProfileCreate, ProfileLayersPublic
+from pipestudio.backend.schemas.profiles import (
+    AnyProfileCreate,
+    PipeDreamGraph,
+    ProfileDocument,
+    ProfileLayersPublic,
+)
 from pipestudio.planner import PlannerError, Profile, parse_document, parse_pipedream
 
 
-def parse_profile(data: ProfileCreate) -> tuple[Profile, str]:
+def parse_profile(data: AnyProfileCreate) -> tuple[Profile, str]:
     """The Profile the request describes, and its source (``json`` or ``pipedream``)."""
-    if data.format == "pipedream":
-        if data.graph is None:
-            raise InputError("graph", "format 'pipedream' needs the graph.txt text in 'graph'")
-        try:
-            return parse_pipedream(data.graph, model=data.model or data.name or "pipedream",
-                                   batch_size=data.batch_size), "pipedream"
-        except PlannerError as exc:
-            raise InputError("graph", str(exc)) from None
-    if data.profile is None:
-        raise InputError("profile", "format 'pipestudio' needs the Profile document in "
-                                    "'profile'")
+    if isinstance(data, ProfileDocument):
+        return data.profile, "json"
     try:
-        return parse_document(Profile, data.profile, source="profile"), "json"
+        return parse_pipedream(data.graph, model=data.model or data.name or "pipedream",
+                               batch_size=data.batch_size), "pipedream"
     except PlannerError as exc:
-        raise InputError("profile", str(exc)) from None
+        raise InputError("graph", str(exc)) from None
 
 
 def parse_upload(content: bytes, filename: str, *, name: str | None, batch_size: int,
-                 model: str | None) -> ProfileCreate:
+                 model: str | None) -> AnyProfileCreate:
     """A multipart upload: JSON when it parses as a JSON object, else PipeDream text."""
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError("file", f"{filename!r} is not UTF-8 text") from None
+    for field, value in (("file", text), ("name", name or ""), ("model", model or "")):
+        problem = text_problem(value)
+        if problem:
+            raise InputError(field, f"{field} {problem}")
     try:
         document = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         document = None
     if isinstance(document, dict):
-        return ProfileCreate(name=name, profile=document)
+        found = find_unstorable(document)
+        if found is not None:
+            raise InputError(".".join(["file", *map(str, found[0])]), found[1])
+        try:
+            return ProfileDocument(name=name, profile=parse_document(Profile, document,
+                                                                     source=filename))
+        except PlannerError as exc:
+            raise InputError("file", str(exc)) from None
     stem = filename.rsplit("/", 1)[-1].removesuffix(".txt")
-    return ProfileCreate(name=name, format="pipedream", graph=text, batch_size=batch_size,
-                         model=model or (stem if stem and stem != "graph" else None))
+    if not text.strip():
+        raise InputError("file", f"{filename!r} is empty")
+    return PipeDreamGraph(name=name, format="pipedream", graph=text, batch_size=batch_size,
+                          model=model or (stem[:200] if stem and stem != "graph" else None))
 
 
-def create_profile(session: Session, data: ProfileCreate) -> models.Profile:
+def create_profile(session: Session, data: AnyProfileCreate) -> models.Profile:
     profile, source = parse_profile(data)
     return Profiles(session).add(models.Profile(
         name=data.name or profile.model, model=profile.model, num_layers=profile.num_layers,
@@ -71,6 +82,6 @@ def profile_layers(row: models.Profile) -> ProfileLayersPublic:
 
 
 def delete_profile(session: Session, profile_id: int) -> None:
-    row = Profiles(session).get(profile_id)
+    row = Profiles(session).get(profile_id, for_update=True)
     Plans(session).refuse_if_used(models.Plan.profile_id, profile_id, f"profile {profile_id}")
     Profiles(session).delete(row)

@@ -15,36 +15,33 @@ from sqlalchemy.orm import Session
 from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError, InputError
 from pipestudio.backend.repositories import Plans, Proposals, Runs
-from pipestudio.backend.schemas.proposals import ProposalCreate
+from pipestudio.backend.schemas.proposals import AnyProposalCreate, ProposalDocument
 from pipestudio.backend.services.plans import documents
 from pipestudio.backend.services.runs import Send, command
-from pipestudio.planner import Plan, PlannerError, Profile, parse_document
+from pipestudio.planner import Plan, PlannerError
 from pipestudio.planner.proposal import Proposal
 from pipestudio.planner.replan import evaluate_replan
 
 
-def _evaluate(session: Session, run: models.Run, data: ProposalCreate) -> Proposal:
+def _evaluate(session: Session, run: models.Run, data: AnyProposalCreate) -> Proposal:
     plan_row = Plans(session).get(run.plan_id)
     plan = Plan.model_validate(plan_row.document)
-    if data.proposal is not None:
-        try:
-            proposal = parse_document(Proposal, data.proposal, source="proposal")
-        except PlannerError as exc:
-            raise InputError("proposal", str(exc)) from None
+    if isinstance(data, ProposalDocument):
+        proposal = data.proposal
         if proposal.model != plan.model:
             raise InputError("proposal", f"the proposal is for model {proposal.model!r} but "
                                          f"run {run.id} trains {plan.model!r}")
         return proposal
     _, cluster = documents(session, plan_row.profile_id, plan_row.cluster_id)
     try:
-        observed = parse_document(Profile, data.observed_profile, source="observed_profile")
-        return evaluate_replan(plan, observed, cluster, payback_steps=data.payback_steps,
+        return evaluate_replan(plan, data.observed_profile, cluster,
+                               payback_steps=data.payback_steps,
                                min_gain_fraction=data.min_gain_fraction)
     except PlannerError as exc:
         raise InputError("observed_profile", str(exc)) from None
 
 
-def create_proposal(session: Session, data: ProposalCreate) -> models.Proposal:
+def create_proposal(session: Session, data: AnyProposalCreate) -> models.Proposal:
     run = Runs(session).get(data.run_id)
     proposal = _evaluate(session, run, data)
     return Proposals(session).add(models.Proposal(
@@ -53,7 +50,7 @@ def create_proposal(session: Session, data: ProposalCreate) -> models.Proposal:
 
 
 def _pending(session: Session, proposal_id: int) -> models.Proposal:
-    row = Proposals(session).get(proposal_id)
+    row = Proposals(session).get(proposal_id, for_update=True)
     if row.state != "pending":
         raise ConflictError(f"proposal {proposal_id} is already {row.state}")
     return row

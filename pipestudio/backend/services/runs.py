@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from pipestudio.allowlist import model_allowed
 from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError, InputError
 from pipestudio.backend.repositories import Events, Metrics, Plans, Runs, Workers
@@ -34,33 +35,55 @@ def run_public(session: Session, run: models.Run) -> RunPublic:
                                      "ranks": [r.__dict__ for r in ranks]})
 
 
-def _assign(session: Session, plan: Plan, worker_ids: list[str] | None, connected: set[str]
-            ) -> list[tuple[int, str, int, int]]:
-    """(rank, worker_id, stage, replica) for every rank of the plan."""
+def _names(workers: list[models.Worker]) -> str:
+    return ", ".join(f"{w.name} ({w.id})" for w in workers)
+
+
+def _allowing(online: list[models.Worker], model: str, chosen: bool) -> list[models.Worker]:
+    """The workers of ``online`` that run ``model`` (``allowlist.py``); a conflict when
+    the caller ``chosen`` them and one refuses, or when none runs it."""
+    refusing = [w for w in online
+                if not model_allowed(model, w.builtin_models, w.allowed_models)]
+    if refusing and (chosen or len(refusing) == len(online)):
+        raise ConflictError(
+            f"model {model!r} is not allowed on worker(s) {_names(refusing)}: a worker runs "
+            "its built-in models and the factories its own --allow-model patterns "
+            "(PIPESTUDIO_ALLOWED_MODELS) match")
+    return [w for w in online if w not in refusing]
+
+
+def _assign(session: Session, plan: Plan, model: str, worker_ids: list[str] | None,
+            connected: set[str]) -> list[tuple[int, str, int, int]]:
+    """(rank, worker_id, stage, replica) for every rank of the plan, on online workers
+    (those of ``worker_ids`` when given) that allow ``model``."""
     online = [w for w in Workers(session).online() if w.id in connected]
     if worker_ids is not None:
         unknown = sorted(set(worker_ids) - {w.id for w in online})
         if unknown:
-            raise InputError("worker_ids", f"worker(s) {', '.join(unknown)} are not online")
+            raise ConflictError(f"worker_ids: worker(s) {', '.join(unknown)} are not online")
         online = [w for w in online if w.id in worker_ids]
+    allowing = _allowing(online, model, chosen=worker_ids is not None) if online else []
     busy = Runs(session).busy_ranks_by_worker()
-    free = [(w.id, w.slots - busy.get(w.id, 0)) for w in online]
+    free = [(w.id, w.slots - busy.get(w.id, 0)) for w in allowing]
     slots = [worker_id for worker_id, count in free for _ in range(max(count, 0))]
     workers = [(stage_idx, replica) for stage_idx, stage in enumerate(plan.stages)
                for replica in range(stage.replicas)]
     if len(slots) < len(workers):
-        raise ConflictError(f"the plan needs {len(workers)} ranks but the "
-                            f"{len(online)} online worker(s) have {len(slots)} free slot(s)")
+        refusing = [w for w in online if w not in allowing]
+        raise ConflictError(
+            f"the plan needs {len(workers)} ranks but the {len(allowing)} online worker(s) "
+            f"that allow model {model!r} have {len(slots)} free slot(s)"
+            + (f"; {_names(refusing)} do not allow it" if refusing else ""))
     return [(rank, slots[rank], stage_idx, replica)
             for rank, (stage_idx, replica) in enumerate(workers)]
 
 
 #: What a run keeps of its request, besides its columns, to start (and restart) it.
 _SETTINGS = {"lr", "seed", "device", "threads_per_rank", "timeout_s", "checkpoint_every",
-             "on_failure", "max_resumes"}
+             "on_failure", "max_resumes", "on_nonfinite_loss"}
 #: What the engine takes from the settings (``runtime/agent/ranks.py``).
 _ENGINE_SETTINGS = ("lr", "seed", "device", "threads_per_rank", "timeout_s",
-                    "checkpoint_every", "checkpoint_dir")
+                    "checkpoint_every", "checkpoint_dir", "on_nonfinite_loss")
 
 
 def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
@@ -70,11 +93,11 @@ def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
         for field, asked in (("checkpoint_every", data.checkpoint_every > 0),
                              ("on_failure", data.on_failure == "resume")):
             if asked:
-                raise InputError(field, f"{field}={getattr(data, field)!r} needs the "
-                                 "backend's checkpoint directory, and none is set "
-                                 "(PIPESTUDIO_CHECKPOINT_DIR)")
+                raise ConflictError(f"{field}={getattr(data, field)!r} needs the backend's "
+                                    "checkpoint directory, and this server has none "
+                                    "(PIPESTUDIO_CHECKPOINT_DIR)")
     plan_row, plan = plan_for_launch(session, data.plan_id)
-    assignment = _assign(session, plan, data.worker_ids, connected)
+    assignment = _assign(session, plan, data.model, data.worker_ids, connected)
     run = Runs(session).add(models.Run(
         plan_id=plan_row.id, state="starting", model=data.model, model_args=data.model_args,
         steps=data.steps, settings=data.model_dump(include=_SETTINGS), created_by=data.author))
@@ -96,7 +119,7 @@ def relaunch(session: Session, run: models.Run, connected: set[str], send: Send,
     dashboards are to be told."""
     plan = Plan.model_validate(Plans(session).get(run.plan_id).document)
     try:
-        assignment = _assign(session, plan, None, connected)
+        assignment = _assign(session, plan, run.model, None, connected)
     except ConflictError as exc:
         if waited_s < wait_s:
             return None
@@ -146,7 +169,7 @@ def fail(session: Session, run: models.Run, reason: str, send: Send, *,
 
 
 def stop(session: Session, run_id: int, send: Send) -> tuple[models.Run, messages.Actions]:
-    run = Runs(session).get(run_id)
+    run = Runs(session).get(run_id, for_update=True)
     if run.state in messages.TERMINAL_RUN_STATES:
         raise ConflictError(f"run {run_id} is already {run.state}")
     actions = messages.end_run(session, run, "stopped", "stopped on request")

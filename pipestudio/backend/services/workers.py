@@ -1,62 +1,123 @@
 """Workers: registration on ``hello``, reconciling their runs, and noticing silence.
 
+A worker that comes back is judged: a running run with ranks on it that its ``hello`` does
+not list is failed (the worker restarted and lost them). The judgment waits until the
+messages the worker numbered before its ``hello`` are stored (``Judgment.after_seq``): a
+run that finished while the server was away has its ``finished`` among them.
+
 A worker silent for ``worker_timeout_s`` (no heartbeat, or disconnected and not back) is
 marked offline and every active run with a rank on it fails; after a backend restart the
 timeout counts from the start, so workers that reconnect in time keep their runs.
 """
 
+import hashlib
+import hmac
+import secrets
 import time
 import uuid
-from typing import Any
+from collections.abc import Collection
+from dataclasses import dataclass
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
 from pipestudio.backend.hub import Hub
+from pipestudio.backend.protocol import Hello
 from pipestudio.backend.repositories import Runs, Workers
 from pipestudio.backend.services import messages
 from pipestudio.backend.services.messages import Actions
 
 
-def register(session: Session, hello: dict[str, Any]) -> tuple[models.Worker, Actions]:
-    """The worker a ``hello`` names (or a new one), online; and what its runs need."""
-    worker_id = hello.get("worker_id")
-    worker = session.get(models.Worker, worker_id) if isinstance(worker_id, str) else None
-    next_seq = hello.get("next_seq", 1)
-    next_seq = next_seq if isinstance(next_seq, int) and next_seq >= 1 else 1
-    devices = [d for d in hello.get("devices", []) if isinstance(d, dict)]
-    slots = hello.get("slots")
-    fields = {"name": str(hello.get("name") or "worker")[:200],
-              "host": str(hello.get("host") or "")[:200], "devices": devices,
-              "slots": slots if isinstance(slots, int) and slots >= 0 else len(devices),
+@dataclass
+class Judgment:
+    """What a ``hello`` says the worker holds, to judge once ``after_seq`` is stored."""
+
+    worker_id: str
+    held: set[tuple[int, int]]
+    after_seq: int
+
+
+class IdentityError(ValueError):
+    """A ``hello`` claims a worker id without that worker's secret."""
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _known(session: Session, hello: Hello, connected: Collection[str]
+           ) -> models.Worker | None:
+    """The worker this ``hello`` comes from: the id it had in this process (with the
+    secret its last ``welcome`` gave), else the one of the same name on the same host that
+    is not connected now (the same worker, restarted)."""
+    if hello.worker_id is not None:
+        found = session.get(models.Worker, hello.worker_id)
+        if found is not None:
+            if found.secret_sha256 is not None and not (
+                    hello.secret and hmac.compare_digest(_digest(hello.secret),
+                                                         found.secret_sha256)):
+                raise IdentityError(f"worker id {found.id} is another worker's: say it "
+                                    "with the secret its welcome gave")
+            return found
+    return session.scalars(select(models.Worker).where(
+        models.Worker.name == hello.name, models.Worker.host == hello.host,
+        models.Worker.id.not_in(list(connected))).order_by(
+        models.Worker.last_seen_at.desc()).limit(1)).first()
+
+
+def register(session: Session, hello: Hello, connected: Collection[str]
+             ) -> tuple[models.Worker, Judgment, str]:
+    """The worker a ``hello`` names (or a new one), online; the judgment of its runs, to
+    be made now or once its earlier messages are stored (``Judgment``); and the secret to
+    put in its ``welcome`` (the one it said, or a new one: only the hash is kept)."""
+    worker = _known(session, hello, connected)
+    fields = {"name": hello.name, "host": hello.host, "devices": hello.devices,
+              "slots": hello.slots if hello.slots is not None else len(hello.devices),
+              "builtin_models": hello.models, "allowed_models": hello.allowed_models,
               "state": "online", "connected_at": models.utcnow(),
               "last_seen_at": models.utcnow()}
-    actions = Actions()
     if worker is None:
         worker = Workers(session).add(models.Worker(id=uuid.uuid4().hex,
-                                                    last_seq=next_seq - 1, **fields))
-        return worker, actions
-    for key, value in fields.items():
-        setattr(worker, key, value)
-    held = {(r["run_id"], r.get("attempt", 0)) for r in hello.get("runs", [])
-            if isinstance(r, dict) and isinstance(r.get("run_id"), int)
-            and isinstance(r.get("attempt", 0), int)}
+                                                    last_seq=hello.next_seq - 1, **fields))
+    else:
+        for key, value in fields.items():
+            setattr(worker, key, value)
+        if hello.worker_id != worker.id:  # a new process: it numbers from 1 again
+            worker.last_seq = hello.next_seq - 1
+    secret = hello.secret if hello.worker_id == worker.id and hello.secret else \
+        secrets.token_urlsafe(32)
+    worker.secret_sha256 = _digest(secret)
+    session.flush()
+    held = {(run.run_id, run.attempt) for run in hello.runs}
+    after = hello.last_seq if hello.last_seq is not None else worker.last_seq
+    return worker, Judgment(worker.id, held, after_seq=after), secret
+
+
+def judge(session: Session, judgment: Judgment) -> Actions:
+    """Fail the running runs whose ranks on the worker it no longer holds (it restarted),
+    and stop the attempts it holds that are over."""
+    actions = Actions()
+    worker = session.get(models.Worker, judgment.worker_id)
+    if worker is None:
+        return actions
     for run in Runs(session).active():
-        ranks = Runs(session).ranks(run.id)
-        if any(r.worker_id == worker.id for r in ranks) and (run.id, run.attempt) not in held \
-                and run.state == "running":
+        mine = [r for r in Runs(session).ranks(run.id) if r.worker_id == worker.id
+                and r.state not in messages.TERMINAL_RUN_STATES]
+        if mine and (run.id, run.attempt) not in judgment.held and run.state == "running":
             actions.extend(messages.end_run(session, run, "failed", (
                 f"worker {worker.name} ({worker.id}) came back without the ranks of run "
                 f"{run.id}: it restarted")))
-    for run_id, attempt in held:
-        run = session.get(models.Run, run_id)
-        if run is None or run.state in messages.TERMINAL_RUN_STATES or attempt != run.attempt:
+    for run_id, attempt in sorted(judgment.held):
+        held = session.get(models.Run, run_id)
+        if held is None or held.state in messages.TERMINAL_RUN_STATES \
+                or attempt != held.attempt:
             actions.to_workers.append((worker.id, {
                 "type": "command", "command_id": uuid.uuid4().hex, "run_id": run_id,
                 "command": "stop", "payload": {"reason": "the run is no longer active",
                                                "attempt": attempt}}))
     session.flush()
-    return worker, actions
+    return actions
 
 
 def check_silence(session: Session, online: list[models.Worker], hub: Hub, timeout_s: float

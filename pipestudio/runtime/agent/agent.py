@@ -1,5 +1,10 @@
 """The worker agent's behaviour: what it does with each message from the backend.
 
+It runs only the models it allows (``allowlist.py``): its built-in models, and the
+factories that match the patterns it was started with. It checks an ``assign`` itself
+before importing anything, whatever the backend decided: holding the API token is not a
+shell on the workers.
+
 A run can come back in a later attempt (resumed from its checkpoint after a failure), and
 the stop of the earlier attempt may still be under way: what the agent holds is keyed by
 (run, attempt), its ``store`` and ``run_state`` messages name the attempt, and ``stop``
@@ -7,16 +12,17 @@ ends the attempts up to the one it names."""
 
 import asyncio
 import logging
-import os
 import shutil
 import socket
 import tempfile
 from typing import Any
 
+from pipestudio.allowlist import model_allowed
 from pipestudio.runtime.agent.connection import AgentConnection
 from pipestudio.runtime.agent.devices import local_devices, reachable_address
 from pipestudio.runtime.agent.ranks import RankGroup, engine_config, open_store
 from pipestudio.runtime.engine.rendezvous import StoreAddress
+from pipestudio.runtime.models import MODELS
 
 log = logging.getLogger("pipestudio.worker")
 Key = tuple[int, int]  # (run_id, attempt)
@@ -27,10 +33,12 @@ class Agent:
 
     def __init__(self, server: str, token: str, *, name: str | None = None,
                  slots: int | None = None, device: str = "auto",
-                 advertise_host: str | None = None) -> None:
+                 advertise_host: str | None = None,
+                 allowed_models: list[str] | None = None) -> None:
         self.devices = local_devices(device)
         self.slots = slots if slots is not None else len(self.devices)
-        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.name = name or socket.gethostname()
+        self.allowed_models = list(allowed_models or [])
         self.host = advertise_host or reachable_address(server)
         self.connection = AgentConnection(server, token, self._hello, self._handle)
         self.assignments: dict[Key, dict[str, Any]] = {}
@@ -40,7 +48,9 @@ class Agent:
 
     def _hello(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "devices": self.devices,
-                "slots": self.slots,
+                "slots": self.slots, "models": sorted(MODELS),
+                "allowed_models": self.allowed_models,
+                "last_seq": self.connection.outbox.next_seq - 1,
                 "runs": [{"run_id": run_id, "attempt": attempt,
                           "ranks": [r["rank"] for r in a["ranks"]]}
                          for (run_id, attempt), a in self.assignments.items()]}
@@ -73,6 +83,12 @@ class Agent:
     def _assign(self, message: dict[str, Any]) -> None:
         key = _key(message)
         self.assignments[key] = message
+        model = str(message["config"].get("model"))
+        if not model_allowed(model, MODELS, self.allowed_models):
+            self._end(key, "failed", f"worker {self.name} does not allow model {model!r}: "
+                      "it runs its built-in models and the factories matching its "
+                      "--allow-model patterns", retry=False)
+            return
         try:
             engine_config(message["config"])
         except ValueError as exc:

@@ -19,6 +19,9 @@ from pipestudio.runtime.agent.outbox import Message, Outbox
 
 log = logging.getLogger("pipestudio.worker")
 AUTH_CLOSE_CODE = 4401
+#: Close codes another try would meet again: a refused token, a hello the server cannot
+#: read (``backend/protocol.py``).
+FATAL_CLOSE_CODES = (AUTH_CLOSE_CODE, 1007, 4400)
 
 
 class AgentAuthError(ValueError):
@@ -39,6 +42,8 @@ class AgentConnection:
         self.token, self.hello, self.handle, self.flush_s = token, hello, handle, flush_s
         self.outbox = Outbox()
         self.worker_id: str | None = None
+        #: What the last ``welcome`` gave, to say with ``worker_id``: the id is ours alone.
+        self.secret: str | None = None
         self.heartbeat_s = 2.0
         self.connected = asyncio.Event()
         self._wake = asyncio.Event()
@@ -65,9 +70,9 @@ class AgentConnection:
                     await self._session(socket)
             except (OSError, ConnectionClosed, InvalidStatus, TimeoutError) as exc:
                 if isinstance(exc, ConnectionClosed) and exc.rcvd and \
-                        exc.rcvd.code == AUTH_CLOSE_CODE:
-                    raise AgentAuthError(f"{self.url} refused the worker token: "
-                                         f"{exc.rcvd.reason}") from None
+                        exc.rcvd.code in FATAL_CLOSE_CODES:
+                    raise AgentAuthError(f"{self.url} refused this worker "
+                                         f"({exc.rcvd.code}): {exc.rcvd.reason}") from None
                 log.info("connection to %s lost (%s); retrying in %.1f s", self.url,
                          exc, delay_s)
             except InvalidURI as exc:
@@ -80,12 +85,12 @@ class AgentConnection:
 
     async def _session(self, socket: ClientConnection) -> None:
         hello = {**self.hello(), "type": "hello", "worker_id": self.worker_id,
-                 "next_seq": self.outbox.first_unacked}
+                 "secret": self.secret, "next_seq": self.outbox.first_unacked}
         await socket.send(json.dumps(hello))
         welcome = json.loads(await socket.recv())
         if welcome.get("type") != "welcome":
             raise ConnectionError(f"expected welcome from {self.url}, got {welcome!r:.200}")
-        self.worker_id = welcome["worker_id"]
+        self.worker_id, self.secret = welcome["worker_id"], welcome.get("secret")
         self.heartbeat_s = float(welcome.get("heartbeat_s", self.heartbeat_s))
         self.outbox.resend_from(int(welcome["last_seq"]))
         self.connected.set()
