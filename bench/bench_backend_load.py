@@ -31,7 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipestudio.runtime.agent.connection import AgentConnection  # noqa: E402
-from tests.backend.conftest import AUTH, WORKER_TOKEN, small_profile  # noqa: E402
+from tests.backend.conftest import (  # noqa: E402
+    AUTH,
+    BUILTIN_MODELS,
+    WORKER_TOKEN,
+    small_profile,
+)
 from tests.backend.processes import start_backend, stop  # noqa: E402
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -49,7 +54,8 @@ class SimulatedWorker:
 
     def _hello(self) -> dict[str, Any]:
         return {"name": self.name, "host": "127.0.0.1", "slots": 1,
-                "devices": [{"kind": "cpu", "index": 0}], "runs": []}
+                "devices": [{"kind": "cpu", "index": 0}], "runs": [],
+                "models": [*BUILTIN_MODELS, "simulated"]}  # what it "runs"
 
     async def _handle(self, message: dict[str, Any]) -> None:
         if message["type"] == "assign":
@@ -85,7 +91,7 @@ def _percentile(values: list[float], q: float) -> float:
 async def _dashboard(url: str, run_id: int, latencies: list[float], seen: set[str],
                      stop_at: asyncio.Event, watching: asyncio.Event) -> None:
     async with connect(url.replace("http", "ws") + f"/ws/runs/{run_id}",
-                       max_size=2**26, compression=None) as socket:
+                       additional_headers=AUTH, max_size=2**26, compression=None) as socket:
         assert json.loads(await socket.recv())["type"] == "run"  # subscribed from here on
         watching.set()
         while not stop_at.is_set():
@@ -102,7 +108,7 @@ async def _dashboard(url: str, run_id: int, latencies: list[float], seen: set[st
 
 async def _rest_load(url: str, run_id: int, rate: int, stop_at: asyncio.Event,
                      latencies: dict[str, list[float]], t0: float) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=10, headers=AUTH) as client:
         paths = itertools.cycle([
             lambda: (f"/api/runs/{run_id}", None), lambda: ("/api/workers", None),
             lambda: (f"/api/runs/{run_id}/metrics",
@@ -166,7 +172,7 @@ async def _measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         await w.connection.close()
     for task in serving:
         task.cancel()
-    async with httpx.AsyncClient(base_url=url) as client:
+    async with httpx.AsyncClient(base_url=url, headers=AUTH) as client:
         stored = (await client.get(f"/api/runs/{run_id}/metrics",
                                    params={"max_points": 1})).json()["total"]
     sent = sum(w.sent for w in workers)
