@@ -36,5 +36,12 @@ def parse_patterns(items: Iterable[str]) -> list[str]:
 
 
 def model_allowed(model: str, builtin: Iterable[str], patterns: Iterable[str]) -> bool:
-    """Whether a worker with these built-in models and patterns runs ``model``."""
-    return model in set(builtin) or any(fnmatchcase(model, pattern) for pattern in patterns)
+    """Whether a worker with these built-in models and patterns runs ``model``. A file
+    name that climbs out of where it points (``..``) or uses backslashes matches no
+    pattern: ``models/*.py:build`` must not reach ``models/../../tmp/x.py``."""
+    if model in set(builtin):
+        return True
+    module = model.partition(":")[0]
+    if "\\" in module or ".." in module.split("/"):
+        return False
+    return any(fnmatchcase(model, pattern) for pattern in patterns)

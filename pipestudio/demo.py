@@ -264,7 +264,8 @@ def start(args: argparse.Namespace, group: ProcessGroup, token: str) -> tuple[st
     for idx in range(num_workers):
         group.start(f"worker{idx}", [
             sys.executable, "-m", "pipestudio", "worker", "--server", url, "--slots", "1",
-            "--device", "cpu", "--name", f"demo-cpu-{idx}"])
+            "--device", "cpu", "--name", f"demo-cpu-{idx}",
+            "--state-dir", str(args.state_dir / "workers")])
     seeder = Seeder(url, token)
     lines = [f"{seeder.pipedream()} PipeDream profiles"]
     cluster_id = seeder.cluster()

@@ -83,11 +83,11 @@ def create_app(settings: Settings | None = None, *, dashboard: Any = None,
     app.include_router(workers.health)
     app.include_router(sockets.router)
     _add_fallbacks(app)
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
-                           allow_methods=["*"], allow_headers=["*"])
     app.add_middleware(InputGuard)
     app.add_middleware(BodyLimit, max_bytes=settings.max_upload_bytes)
+    if settings.cors_origins:  # outermost: the guard's and the limit's answers get CORS too
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
+                           allow_methods=["*"], allow_headers=["*"])
     if dashboard is not None:
         app.mount(dashboard_path, _wsgi(dashboard))
     return app

@@ -74,6 +74,16 @@ class Credentials:
         return self.api_token is not None and secrets.compare_digest(
             token.encode(), self.api_token.encode())
 
+    def issuer(self, user: str) -> str | None:
+        """The digest of the credential ``user`` signs in with now (the API token, or the
+        person's password hash); None when ``user`` may no longer sign in."""
+        if user == TOKEN_USER:
+            secret = self.api_token
+        else:
+            person = self.users.get(user)
+            secret = person.password_hash if person is not None else None
+        return None if secret is None else sessions.token_digest(secret)
+
     def cached(self, token: str) -> Principal | None:
         """The principal of ``token`` without touching the store, when known."""
         if self.is_api_token(token):
@@ -85,16 +95,14 @@ class Credentials:
         return None
 
     def resolve(self, token: str) -> Principal:
-        """The principal of ``token`` (blocking: may read the store); ``CredentialError``
-        when it is not valid."""
-        found = self.cached(token)
-        if found is not None:
-            return found
+        """The principal of ``token``, read from the store (blocking; ``cached`` first);
+        ``CredentialError`` when it is not valid."""
         with self.db.session() as session:
             row = sessions.find_session(session, token)
-            if row is None:
+            if row is None or row.issuer_sha256 != self.issuer(row.user):
                 raise CredentialError("the credential is not valid: sign in again")
-            principal = Principal(row.user, row.role)  # type: ignore[arg-type]
+            person = self.users.get(row.user)
+            principal = Principal(row.user, person.role if person else "admin")
             left_s = (row.expires_at - models.utcnow()).total_seconds()
         with self._lock:
             if len(self._cache) >= _CACHE_MAX:

@@ -1,5 +1,6 @@
 """What routes depend on: the application context, a database session, and who the request
-acts for (``Principal``): ``Reader`` may read, ``Writer`` may change what is stored."""
+acts for (``Principal``): ``Readable`` routes need a reader (anyone when reads are
+public), ``Authorized`` ones and ``Writer`` parameters someone who may change things."""
 
 from collections.abc import AsyncIterator
 from functools import partial
@@ -57,16 +58,21 @@ def _unauthorized(reason: str) -> HTTPException:
     return HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
 
 
+async def principal_of(context: AppContext, token: str) -> Principal:
+    """Who ``token`` names (the store is read in a thread, only when the cache does not
+    know); ``CredentialError`` when it is not valid."""
+    found = context.credentials.cached(token)
+    if found is not None:
+        return found
+    return await to_thread.run_sync(context.credentials.resolve, token)
+
+
 async def get_principal(context: ContextDep, credentials: BearerDep) -> Principal | None:
     """Who the bearer credential names; None without one; 401 for one that is not valid."""
     if credentials is None:
         return None
-    token = credentials.credentials
-    found = context.credentials.cached(token)
-    if found is not None:
-        return found
     try:
-        return await to_thread.run_sync(context.credentials.resolve, token)
+        return await principal_of(context, credentials.credentials)
     except CredentialError as exc:
         raise _unauthorized(str(exc)) from None
 
@@ -93,7 +99,6 @@ async def require_writer(principal: PrincipalDep) -> Principal:
     return principal
 
 
-Reader = Annotated[Principal | None, Depends(require_reader)]
 Writer = Annotated[Principal, Depends(require_writer)]
 Authorized = Depends(require_writer)
 Readable = Depends(require_reader)

@@ -58,7 +58,7 @@ def add_error_handlers(app: FastAPI) -> None:
                              "same time; read it again and retry"}, status_code=409)
 
     async def unfit(_request: Request, exc: Exception) -> JSONResponse:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
         return JSONResponse({"detail": [{"loc": ["body"], "msg": f"a value does not fit the "
                                          f"store: {reason}", "type": "value_error"}]},
                             status_code=422)

@@ -33,6 +33,7 @@ from pipestudio.backend.db import Database
 from pipestudio.backend.hub import Hub
 from pipestudio.backend.repositories import Workers
 from pipestudio.backend.services import messages, screening, workers
+from pipestudio.backend.services.holders import HolderCache, RunHolders
 from pipestudio.backend.services.messages import Actions
 from pipestudio.backend.services.workers import Judgment
 
@@ -79,9 +80,9 @@ class Ingestor:
         self.next_seq: dict[str, int] = {}
         #: Per reconnected worker, the judgment of its runs waiting for its old messages.
         self.judgments: dict[str, Judgment] = {}
-        #: Per run, the workers the last batch found holding its ranks: only their
-        #: metrics are streamed before the commit (a stranger's are rejected, unseen).
-        self.holders: dict[int, frozenset[str]] = {}
+        #: Who holds each run's ranks: only their metrics are streamed before the commit
+        #: (a stranger's are rejected, unseen).
+        self.holders = HolderCache()
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name="pipestudio-ingest")
@@ -111,18 +112,20 @@ class Ingestor:
         A message ``screening.screen`` refuses is never streamed; ``suspect`` false: its
         raw frame holds no NaN, infinity or escape, so the walks for them are skipped.
         """
+        problem = None
         if suspect:
-            message = screening.finite(message)
+            message, problem = screening.cleaned(message)
         item = Item(worker_id, message)
         try:
-            screening.screen(message, suspect=suspect)
+            screening.screen(message)
         except screening.Rejected as exc:
             item.refusal = str(exc)
+        item.refusal = item.refusal or problem
         run_id, seq = message.get("run_id"), message.get("seq")
         if seq is not None and seq == self.next_seq.get(worker_id):
             self.next_seq[worker_id] = seq + 1
             item.early = (message.get("type") == "events" and item.refusal is None
-                          and worker_id in self.holders.get(run_id, ()))
+                          and self.holders.streamable(run_id, worker_id))
         if item.early:
             events = messages.metric_events(message)
             if events:
@@ -170,6 +173,8 @@ class Ingestor:
         for item in batch:
             try:
                 stored.extend(self._store([item], stored.judged))
+            except OperationalError:
+                raise  # the database is away or busy, not refusing this message: resend
             except Exception as exc:
                 stored.extend(self._reject_alone(item, _reason(exc), stored.judged))
         return stored
@@ -179,8 +184,8 @@ class Ingestor:
         earlier transactions of the same batch)."""
         earlier, stored = judged or [], Stored()
         with self.db.session() as session, session.no_autoflush:
-            found, _runs, holders = _prefetch(session, batch)  # _runs: for the identity map
-            self.holders.update(holders.streamable())
+            found, runs = _prefetch(session, batch)
+            holders = self.holders.for_runs(session, runs)
             for item in batch:
                 worker = found.get(item.worker_id)
                 seq = item.message.get("seq")
@@ -275,60 +280,28 @@ class Ingestor:
                     log.info("closing worker %s: %s", worker_id, exc)
 
 
-@dataclass
-class Holders:
-    """Per run of a batch: the workers holding ranks of its current attempt (rank 0's
-    apart), and every worker that held a rank of any attempt."""
-
-    current: dict[int, set[str]] = field(default_factory=dict)
-    rank0: dict[int, str] = field(default_factory=dict)
-    ever: dict[int, set[str]] = field(default_factory=dict)
-
-    def streamable(self) -> dict[int, frozenset[str]]:
-        """Per run, the workers whose events about it are stored."""
-        return {run_id: frozenset(self.current.get(run_id, set()) | workers)
-                for run_id, workers in self.ever.items()}
-
-
 def _prefetch(session: Session, batch: list[Item]
-              ) -> tuple[dict[str, models.Worker], list[models.Run], Holders]:
-    """The batch's workers (locked first, in id order: ``Workers.locked``), runs and rank
-    holders, in one ``SELECT`` each. While the caller holds the runs, ``apply_message``'s
-    ``session.get`` finds them in the identity map (which holds unchanged objects only
-    weakly) without a round trip."""
+              ) -> tuple[dict[str, models.Worker], list[models.Run]]:
+    """The batch's workers (locked first, in id order: ``Workers.locked``) and runs, in one
+    ``SELECT`` each. While the caller holds the runs, ``apply_message``'s ``session.get``
+    finds them in the identity map (which holds unchanged objects only weakly) without a
+    round trip."""
     found = Workers(session).locked(item.worker_id for item in batch)
     run_ids = {run_id for item in batch
                if isinstance(run_id := item.message.get("run_id"), int)}
     runs = list(session.scalars(select(models.Run).where(models.Run.id.in_(run_ids))))
-    holders = Holders()
-    for rank in session.scalars(select(models.RunRank).where(
-            models.RunRank.run_id.in_(run_ids))):
-        holders.current.setdefault(rank.run_id, set()).add(rank.worker_id)
-        if rank.rank == 0:
-            holders.rank0[rank.run_id] = rank.worker_id
-    for run_id, data in session.execute(select(models.Event.run_id, models.Event.data).where(
-            models.Event.run_id.in_(run_ids), models.Event.kind.in_(("launch", "resume")))):
-        holders.ever.setdefault(run_id, set()).update(
-            str(rank[1]) for rank in data.get("ranks", []))
-    return found, runs, holders
+    return found, runs
 
 
-def _intruder(session: Session, item: Item, holders: Holders) -> str | None:
-    """Why the worker may not say this about its run, or None: a run's state and store
-    come from the workers of its current attempt (the store from rank 0's), its events and
-    command results from any worker that held one of its ranks."""
-    run_id, worker_id = item.message["run_id"], item.worker_id
+def _intruder(session: Session, item: Item, holders: dict[int, RunHolders]) -> str | None:
+    """Why the worker may not say this about its run, or None (``holders.py``)."""
+    run_id, kind = item.message["run_id"], item.message["type"]
     run = session.get(models.Run, run_id)
     if run is None:
         return f"run {run_id} does not exist"
-    kind = item.message["type"]
-    if kind in ("store", "run_state") and item.message.get("attempt", 0) == run.attempt:
-        allowed = ({holders.rank0.get(run_id)} if kind == "store"
-                   else holders.current.get(run_id, set()))
-    else:
-        allowed = holders.current.get(run_id, set()) | holders.ever.get(run_id, set())
-    if worker_id not in allowed:
-        return f"worker {worker_id} holds no rank of run {run_id} that may send a {kind}"
+    same_attempt = item.message.get("attempt", 0) == run.attempt
+    if not holders[run_id].may_send(item.worker_id, kind, same_attempt):
+        return f"worker {item.worker_id} holds no rank of run {run_id} that may send a {kind}"
     return None
 
 

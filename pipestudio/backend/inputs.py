@@ -20,7 +20,8 @@ Path = tuple[str | int, ...]
 #: ``\\u`` escape (NUL or a surrogate) or the non-standard NaN and Infinity tokens that
 #: Python's parser accepts; or enough brackets to nest deeper than the parser can follow.
 #: Bodies without them are not parsed twice.
-_SUSPECT = (b"\\u", b"NaN", b"Infinity")
+SUSPECT = ("\\u", "NaN", "Infinity")
+_SUSPECT_BYTES = tuple(token.encode() for token in SUSPECT)
 _MANY_BRACKETS = 500
 
 
@@ -126,7 +127,7 @@ def _body_problem(body: bytes) -> tuple[list[str | int], str] | None:
         except UnicodeDecodeError as exc:
             return ["body"], f"the body is not UTF-8 text (byte {exc.start} is " \
                              f"0x{body[exc.start]:02x})"
-    if not any(token in body for token in _SUSPECT) \
+    if not any(token in body for token in _SUSPECT_BYTES) \
             and body.count(b"[") + body.count(b"{") <= _MANY_BRACKETS:
         return None
     try:

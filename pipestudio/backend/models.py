@@ -201,11 +201,14 @@ class Proposal(Base):
 
 class UserSession(Base):
     """A sign-in: the SHA-256 of its bearer token (the token itself is never stored), who
-    signed in, with which role, until when."""
+    signed in, with which role, until when; and the SHA-256 of the credential it was made
+    with (the API token, or the person's password hash), so that rotating the token or
+    changing or removing the person ends it (``auth.Credentials.resolve``)."""
 
     __tablename__ = "sessions"
     token_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     user: Mapped[str] = mapped_column(String(200))
     role: Mapped[str] = mapped_column(String(20))
+    issuer_sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(index=True)

@@ -32,9 +32,10 @@ the worker has no rank in) is rejected alone: acked like a stored one, never res
 recorded on its run as a ``rejected`` event; NaN and infinities in metrics are data
 (stored as the strings "NaN", "Infinity", "-Infinity").
 
-A worker that reconnects is known by the id it had (``worker_id``, with the ``secret`` its
-last ``welcome`` gave: another connection cannot take a worker's id), else by its name and
-host among the workers not connected. The runs its ``hello`` does not list are judged
+A worker that comes back is known by its ``worker_id`` said with the ``secret`` its last
+``welcome`` gave (kept across restarts by the agent; another connection cannot take a
+worker's id); a restarted process numbers from 1 again (its ``last_seq`` is below the
+stored one). The runs its ``hello`` does not list are judged
 only after the messages it numbered before the ``hello`` (up to ``last_seq``) are stored:
 a run that ended while the server was away is not taken for lost.
 
@@ -74,6 +75,7 @@ CLOSE_UNSUPPORTED = 1003
 CLOSE_INVALID = 1007
 CLOSE_POLICY = 1008
 MAX_SEQ = 2**62
+#: The largest id and step a 32-bit SQL column holds (``schemas.common.MAX_ID`` too).
 MAX_DB_INT = 2**31 - 1
 #: A close frame's reason holds at most 123 bytes of UTF-8.
 _MAX_REASON_BYTES = 123

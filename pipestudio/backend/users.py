@@ -23,8 +23,10 @@ WRITERS: tuple[str, ...] = ("admin", "editor")
 TOKEN_USER = "api-token"
 MAX_PASSWORD_CHARS = 1024
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-#: scrypt's cost: 2**14 x 8 x 128 bytes = 16 MiB and about 50 ms per guess.
+#: scrypt's cost: 2**14 x 8 x 128 bytes = 16 MiB and about 50 ms per guess; a configured
+#: hash may ask for up to 64 MiB.
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**14, 8, 1
+_MAX_SCRYPT_BYTES = 2**26
 
 
 class UserEntryError(ValueError):
@@ -66,22 +68,25 @@ def check_password(password: str, password_hash: str) -> bool:
     expected = base64.b64decode(key)
     found = hashlib.scrypt(password.encode()[:4 * MAX_PASSWORD_CHARS],
                            salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p),
-                           maxmem=2**26, dklen=len(expected))
+                           maxmem=2 * _MAX_SCRYPT_BYTES, dklen=len(expected))
     return hmac.compare_digest(found, expected)
 
 
 def _check_hash(name: str, password_hash: str) -> None:
     parts = password_hash.split("$")
     try:
-        ok = (len(parts) == 6 and parts[0] == "scrypt"
-              and all(0 < int(v) <= 2**20 for v in parts[1:4])
+        n, r, p = (int(v) for v in parts[1:4]) if len(parts) == 6 else (0, 0, 0)
+        ok = (len(parts) == 6 and parts[0] == "scrypt" and n > 1 and n & (n - 1) == 0
+              and r > 0 and 0 < p <= 16
+              and 128 * r * n <= _MAX_SCRYPT_BYTES
               and len(base64.b64decode(parts[4], validate=True)) >= 8
               and len(base64.b64decode(parts[5], validate=True)) >= 16)
     except ValueError:
         ok = False
     if not ok:
         raise UserEntryError(f"user {name!r}: the hash must read scrypt$N$r$p$SALT$KEY, as "
-                             "`pipestudio hash-password` prints it")
+                             "`pipestudio hash-password` prints it (N a power of two, "
+                             "128 N r at most 64 MiB)")
 
 
 def check_name(name: str) -> None:

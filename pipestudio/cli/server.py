@@ -13,8 +13,10 @@ import secrets
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
+from pipestudio.backend.users import MAX_PASSWORD_CHARS, ROLES  # standard library only
 from pipestudio.heap import settle_heap
 
 _Formatter = argparse.RawDescriptionHelpFormatter
@@ -36,7 +38,7 @@ _WORKER_HELP = """\
 Run a worker agent: it registers this machine's devices with the backend, starts engine
 processes for the ranks it is assigned, and streams their metrics and events back. It
 reconnects by itself when the backend goes away, losing nothing it measured meanwhile, and
-keeps its identity across restarts by its name (give each worker on a host its own).
+keeps its id across restarts (its id and secret are kept in --state-dir).
 
 It runs the built-in models, and other model factories (MODULE:FACTORY, FILE.py:FACTORY)
 only where --allow-model or PIPESTUDIO_ALLOWED_MODELS (comma-separated) matches them: a
@@ -92,8 +94,11 @@ def add_commands(commands: Any) -> None:
                         help="the backend, e.g. http://127.0.0.1:8000")
     parser.add_argument("--token", metavar="TOKEN",
                         help="worker token (default: PIPESTUDIO_WORKER_TOKEN)")
-    parser.add_argument("--name", help="name shown in the dashboard; a restarted worker of "
-                        "the same name and host keeps its id (default: the host name)")
+    parser.add_argument("--name", help="name shown in the dashboard (default: the host name)")
+    parser.add_argument("--state-dir", metavar="DIR",
+                        help="where the worker keeps its id and secret, so that it keeps "
+                             "its id when it restarts (default: PIPESTUDIO_WORKER_STATE_DIR, "
+                             "else $XDG_STATE_HOME/pipestudio or ~/.local/state/pipestudio)")
     parser.add_argument("--slots", type=int, metavar="N",
                         help="ranks this worker runs at once (default: one per device)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -112,7 +117,7 @@ def add_commands(commands: Any) -> None:
                                  description=_HASH_HELP,
                                  help="print a PIPESTUDIO_USERS entry for a person")
     parser.add_argument("name", help="the name to sign in with (letters, digits, _.@-)")
-    parser.add_argument("--role", choices=("editor", "viewer"), default="editor",
+    parser.add_argument("--role", choices=ROLES, default="editor",
                         help="editor: may change things; viewer: reads only (default editor)")
     parser.set_defaults(handler=_hash_password)
 
@@ -232,9 +237,9 @@ def _hash_password(args: argparse.Namespace) -> int:
             return 2
     else:
         password = sys.stdin.readline().rstrip("\n")
-    if not 8 <= len(password) <= 1024:
-        print(f"error: the password must have 8 to 1024 characters, not {len(password)}",
-              file=sys.stderr)
+    if not 8 <= len(password) <= MAX_PASSWORD_CHARS:
+        print(f"error: the password must have 8 to {MAX_PASSWORD_CHARS} characters, not "
+              f"{len(password)}", file=sys.stderr)
         return 2
     print(f"{args.name}:{args.role}:{hash_password(password)}")
     return 0
@@ -278,6 +283,7 @@ def _worker(args: argparse.Namespace) -> int:
     from pipestudio.runtime.agent.agent import Agent
     from pipestudio.runtime.agent.connection import AgentAuthError
     from pipestudio.runtime.agent.devices import DeviceError
+    from pipestudio.runtime.agent.identity import default_state_dir
 
     token = args.token or os.environ.get("PIPESTUDIO_WORKER_TOKEN")
     if not token:
@@ -298,7 +304,8 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         agent = Agent(args.server, token, name=args.name, slots=args.slots,
                       device=args.device, advertise_host=args.advertise_host,
-                      allowed_models=allowed)
+                      allowed_models=allowed,
+                      state_dir=Path(args.state_dir) if args.state_dir else default_state_dir())
     except DeviceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -103,6 +103,7 @@ def _answer_errors(app: Dash) -> None:
             return flask.jsonify({"error": str(exc)[:200]}), 404
         log.warning("%s %s refused: %s: %s", flask.request.method, flask.request.path,
                     type(exc).__name__, str(exc)[:200])
+        log.debug("where it was refused", exc_info=exc)  # for who debugs a callback
         return flask.jsonify({"error": f"this request cannot be answered: "
                                        f"{type(exc).__name__}: {str(exc)[:200]}"}), 400
 

@@ -13,8 +13,8 @@ redirected to ``login``, a callback answers 401 (the page's script then goes to
 ``login``). Cross-site requests are refused twice over: the cookies are SameSite=Strict,
 and a callback must echo the ``_csrf_token`` cookie in its ``X-CSRFToken`` header (which
 Dash's renderer does by itself) — a page on another site can neither read that cookie
-nor set that header. Sign-in and sign-out forms check the ``Origin`` header and carry
-the same token.
+nor set that header. The sign-in and sign-out forms check the ``Origin`` header, and the
+sign-out form carries the ``_csrf_token`` cookie's value too.
 """
 
 import contextlib
@@ -178,9 +178,11 @@ def csrf_token() -> str:
 
 
 def _safe_next(target: str, base: str) -> str:
-    """Where to go after signing in: a path of this dashboard, never another site."""
+    """Where to go after signing in: a path of this dashboard, never another site (a
+    browser reads ``/\\evil`` as ``//evil``, so backslashes and control characters go)."""
     parts = urlsplit(target)
-    if parts.scheme or parts.netloc or not target.startswith(base) or target.startswith("//"):
+    if (parts.scheme or parts.netloc or not target.startswith(base) or target.startswith("//")
+            or "\\" in target or any(ord(c) < 32 for c in target)):
         return base
     return target
 

@@ -50,7 +50,8 @@ def start_backend(database_url: str, log: Path, port: int = 0) -> tuple[subproce
 def start_worker(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "pipestudio", "worker", "--server", url, "--token",
-         WORKER_TOKEN, "--name", name, "--slots", "1", "--device", "cpu"],
+         WORKER_TOKEN, "--name", name, "--slots", "1", "--device", "cpu",
+         "--state-dir", str(log.parent / "worker-state")],
         cwd=ROOT, env=_env(""), stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 

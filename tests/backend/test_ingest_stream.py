@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 
 from pipestudio.backend.hub import Hub
 from pipestudio.backend.ingest import Ingestor
+from pipestudio.backend.services.holders import RunHolders
 from tests.backend.test_sockets import _start, _step
 
 
@@ -20,7 +21,8 @@ def test_next_message_streams_before_it_is_stored() -> None:
         hub = Hub()
         watcher = hub.watch(7)
         ingestor = Ingestor(db=None, hub=hub)  # type: ignore[arg-type]  # never started
-        ingestor.holders[7] = frozenset({"w"})  # w holds a rank of run 7
+        ingestor.holders.runs[7] = RunHolders((0, False), frozenset({"w"}), "w",
+                                              frozenset({"w"}))  # w holds run 7's rank
         ingestor.expect("w", last_seq=4)
         ingestor.expect("stranger", last_seq=0)
         ingestor.submit("w", _events(5, [0, 1]))

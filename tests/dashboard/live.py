@@ -50,7 +50,8 @@ class LiveStack:
             log = (log_dir / f"worker{idx}.log").open("wb")
             self.workers.append(subprocess.Popen(
                 [sys.executable, "-m", "pipestudio", "worker", "--server", self.url,
-                 "--token", TOKEN, "--slots", "1", "--device", "cpu", "--name", f"w{idx}"],
+                 "--token", TOKEN, "--slots", "1", "--device", "cpu", "--name", f"w{idx}",
+                 "--state-dir", str(log_dir / "worker-state")],
                 stdout=log, stderr=subprocess.STDOUT))
 
     def wait_for_workers(self, count: int, timeout_s: float = 60) -> None:

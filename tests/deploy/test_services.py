@@ -131,6 +131,7 @@ def start_service(name: str, url: str, tmp_path: Path) -> subprocess.Popen[bytes
     """A worker service, dialing ``url`` instead of the Compose network's backend."""
     argv, env = service(name, "")
     argv = [url if part == COMPOSE_URL else part for part in argv]
+    env = {**env, "PIPESTUDIO_WORKER_STATE_DIR": str(tmp_path / "worker-state")}
     with (tmp_path / f"{name}.log").open("wb") as out:
         return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 

@@ -1,9 +1,9 @@
 """/api/auth: sign in (a session token for a person or the API token), who am I, sign out."""
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.security import HTTPAuthorizationCredentials
 
-from pipestudio.backend.deps import BearerDep, ContextDep, SessionDep, get_principal
+from pipestudio.backend.auth import CredentialError
+from pipestudio.backend.deps import BearerDep, ContextDep, SessionDep, principal_of
 from pipestudio.backend.schemas.auth import MePublic, SessionCreate, SessionPublic
 from pipestudio.backend.schemas.common import ERRORS
 from pipestudio.backend.services import sessions as service
@@ -33,7 +33,10 @@ def sign_in(session: SessionDep, context: ContextDep, request: Request, data: Se
     except service.SignInError as exc:
         raise HTTPException(401, str(exc)) from None
     throttle.succeeded(client)
-    token, row = service.open_session(session, principal, context.settings.session_ttl_s)
+    issuer = context.credentials.issuer(principal.user)
+    assert issuer is not None, "who just signed in may sign in"
+    token, row = service.open_session(session, principal, issuer,
+                                      context.settings.session_ttl_s)
     return SessionPublic(token=token, user=row.user, role=principal.role,
                          expires_at=row.expires_at)
 
@@ -47,8 +50,11 @@ async def who_am_i(context: ContextDep, request: Request) -> MePublic:
     scheme, _, token = header.partition(" ")
     principal = None
     if scheme.lower() == "bearer" and token.strip():
-        principal = await get_principal(context, HTTPAuthorizationCredentials(
-            scheme="Bearer", credentials=token.strip()))
+        try:
+            principal = await principal_of(context, token.strip())
+        except CredentialError as exc:
+            raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}
+                                ) from None
     return MePublic(user=principal.user if principal else None,
                     role=principal.role if principal else None,
                     public_reads=context.settings.public_reads)

@@ -15,6 +15,7 @@ from pipestudio.backend.schemas.profiles import (
     ProfilesPublic,
 )
 from pipestudio.backend.services import profiles as service
+from pipestudio.planner.documents import MAX_MICROBATCH_SIZE
 
 router = APIRouter(prefix="/api/profiles", tags=["profiles"], responses=ERRORS)
 
@@ -28,7 +29,7 @@ def create_profile(session: SessionDep, data: ProfileCreate) -> ProfilePublic:
 @router.post("/upload", status_code=201, dependencies=[Authorized])
 def upload_profile(session: SessionDep, file: Annotated[UploadFile, File()],
                    name: Annotated[str | None, Form(max_length=200)] = None,
-                   batch_size: Annotated[int, Form(ge=1, le=2**24)] = 1,
+                   batch_size: Annotated[int, Form(ge=1, le=MAX_MICROBATCH_SIZE)] = 1,
                    model: Annotated[str | None, Form(max_length=200)] = None) -> ProfilePublic:
     """Store an uploaded file: a Profile JSON, or a PipeDream graph.txt (anything else)."""
     data = service.parse_upload(file.file.read(), file.filename or "upload", name=name,

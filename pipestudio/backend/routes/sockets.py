@@ -19,9 +19,10 @@ from pydantic import ValidationError
 
 from pipestudio.backend.auth import CredentialError
 from pipestudio.backend.context import AppContext
+from pipestudio.backend.deps import principal_of
 from pipestudio.backend.errors import NotFoundError
 from pipestudio.backend.hub import WorkerLink
-from pipestudio.backend.inputs import find_unstorable
+from pipestudio.backend.inputs import SUSPECT, find_unstorable
 from pipestudio.backend.protocol import (
     CLOSE_INVALID,
     CLOSE_POLICY,
@@ -37,7 +38,6 @@ from pipestudio.backend.repositories import Runs
 from pipestudio.backend.services import workers
 from pipestudio.backend.services.messages import Actions
 from pipestudio.backend.services.runs import run_public
-from pipestudio.backend.services.screening import SUSPECT
 from pipestudio.backend.services.workers import Judgment
 
 router = APIRouter()
@@ -135,8 +135,7 @@ async def _serve_worker(context: AppContext, websocket: WebSocket, hello: Hello)
         """The worker, the judgment of its runs (made now when every message it numbered
         is stored, else left to the ingest writer: ``workers.Judgment``) and its secret."""
         with context.db.session() as session:
-            worker, judgment, secret = workers.register(session, hello,
-                                                        set(context.hub.links))
+            worker, judgment, secret = workers.register(session, hello)
             if judgment.after_seq > worker.last_seq:
                 return worker, judgment, secret, None
             return worker, judgment, secret, workers.judge(session, judgment)
@@ -220,11 +219,10 @@ async def _check_reader(context: AppContext, token: str) -> None:
             return
         raise Refused(WORKER_CLOSE_AUTH, "sign in first: send 'Authorization: Bearer <API "
                                          "token or session token>' or ?token=")
-    if context.credentials.cached(token) is None:
-        try:
-            await to_thread.run_sync(context.credentials.resolve, token)
-        except CredentialError as exc:
-            raise Refused(WORKER_CLOSE_AUTH, str(exc)) from None
+    try:
+        await principal_of(context, token)
+    except CredentialError as exc:
+        raise Refused(WORKER_CLOSE_AUTH, str(exc)) from None
 
 
 async def _stream(context: AppContext, websocket: WebSocket, run_id: int,

@@ -1,14 +1,11 @@
 """Signing in: credentials in, a session token out; who the caller is."""
 
 from datetime import datetime
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import Request
-from pipestudio.backend.users import MAX_PASSWORD_CHARS
-
-Role = Literal["admin", "editor", "viewer"]
+from pipestudio.backend.users import MAX_PASSWORD_CHARS, Role
 
 
 class SessionCreate(Request):

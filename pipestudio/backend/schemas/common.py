@@ -7,6 +7,7 @@ from typing import Annotated, Any, Union
 from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from pipestudio.backend.protocol import MAX_DB_INT
 from pipestudio.planner.documents import Integral
 
 
@@ -39,7 +40,7 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-MAX_ID = 2**31 - 1
+MAX_ID = MAX_DB_INT
 #: The id of a stored item, in a body (``DbId``) or a path (``PathId``).
 DbId = Annotated[int, Field(ge=1, le=MAX_ID), Integral]
 PathId = Annotated[int, Path(ge=1, le=MAX_ID)]

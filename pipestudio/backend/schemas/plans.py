@@ -7,20 +7,22 @@ from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import DbId, Public, Request, choice, one_of
 from pipestudio.planner import Plan
-from pipestudio.planner.documents import Integral
+from pipestudio.planner.documents import (
+    MAX_LAYERS,
+    MAX_NAME_CHARS,
+    Integral,
+    MicrobatchSize,
+    NumMicrobatches,
+)
 
 Schedule = Literal["gpipe", "1f1b", "pipedream"]
 Optimizer = Literal["sgd", "momentum", "adam"]
 Policy = Literal["keep", "recompute", "swap"]
 PlanState = Literal["draft", "approved", "launched"]
-#: As many stages and layers as a profile may have (``planner.documents``).
-MAX_LAYERS = 20_000
-LayerName = Annotated[str, Field(min_length=1, max_length=200)]
+LayerName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
 Boundaries = Annotated[list[Annotated[int, Field(ge=1, le=MAX_LAYERS), Integral]],
                        Field(max_length=MAX_LAYERS)]
 Policies = Annotated[dict[LayerName, Policy], Field(max_length=MAX_LAYERS)]
-MicrobatchSize = Annotated[int, Field(ge=1, le=2**24), Integral]
-NumMicrobatches = Annotated[int, Field(ge=1, le=100_000), Integral]
 Steps = Annotated[int, Field(ge=1, le=20), Integral]
 
 

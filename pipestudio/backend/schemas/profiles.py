@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import Public, Request, choice, one_of
 from pipestudio.planner import Profile
-from pipestudio.planner.documents import Integral
+from pipestudio.planner.documents import MAX_MICROBATCH_SIZE, Integral
 
 
 class _ProfileSource(Request):
@@ -26,7 +26,7 @@ class PipeDreamGraph(_ProfileSource):
 
     format: Literal["pipedream"]
     graph: str = Field(min_length=1, description="PipeDream graph.txt text.")
-    batch_size: Annotated[int, Field(ge=1, le=2**24), Integral] = Field(
+    batch_size: Annotated[int, Field(ge=1, le=MAX_MICROBATCH_SIZE), Integral] = Field(
         1, description="The profiled minibatch size.")
     model: str | None = Field(None, min_length=1, max_length=200,
                               description="The model name (default: the profile's name).")

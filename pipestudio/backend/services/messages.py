@@ -108,7 +108,7 @@ def metric_events(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _finite_number(value: object) -> float | None:
     """A time for the ``time_ms`` column: NaN and infinities (stored as names in the
-    event's data, ``screening.finite``) have no place on the time axis."""
+    event's data, ``screening.cleaned``) have no place on the time axis."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) \
             and math.isfinite(value):
         return float(value)

@@ -133,7 +133,9 @@ def compare(session: Session, data: CompareRequest, max_ops: int | None
     profile, cluster = documents(session, data.profile_id, data.cluster_id)
     request = planning.planner_request(profile, cluster, data)
     share = None if max_ops is None else max(1, max_ops // len(names))
-    planning.within_budget(lambda: check_request_budget(request, share), "")
+    # saved plans are simulated again, for 2 steps (``_store``): within the share too
+    planning.within_budget(lambda: check_request_budget(
+        request, share, num_steps=2 if data.save else 1), "")
     rows = []
     for name in names:
         outcome = run_planner(name, PLANNERS[name], request, with_timeline=False,
@@ -142,7 +144,7 @@ def compare(session: Session, data: CompareRequest, max_ops: int | None
         if data.save and outcome.plan is not None:
             plan_id = create_plan(session, PlanFromDocument(
                 profile_id=data.profile_id, cluster_id=data.cluster_id, author=data.author,
-                plan=outcome.plan), max_ops).id
+                plan=outcome.plan), share).id
         summary = None if outcome.result is None else planning.summarize(outcome.result)
         rows.append(CompareRow(
             algorithm=name, plan_id=plan_id, summary=summary,

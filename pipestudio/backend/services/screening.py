@@ -2,16 +2,18 @@
 store, and how non-finite numbers become data.
 
 A message that fails ``screen`` is rejected alone (``ingest.py``): its fields would not fit
-their columns (a stage of 10**30, a host of a megabyte), it names no run, or its text holds
-a NUL or a lone surrogate. NaN and infinities are what a diverging run measures, so they
-are kept: ``finite`` turns each into the string JSON has no number for ("NaN",
-"Infinity", "-Infinity"), which every database stores and every client parses.
+their columns (a stage of 10**30, a host of a megabyte), or it names no run; so is one
+whose text holds a NUL or a lone surrogate (``cleaned`` finds it). NaN and infinities are
+what a diverging run measures, so they are kept: ``cleaned`` turns each into the string
+JSON has no number for ("NaN", "Infinity", "-Infinity"), which every database stores and
+every client parses. Both walks are skipped for a frame whose raw text holds none of
+``inputs.SUSPECT``: without an escape or those tokens there is nothing to find.
 """
 
 import math
 from typing import Any
 
-from pipestudio.backend.inputs import find_unstorable
+from pipestudio.backend.inputs import text_problem
 from pipestudio.backend.protocol import MAX_DB_INT
 
 MESSAGE_TYPES = ("events", "store", "run_state", "command_result")
@@ -22,23 +24,37 @@ MAX_TEXT = 100_000
 #: Column widths: an event's kind, a command's name, the store's host.
 MAX_KIND, MAX_COMMAND, MAX_HOST = 30, 30, 200
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
-#: Raw text that may hold what ``finite`` and the text checks look for.
-SUSPECT = ("NaN", "Infinity", "\\u")
 
 
 class Rejected(ValueError):
     """The message cannot be stored; the text says which field and why."""
 
 
-def finite(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by its name (module docstring)."""
+def cleaned(value: Any, path: str = "") -> tuple[Any, str | None]:
+    """``value`` with every non-finite float replaced by its name (module docstring), and
+    the first text in it that cannot be stored (its place and why), in one walk."""
     if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else _NON_FINITE[value]
+        return ("NaN" if math.isnan(value) else _NON_FINITE[value]), None
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return value, (f"{path or 'a text'} {problem}" if problem else None)
+    first: str | None = None
     if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            problem = text_problem(key) if isinstance(key, str) else None
+            out[key], found = cleaned(item, where)
+            first = first or (f"{where} (the key) {problem}" if problem else found)
+        return out, first
     if isinstance(value, list):
-        return [finite(item) for item in value]
-    return value
+        items = []
+        for idx, item in enumerate(value):
+            clean, found = cleaned(item, f"{path}.{idx}" if path else str(idx))
+            items.append(clean)
+            first = first or found
+        return items, first
+    return value, None
 
 
 def _int(message: dict[str, Any], key: str, low: int, high: int, *,
@@ -77,9 +93,9 @@ def _event(idx: int, event: Any) -> None:
         raise Rejected(f"events.{idx}.message must be text of at most {MAX_TEXT} characters")
 
 
-def screen(message: dict[str, Any], *, suspect: bool = True) -> None:
-    """Raise ``Rejected`` for a message the store cannot take (module docstring);
-    ``suspect`` false skips the walk for bad text (its raw frame had no escape)."""
+def screen(message: dict[str, Any]) -> None:
+    """Raise ``Rejected`` for a message whose shape the store cannot take (module
+    docstring); its text is ``cleaned``'s to check."""
     kind = message.get("type")
     if kind not in MESSAGE_TYPES:
         raise Rejected(f"unknown message type {str(kind)[:40]!r}")
@@ -104,7 +120,3 @@ def screen(message: dict[str, Any], *, suspect: bool = True) -> None:
         _text(message, "message", MAX_TEXT)
         if not isinstance(message.get("payload") or {}, dict):
             raise Rejected("payload must be an object")
-    if suspect:
-        found = find_unstorable(message)
-        if found is not None:
-            raise Rejected(f"{'.'.join(map(str, found[0]))} {found[1]}")

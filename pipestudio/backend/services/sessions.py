@@ -52,14 +52,15 @@ def authenticate(users: dict[str, User], api_token: str | None, *, user: str | N
     return Principal(found.name, found.role)
 
 
-def open_session(session: Session, principal: Principal, ttl_s: float
+def open_session(session: Session, principal: Principal, issuer: str, ttl_s: float
                  ) -> tuple[str, models.UserSession]:
-    """A new session for ``principal``; the token is returned here and nowhere else."""
+    """A new session for ``principal``, made with the credential whose digest is
+    ``issuer``; the token is returned here and nowhere else."""
     session.execute(delete(models.UserSession).where(
         models.UserSession.expires_at < models.utcnow()))
     token = secrets.token_urlsafe(32)
     row = models.UserSession(token_sha256=token_digest(token), user=principal.user,
-                             role=principal.role,
+                             role=principal.role, issuer_sha256=issuer,
                              expires_at=models.utcnow() + timedelta(seconds=ttl_s))
     session.add(row)
     session.flush()

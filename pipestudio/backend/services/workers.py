@@ -15,10 +15,8 @@ import hmac
 import secrets
 import time
 import uuid
-from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
@@ -46,32 +44,25 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def _known(session: Session, hello: Hello, connected: Collection[str]
-           ) -> models.Worker | None:
-    """The worker this ``hello`` comes from: the id it had in this process (with the
-    secret its last ``welcome`` gave), else the one of the same name on the same host that
-    is not connected now (the same worker, restarted)."""
-    if hello.worker_id is not None:
-        found = session.get(models.Worker, hello.worker_id)
-        if found is not None:
-            if found.secret_sha256 is not None and not (
-                    hello.secret and hmac.compare_digest(_digest(hello.secret),
-                                                         found.secret_sha256)):
-                raise IdentityError(f"worker id {found.id} is another worker's: say it "
-                                    "with the secret its welcome gave")
-            return found
-    return session.scalars(select(models.Worker).where(
-        models.Worker.name == hello.name, models.Worker.host == hello.host,
-        models.Worker.id.not_in(list(connected))).order_by(
-        models.Worker.last_seen_at.desc()).limit(1)).first()
+def _known(session: Session, hello: Hello) -> models.Worker | None:
+    """The worker this ``hello`` comes from: the id it says, with the secret its last
+    ``welcome`` gave (which the agent keeps across restarts: ``runtime/agent/identity``);
+    None for a worker the backend does not know."""
+    if hello.worker_id is None:
+        return None
+    found = session.get(models.Worker, hello.worker_id)
+    if found is not None and found.secret_sha256 is not None and not (
+            hello.secret and hmac.compare_digest(_digest(hello.secret), found.secret_sha256)):
+        raise IdentityError(f"worker id {found.id} is another worker's: say it with the "
+                            "secret its welcome gave")
+    return found
 
 
-def register(session: Session, hello: Hello, connected: Collection[str]
-             ) -> tuple[models.Worker, Judgment, str]:
+def register(session: Session, hello: Hello) -> tuple[models.Worker, Judgment, str]:
     """The worker a ``hello`` names (or a new one), online; the judgment of its runs, to
     be made now or once its earlier messages are stored (``Judgment``); and the secret to
     put in its ``welcome`` (the one it said, or a new one: only the hash is kept)."""
-    worker = _known(session, hello, connected)
+    worker = _known(session, hello)
     fields = {"name": hello.name, "host": hello.host, "devices": hello.devices,
               "slots": hello.slots if hello.slots is not None else len(hello.devices),
               "builtin_models": hello.models, "allowed_models": hello.allowed_models,
@@ -83,8 +74,8 @@ def register(session: Session, hello: Hello, connected: Collection[str]
     else:
         for key, value in fields.items():
             setattr(worker, key, value)
-        if hello.worker_id != worker.id:  # a new process: it numbers from 1 again
-            worker.last_seq = hello.next_seq - 1
+        if hello.last_seq is not None and hello.last_seq < worker.last_seq:
+            worker.last_seq = hello.next_seq - 1  # a restarted process numbers from 1 again
     secret = hello.secret if hello.worker_id == worker.id and hello.secret else \
         secrets.token_urlsafe(32)
     worker.secret_sha256 = _digest(secret)

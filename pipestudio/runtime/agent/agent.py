@@ -15,11 +15,13 @@ import logging
 import shutil
 import socket
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from pipestudio.allowlist import model_allowed
 from pipestudio.runtime.agent.connection import AgentConnection
 from pipestudio.runtime.agent.devices import local_devices, reachable_address
+from pipestudio.runtime.agent.identity import Identity
 from pipestudio.runtime.agent.ranks import RankGroup, engine_config, open_store
 from pipestudio.runtime.engine.rendezvous import StoreAddress
 from pipestudio.runtime.models import MODELS
@@ -34,13 +36,15 @@ class Agent:
     def __init__(self, server: str, token: str, *, name: str | None = None,
                  slots: int | None = None, device: str = "auto",
                  advertise_host: str | None = None,
-                 allowed_models: list[str] | None = None) -> None:
+                 allowed_models: list[str] | None = None,
+                 state_dir: Path | None = None) -> None:
         self.devices = local_devices(device)
         self.slots = slots if slots is not None else len(self.devices)
         self.name = name or socket.gethostname()
         self.allowed_models = list(allowed_models or [])
         self.host = advertise_host or reachable_address(server)
-        self.connection = AgentConnection(server, token, self._hello, self._handle)
+        self.connection = AgentConnection(server, token, self._hello, self._handle,
+                                          identity=Identity(state_dir, self.name, server))
         self.assignments: dict[Key, dict[str, Any]] = {}
         self.groups: dict[Key, RankGroup] = {}
         self.stores: dict[Key, Any] = {}
@@ -50,7 +54,6 @@ class Agent:
         return {"name": self.name, "host": self.host, "devices": self.devices,
                 "slots": self.slots, "models": sorted(MODELS),
                 "allowed_models": self.allowed_models,
-                "last_seq": self.connection.outbox.next_seq - 1,
                 "runs": [{"run_id": run_id, "attempt": attempt,
                           "ranks": [r["rank"] for r in a["ranks"]]}
                          for (run_id, attempt), a in self.assignments.items()]}

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
+from pipestudio.runtime.agent.identity import Identity
 from pipestudio.runtime.agent.outbox import Message, Outbox
 
 log = logging.getLogger("pipestudio.worker")
@@ -32,8 +33,8 @@ class AgentConnection:
     """One worker's link; ``handle`` gets every message the server sends but acks."""
 
     def __init__(self, url: str, token: str, hello: Callable[[], Message],
-                 handle: Callable[[Message], Awaitable[None]], *, flush_s: float = 0.05
-                 ) -> None:
+                 handle: Callable[[Message], Awaitable[None]], *, flush_s: float = 0.05,
+                 identity: Identity | None = None) -> None:
         self.url = url.rstrip("/")
         if self.url.startswith("http"):
             self.url = "ws" + self.url[4:]
@@ -41,9 +42,9 @@ class AgentConnection:
             self.url += "/ws/worker"
         self.token, self.hello, self.handle, self.flush_s = token, hello, handle, flush_s
         self.outbox = Outbox()
-        self.worker_id: str | None = None
-        #: What the last ``welcome`` gave, to say with ``worker_id``: the id is ours alone.
-        self.secret: str | None = None
+        #: The id and secret of the last ``welcome`` (kept across restarts when the
+        #: identity has a state directory): the id is ours alone.
+        self.identity = identity or Identity(None, "worker", self.url)
         self.heartbeat_s = 2.0
         self.connected = asyncio.Event()
         self._wake = asyncio.Event()
@@ -84,17 +85,18 @@ class AgentConnection:
                 delay_s = min(delay_s * 2, 5.0)
 
     async def _session(self, socket: ClientConnection) -> None:
-        hello = {**self.hello(), "type": "hello", "worker_id": self.worker_id,
-                 "secret": self.secret, "next_seq": self.outbox.first_unacked}
+        hello = {**self.hello(), "type": "hello", "worker_id": self.identity.worker_id,
+                 "secret": self.identity.secret, "next_seq": self.outbox.first_unacked,
+                 "last_seq": self.outbox.next_seq - 1}
         await socket.send(json.dumps(hello))
         welcome = json.loads(await socket.recv())
         if welcome.get("type") != "welcome":
             raise ConnectionError(f"expected welcome from {self.url}, got {welcome!r:.200}")
-        self.worker_id, self.secret = welcome["worker_id"], welcome.get("secret")
+        self.identity.keep(welcome["worker_id"], welcome.get("secret"))
         self.heartbeat_s = float(welcome.get("heartbeat_s", self.heartbeat_s))
         self.outbox.resend_from(int(welcome["last_seq"]))
         self.connected.set()
-        log.info("registered with %s as worker %s", self.url, self.worker_id)
+        log.info("registered with %s as worker %s", self.url, self.identity.worker_id)
         sender = asyncio.create_task(self._send_loop(socket))
         try:
             async for text in socket:

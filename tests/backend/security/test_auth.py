@@ -177,3 +177,24 @@ def test_an_unknown_name_takes_as_long_as_a_wrong_password(server: TestClient) -
     known = min(timed("ada") for _ in range(3))
     unknown = min(timed(f"nobody{i}") for i in range(3))
     assert unknown > known / 3, (known, unknown)
+
+
+def test_sessions_end_with_the_credential_they_were_made_with(database_url: str) -> None:
+    """Removing a person, changing their role or password, or rotating the API token ends
+    the sessions made with the old credential at once (not when they expire)."""
+    before = make_settings(database_url, users=USERS)
+    with TestClient(create_app(before)) as client:
+        ada = _sign_in(client, "ada", "lovelace")
+        bob = _sign_in(client, "bob", "builder")
+        token = _sign_in(client, None, API_TOKEN)
+    after = make_settings(database_url, users=[USERS[1].replace("bob:viewer", "bob:editor")],
+                          migrate_on_start=False).model_copy(
+        update={"api_token": "a-new-api-token"})
+    with TestClient(create_app(after)) as client:
+        assert client.get("/api/profiles", headers=ada).status_code == 401  # removed
+        assert client.get("/api/profiles", headers=token).status_code == 401  # rotated
+        assert client.get("/api/auth/me", headers=bob).json()["role"] == "editor"
+    changed = make_settings(database_url, users=[f"bob:viewer:{hash_password('other')}"],
+                            migrate_on_start=False)
+    with TestClient(create_app(changed)) as client:
+        assert client.get("/api/profiles", headers=bob).status_code == 401  # new password

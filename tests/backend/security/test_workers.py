@@ -22,16 +22,13 @@ def test_a_restarted_worker_keeps_its_id(client: TestClient, fake: Workers) -> N
     first.expect_ack(first.send({"type": "events", "run_id": 1, "events": []}))
     first.expect_ack(first.send({"type": "events", "run_id": 1, "events": []}))
     first.close()
-    restarted = fake("gpu-node-1")  # a new process: no worker_id, numbering from 1
+    # a new process with the id and secret its state directory kept, numbering from 1
+    restarted = fake("gpu-node-1", worker_id=first.id, secret=first.secret, last_seq=0)
     assert restarted.id == first.id
     assert restarted.welcome["last_seq"] == 0, "its old numbers would hide its new messages"
     restarted.expect_ack(restarted.send({"type": "events", "run_id": 1, "events": []}))
-    other = fake("gpu-node-2")
-    assert other.id != first.id
-    twin = fake("gpu-node-1")  # the same name while the first is connected: another worker
-    assert twin.id != first.id
-    listed = client.get("/api/workers").json()
-    assert listed["count"] == 3
+    assert fake("gpu-node-1").id != first.id, "a name alone claims no id"
+    assert client.get("/api/workers").json()["count"] == 2
 
 
 def test_old_offline_workers_leave_the_list(client: TestClient, fake: Workers) -> None:

@@ -23,6 +23,7 @@ def upgrade() -> None:
         sa.Column("token_sha256", sa.String(64), nullable=False),
         sa.Column("user", sa.String(200), nullable=False),
         sa.Column("role", sa.String(20), nullable=False),
+        sa.Column("issuer_sha256", sa.String(64), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("token_sha256", name=op.f("pk_sessions")))
