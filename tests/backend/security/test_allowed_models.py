@@ -91,3 +91,6 @@ def test_patterns() -> None:
     assert not model_allowed("mlp2", ["mlp"], ["mlp:*"])
     assert model_allowed("pkg.sub:f", [], ["pkg.*:f"])
     assert not model_allowed("PKG.sub:f", [], ["pkg.*:f"])
+    assert model_allowed("models/net.py:build", [], ["models/*.py:build"])
+    for climbing in ("models/../../tmp/x.py:build", "models/..\\x.py:build"):
+        assert not model_allowed(climbing, [], ["models/*.py:build", "*"]), climbing

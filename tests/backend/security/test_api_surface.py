@@ -46,3 +46,13 @@ def test_the_openapi_document_states_the_choices(client: TestClient) -> None:
     refused = client.post("/api/plans", json={"profile_id": 1})
     assert refused.status_code == 422
     assert refused.json()["detail"][0]["msg"] == "give exactly one of planner, manual or plan"
+
+
+def test_refusals_at_the_door_carry_cors_headers(settings: Settings) -> None:
+    """A browser page of an allowed origin can read why its request was refused."""
+    app = create_app(settings.model_copy(update={"cors_origins": ["http://ui.example"]}))
+    with TestClient(app, headers={"Authorization": "Bearer test-api-token",
+                                  "Origin": "http://ui.example"}) as client:
+        refused = client.post("/api/clusters", json={"name": "a\u0000"})
+        assert refused.status_code == 422
+        assert refused.headers["access-control-allow-origin"] == "http://ui.example"

@@ -152,3 +152,12 @@ def test_one_browsers_bad_guesses_do_not_lock_out_another(
     other = httpx.post(f"{url}/login", data={"password": API_TOKEN},
                        headers={"X-Forwarded-For": "198.51.100.7"})
     assert other.status_code == 302, other.text
+
+
+@pytest.mark.parametrize("target", ["/%5Cevil.example", "https://evil.example",
+                                    "//evil.example", "/%0d%0aLocation:%20x"])
+def test_signing_in_never_leads_to_another_site(stack: tuple[str, list[dict[str, Any]]],
+                                                target: str) -> None:
+    url, _ = stack
+    answer = httpx.post(f"{url}/login?next={target}", data={"password": API_TOKEN})
+    assert answer.status_code == 302 and answer.headers["location"] == "/", target

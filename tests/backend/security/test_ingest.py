@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
 from starlette.websockets import WebSocketDisconnect
 
 from pipestudio.backend import ingest
@@ -191,3 +192,31 @@ def test_a_gap_still_closes_only_its_own_worker(client: TestClient, fake: Worker
         liar.expect("ack")
     assert closed.value.code == 4409
     honest.expect_ack(honest.send({"type": "events", "run_id": 1, "events": []}))
+
+
+def test_a_database_that_is_away_loses_nothing(client: TestClient, fake: Workers,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient error (the database busy or gone) is not the message's fault: the
+    worker is made to resend it, and it is stored then, not rejected."""
+    workers = [fake("a"), fake("b")]
+    run_id = _running(client, workers)
+    real, failures = ingest.apply_message, [2]
+
+    def flaky(session: Any, worker_id: str, message: dict[str, Any]) -> Any:
+        if failures[0] and message.get("events"):
+            failures[0] -= 1
+            raise OperationalError("UPDATE", {}, Exception("database is locked"))
+        return real(session, worker_id, message)
+
+    monkeypatch.setattr(ingest, "apply_message", flaky)
+    seq = workers[0].send({"type": "events", "run_id": run_id, "events": [_step(0, 0, 1.0)]})
+    with pytest.raises(WebSocketDisconnect):
+        workers[0].expect_ack(seq)  # closed so that it resends
+    again = fake("a", worker_id=workers[0].id, secret=workers[0].secret, next_seq=seq,
+                 last_seq=seq)
+    again.expect_ack(again.send({"type": "events", "run_id": run_id,
+                                 "events": [_step(0, 0, 1.0)]}, seq=seq))
+    stored = client.get(f"/api/runs/{run_id}/metrics", params={"kind": "step"}).json()
+    assert stored["total"] == 1
+    assert client.get(f"/api/runs/{run_id}/events",
+                      params={"kind": "rejected"}).json()["count"] == 0
