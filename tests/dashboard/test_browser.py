@@ -1,6 +1,6 @@
 """The dashboard in Chromium (Playwright, headless) against a live backend, dashboard and
 two local CPU workers: upload, plan, drag a boundary, approve, launch, watch, and approve a
-repartition. Screenshots go to test-output/dashboard/ and docs/img/.
+repartition. Screenshots go to test-output/dashboard/ (docs/img/ holds copies of them).
 
 Measured here: the plan view of a 1,000-layer profile on 16 stages renders in under 1 s,
 and a boundary drag updates the prediction in under 300 ms.
