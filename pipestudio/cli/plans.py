@@ -12,6 +12,7 @@ from pipestudio.planner.maxbatch import MAX_MICROBATCH_SIZE, MaxBatch, max_micro
 from pipestudio.planner.min_memory import smallest_device_memory
 from pipestudio.planner.plan import SCHEDULES
 from pipestudio.planner.planners import PLANNERS
+from pipestudio.planner.planners.optimal import step_claim
 from pipestudio.planner.request import PlanOutcome, PlanRequest, memory_only_cluster, run_planner
 from pipestudio.planner.units import format_bytes, parse_size
 
@@ -113,8 +114,10 @@ def _plan(args: argparse.Namespace) -> int:
                           ("plan", "result", "planner_ms", "objective_ms")}))
     else:
         print(describe_result(outcome.result, outcome.plan))
+        claim = step_claim(outcome.plan.provenance)
         print(f"\nplanner {args.algorithm}: {outcome.planner_ms:.1f} ms, "
-              f"objective {outcome.objective_ms:.3f} ms")
+              f"objective {outcome.objective_ms:.3f} ms"
+              + ("" if claim is None else f"; simulated step {claim}"))
     return 0
 
 
@@ -141,7 +144,8 @@ def compare_table(outcomes: list[PlanOutcome]) -> str:
         rows.append([outcome.algorithm, f"{result.step_time_ms:.3f}",
                      f"{result.samples_per_s:.1f}", f"{100 * result.bubble_fraction:.1f}%",
                      format_bytes(largest), "yes" if result.fits else "NO",
-                     f"{outcome.planner_ms:.1f}", f"{outcome.objective_ms:.3f}", ""])
+                     f"{outcome.planner_ms:.1f}", f"{outcome.objective_ms:.3f}",
+                     (step_claim(outcome.plan.provenance) or "") if outcome.plan else ""])
     return format_table(
         ["algorithm", "step ms", "samples/s", "bubble", "largest stage", "fits", "planner ms",
          "objective ms", ""], rows,

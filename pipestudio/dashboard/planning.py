@@ -15,6 +15,7 @@ from pipestudio.dashboard.editor import Editor, build_plan, editor_cluster, pred
 from pipestudio.planner import Cluster, PlannerError, SimResult
 from pipestudio.planner.documents import parse_document
 from pipestudio.planner.plan import Plan
+from pipestudio.planner.planners.optimal import step_claim
 from pipestudio.planner.trace import chrome_trace
 
 
@@ -51,7 +52,8 @@ def candidate(row: dict[str, Any]) -> Candidate:
                      samples_per_s=summary["samples_per_s"],
                      bubble_fraction=summary["bubble_fraction"], fits=summary["fits"],
                      peak_bytes=max(summary["stage_peak_bytes"]),
-                     device_memory_bytes=min(limits) if limits else None)
+                     device_memory_bytes=min(limits) if limits else None,
+                     claim=step_claim((row.get("plan") or {}).get("provenance") or {}))
 
 
 def editor_documents(context: Context, editor: Editor, boundaries: list[int]

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pipestudio.planner.plan import Plan
 from pipestudio.planner.profile import Profile
 from pipestudio.planner.request import PlannerOutput, PlanRequest
+from pipestudio.planner.simulate import simulate
 
 
 def crossing_bytes(profile: Profile) -> list[int]:
@@ -50,10 +51,22 @@ def backbone(profile: Profile) -> Profile:
 
 def plan_on_backbone(request: PlanRequest, planner: Callable[[PlanRequest], PlannerOutput]
                      ) -> PlannerOutput:
-    """Run a chain planner on the backbone and give its plan the graph's layers back."""
+    """Run a chain planner on the backbone and give its plan the graph's layers back.
+
+    What the planner proved of the simulated step holds for the backbone, whose transfers
+    and checkpoints the graph's simulation does not repeat, so not for the graph: a
+    planner's ``step_ms`` becomes the graph's simulated step (the backbone's is kept as
+    ``step_backbone_ms``), and no step is claimed optimal or bounded."""
     chain = backbone(request.scaled)
     output = planner(replace(request, profile=chain, microbatch_size=chain.microbatch_size))
     plan = Plan.model_validate(output.plan.model_dump())  # same names, same order
     provenance = {**plan.provenance, "backbone": True}
+    details = output.details
+    if "step_ms" in details:
+        step = simulate(request.scaled, plan, request.cluster, with_timeline=False)
+        details = {**details, "step_backbone_ms": details["step_ms"],
+                   "step_ms": step.step_time_ms, "step_optimal": False,
+                   "step_lower_bound_ms": None, "step_gap": None}
+        provenance.update(step_optimal=False, step_gap=None)
     return PlannerOutput(plan.model_copy(update={"provenance": provenance}),
-                         output.objective_ms, output.details)
+                         output.objective_ms, details)

@@ -3,6 +3,7 @@
 import itertools
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -16,6 +17,7 @@ from pipestudio.dashboard.components import (
 )
 from pipestudio.dashboard.components.style import OP_COLORS, byte_unit, format_bytes
 from pipestudio.planner import cluster_template, plan_template, simulate
+from pipestudio.planner.planners.optimal import step_claim
 from tests.dashboard.conftest import big_profile
 
 
@@ -152,6 +154,18 @@ def test_compare_rows_and_chart_show_every_candidate(tight_result):
     assert rows[1]["fits"] == "no plan: no plan fits in 80 MiB"
     figure = compare.compare_figure(candidates)
     assert figure["data"][0]["x"] == ["uniform"]
+    assert rows[0]["proven"] == "—"
+
+
+def test_compare_rows_say_what_optimal_proved(tight_result):
+    claims = [step_claim({"planner": "optimal", "step_optimal": True, "step_gap": 0.0}),
+              step_claim({"planner": "optimal", "step_optimal": False, "step_gap": 0.042}),
+              step_claim({"planner": "optimal", "step_optimal": False, "step_gap": None}),
+              step_claim({"planner": "vpipe"})]
+    assert claims == ["proven optimal", "within 4.2% of optimal (proven bound)",
+                      "not proven optimal", None]
+    candidate = replace(compare.Candidate.of("optimal", tight_result), claim=claims[1])
+    assert compare.compare_rows([candidate])[0]["proven"] == claims[1]
 
 
 def step_event(stage, step, busy, start, end, **extra):

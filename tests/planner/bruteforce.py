@@ -166,3 +166,28 @@ def brute_force_step(request: PlanRequest) -> tuple[float, int]:
         if result.fits:
             best = min(best, result.step_time_ms)
     return best, count
+
+
+def every_straight_plan(request: PlanRequest) -> Iterator[Plan]:
+    """Every plan of one stage per device: each partition of the layers into as many stages
+    as there are devices times each keep/recompute/swap policy of every layer (3^n), with no
+    pruning at all."""
+    num_layers, num_devices = request.scaled.num_layers, request.num_stages or 1
+    for cuts in itertools.combinations(range(1, num_layers), num_devices - 1):
+        bounds = [0, *cuts, num_layers]
+        stages = [list(range(start, end)) for start, end in itertools.pairwise(bounds)]
+        for policies in itertools.product(("keep", "recompute", "swap"), repeat=num_layers):
+            chosen = {layer: p for layer, p in enumerate(policies) if p != "keep"}
+            yield request.build_plan(stages, chosen, replicas=[1] * num_devices,
+                                     planner="bruteforce")
+
+
+def simulate_every_straight_plan(request: PlanRequest) -> list[tuple[float, int]]:
+    """(simulated step, largest peak of any stage) of every plan of ``every_straight_plan``.
+    The cluster's memory only decides whether a plan fits, so one pass answers every cap:
+    the fastest plan that fits in M is the fastest whose peak is at most M."""
+    scored = []
+    for plan in every_straight_plan(request):
+        result = simulate(request.scaled, plan, request.cluster, with_timeline=False)
+        scored.append((result.step_time_ms, max(stage.peak_bytes for stage in result.stages)))
+    return scored

@@ -53,59 +53,81 @@ def random_request(rng: random.Random, *, capped: bool, straight: bool | None = 
 @pytest.mark.parametrize(("capped", "count"), [(False, 400), (True, 1200)])
 def test_program_equals_exhaustive_search(capped: bool, count: int) -> None:
     """The program's bottleneck (``details["bottleneck_ms"]``) is the least over every plan
-    of the stage model; the plan ``optimal`` returns has the objective as its bottleneck,
-    at least that least one, and fits."""
+    of the stage model. The plan ``optimal`` returns fits as simulated and has the objective
+    as its bottleneck, which may be below that least one: under gpipe and 1f1b the plan is
+    chosen among every policy by the simulator, which also allows swaps the stage model
+    rules out (ones slower than the compute they hide behind) and fits plans by their
+    memory timeline. So where no plan fits the stage model, a synchronous plan may still
+    fit as simulated; pipedream's search does not look beyond the stage model."""
     rng = random.Random(11 if capped else 12)
-    feasible = replicated = 0
+    feasible = replicated = beyond = 0
     for _ in range(count):
         request = random_request(rng, capped=capped)
         expected = brute_force_bottleneck(request)
-        if math.isinf(expected):
-            with pytest.raises(InfeasibleError):
-                optimal(request)
+        try:
+            output = optimal(request)
+        except InfeasibleError:
+            assert math.isinf(expected), request
             continue
-        output = optimal(request)
-        feasible += 1
-        assert math.isclose(output.details["bottleneck_ms"], expected, rel_tol=1e-9), request
-        assert output.objective_ms >= expected * (1 - 1e-9)
         replicas = [stage.replicas for stage in output.plan.stages]
         assert sum(replicas) == request.num_stages
         assert output.details["replicas"] == replicas
         assert output.details["straight"] is request.straight
         if request.straight:
             assert replicas == [1] * len(replicas)
-        replicated += max(replicas) > 1
         cost = plan_cost(request, output.plan)
         assert math.isclose(cost.bottleneck_ms, output.objective_ms, rel_tol=1e-9)
-        assert all(cost.fits)
         result = simulate(request.scaled, output.plan, request.cluster)
         assert result.fits and result.step_time_ms == output.details["step_ms"]
+        if math.isinf(expected):
+            assert request.schedule != "pipedream" and output.details["bottleneck_ms"] is None
+            beyond += 1
+            continue
+        feasible += 1
+        replicated += max(replicas) > 1
+        assert math.isclose(output.details["bottleneck_ms"], expected, rel_tol=1e-9), request
     assert feasible >= (count if not capped else 400)
     assert replicated >= (100 if not capped else 40)  # the search does use replicas
 
 
 def test_optimal_simulates_fastest_of_every_candidate() -> None:
-    """On small requests the search is exhaustive, and ``optimal``'s plan simulates exactly
-    as fast as the fastest of every replication and partition with each stage's fastest
-    fitting choice (``bruteforce.candidate_plans``), simulated one by one; the program's
-    plan alone is slower in a good share of them, so the search has work to do."""
+    """On small requests the search is exhaustive. Under pipedream ``optimal``'s plan
+    simulates exactly as fast as the fastest of every replication and partition with each
+    stage's fastest fitting choice under the stage model (``bruteforce.candidate_plans``),
+    simulated one by one; under gpipe and 1f1b it searches every policy as well, so it is
+    at least as fast, and proven optimal where the search finished. The program's plan
+    alone is slower in a good share of them, so the search has work to do."""
     rng = random.Random(51)
-    feasible = improved = 0
+    feasible = improved = better = proven = synchronous = 0
     for _ in range(400):
         request = random_request(rng, capped=rng.random() < 0.5)
         expected, count = brute_force_step(request)
+        sync = request.schedule != "pipedream"
         try:
             output = optimal(request)
         except InfeasibleError:
             assert count == 0 or math.isinf(expected)
             continue
         feasible += 1
-        assert output.details["step_exhaustive"] is True
-        assert output.details["plans_simulated"] <= count + 1
-        assert math.isclose(output.details["step_ms"], expected, rel_tol=1e-9), request
-        improved += output.objective_ms > output.details["bottleneck_ms"] * (1 + 1e-9)
+        step = output.details["step_ms"]
+        if sync:
+            synchronous += 1
+            proven += output.details["step_optimal"]
+            assert output.details["step_exhaustive"] or not output.details["step_optimal"]
+            assert step <= expected * (1 + 1e-9), request
+            better += step < expected * (1 - 1e-9)
+        else:
+            assert output.details["step_exhaustive"] is True
+            assert output.details["step_optimal"] is False
+            assert output.details["plans_simulated"] <= count + 1
+            assert math.isclose(step, expected, rel_tol=1e-9), request
+        bottleneck = output.details["bottleneck_ms"]
+        improved += bottleneck is not None and output.objective_ms > bottleneck * (1 + 1e-9)
     assert feasible >= 300
-    assert improved >= 50  # 75 of 313: the program's plan alone was slower
+    assert improved >= 50  # the program's plan alone was slower
+    # 194 of 218; the others have stages too large to enumerate, or ran out of budget
+    assert proven >= 0.85 * synchronous
+    assert better >= 1  # a policy the stage model would not choose
 
 
 def test_no_planner_beats_optimal() -> None:

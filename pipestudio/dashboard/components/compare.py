@@ -28,6 +28,7 @@ class Candidate:
     fits: bool = True
     peak_bytes: int = 0
     device_memory_bytes: int | None = None
+    claim: str | None = None  # what the planner proved of the step (``step_claim``)
 
     @classmethod
     def of(cls, name: str, result: SimResult, planner_ms: float | None = None
@@ -40,7 +41,7 @@ class Candidate:
 
 
 COMPARE_COLUMNS = ("plan", "step time (ms)", "samples/s", "bubble", "peak memory",
-                   "device limit", "fits", "planner time (ms)")
+                   "device limit", "fits", "proven", "planner time (ms)")
 
 
 def compare_rows(candidates: Sequence[Candidate]) -> list[dict[str, str]]:
@@ -60,6 +61,7 @@ def compare_rows(candidates: Sequence[Candidate]) -> list[dict[str, str]]:
                 "device limit": ("unlimited" if c.device_memory_bytes is None
                                  else format_bytes(c.device_memory_bytes)),
                 "fits": "yes" if c.fits else "NO",
+                "proven": c.claim or "—",
             })
         rows.append(row)
     return rows

@@ -49,13 +49,15 @@ subproblem:
   whatever the stages do.
 
 The bottleneck is a proxy of the simulated step (fill and drain, GPipe's phases, round
-trips over slow links), so a second phase (``optimal_refine.py``) simulates the program's
-plan and then every candidate plan (replication and partition, each stage with its fastest
-fitting choice) that a proven lower bound on the step (``optimal_bound.py``) does not rule
-out, and returns the fastest: over all candidates for small requests, within a work budget
-otherwise (``details["step_exhaustive"]`` says which). ``objective_ms`` is the returned
-plan's bottleneck; ``details`` keep the program's (``bottleneck_ms``, ``gap``) and add the
-simulated ``step_ms``.
+trips over slow links, swaps the simulator overlaps differently), so a second phase
+(``optimal_refine.py``) chooses the plan by simulating: every split with each stage's
+stage-model choice, then, under gpipe and 1f1b, every split with every keep/recompute/swap
+choice (``optimal_policies.py``), pruned by proven lower bounds on the step
+(``optimal_bound.py``). ``details["step_optimal"]`` says whether the plan is proven the
+fastest that fits as simulated over every split and policy; otherwise ``step_gap`` is its
+distance to a proven lower bound (None under pipedream, where nothing is proven).
+``objective_ms`` is the returned plan's bottleneck; ``details`` keep the program's
+(``bottleneck_ms``, ``gap``, ``exact``) and add the simulated ``step_ms``.
 
 Profiles with edges are planned on their sequential backbone (``coarsen.py``).
 """
@@ -207,43 +209,80 @@ def optimal(request: PlanRequest) -> PlannerOutput:
     search = _Search(stages)
     band = Band.of(stages, layout)
     program = Program(chain, stages, links, layout, band)
-    if band.feasible:
-        best, back = _first_pass(program, search, _upper_bound(chain, stages, links, layout))
-    if not band.feasible or math.isinf(best[-1][-1]):
-        kind = "straight pipeline" if request.straight else "pipeline"
+    kind = "straight pipeline" if request.straight else "pipeline"
+    if not band.feasible:
         raise InfeasibleError(
             f"no {kind} on {num_devices} devices fits the device memory, even recomputing or "
             f"swapping layers")
-    plan_stages = _stages(back)
-    incumbent = Candidate(plan_stages, [
-        search.choice(s.start, s.end, layout.context(s.first_device, s.replicas), best[-1][-1])
-        for s in plan_stages])
-    value = _bottleneck(stages, links, layout, incumbent)
-    proven = stages.proven and not program.assumed
-    lower = value if proven else _lower_bound(program, search, value)
-    outcome = Refinement(request, stages, layout, band, _large_choice).run(incumbent)
-    bottleneck = {"exact": proven, "lower_bound_ms": lower, "bottleneck_ms": value,
-                  "gap": value / lower - 1 if lower > 0 else 0.0}
+    best, back = _first_pass(program, search, _upper_bound(chain, stages, links, layout))
+    refinement = Refinement(request, stages, layout, band, _large_choice)
+    incumbent, bottleneck = None, _NO_BOTTLENECK
+    if not math.isinf(best[-1][-1]):
+        plan_stages = _stages(back)
+        incumbent = Candidate(plan_stages, [
+            search.choice(s.start, s.end, layout.context(s.first_device, s.replicas),
+                          best[-1][-1]) for s in plan_stages])
+        value = _bottleneck(stages, links, layout, incumbent)
+        proven = stages.proven and not program.assumed
+        lower = value if proven else _lower_bound(program, search, value)
+        bottleneck = {"exact": proven, "lower_bound_ms": lower, "bottleneck_ms": value,
+                      "gap": value / lower - 1 if lower > 0 else 0.0}
+    elif not refinement.exact:
+        raise InfeasibleError(
+            f"no {kind} on {num_devices} devices fits the device memory, even recomputing or "
+            f"swapping layers")
+    outcome = refinement.run(incumbent)
+    if outcome.best is None:
+        raise InfeasibleError(
+            f"no {kind} on {num_devices} devices fits the device memory as simulated, with "
+            f"any split and any keep, recompute or swap choice of its layers")
     return _output(request, outcome, _bottleneck(stages, links, layout, outcome.best),
                    bottleneck)
+
+
+#: What the program proved when it found no plan under the stage model.
+_NO_BOTTLENECK: dict[str, Any] = {"exact": False, "lower_bound_ms": None,
+                                  "bottleneck_ms": None, "gap": None}
 
 
 def _output(request: PlanRequest, outcome: Outcome, objective_ms: float,
             bottleneck: dict[str, Any]) -> PlannerOutput:
     """The plan the refinement chose; ``objective_ms`` is its bottleneck, ``bottleneck``
-    what the program proved of the least bottleneck."""
+    what the program proved of the least bottleneck, ``step_*`` what the search proved of
+    the simulated step."""
+    assert outcome.best is not None
     num_devices = request.stages_required("optimal")
     replicas = [stage.replicas for stage in outcome.best.stages]
-    details = {**bottleneck, "step_ms": outcome.step_ms,
-               "step_exhaustive": outcome.exhaustive,
-               "plans_simulated": outcome.num_simulated,
+    lower = outcome.lower_ms
+    gap = None if lower is None or math.isinf(outcome.step_ms) else (
+        outcome.step_ms / lower - 1 if lower > 0 else 0.0)
+    if outcome.optimal:
+        gap = 0.0
+    step = {"step_ms": outcome.step_ms, "step_optimal": outcome.optimal,
+            "step_lower_bound_ms": lower, "step_gap": gap,
+            "step_exhaustive": outcome.exhaustive}
+    details = {**bottleneck, **step, "plans_simulated": outcome.num_simulated,
                "subproblems_solved": outcome.subproblems_solved, "num_devices": num_devices,
                "replicas": replicas, "straight": request.straight}
     plan = build(request, outcome.best, {
-        "exact": bottleneck["exact"], "gap": bottleneck["gap"],
-        "step_exhaustive": outcome.exhaustive, "num_devices": num_devices,
-        "straight": request.straight})
+        "step_optimal": outcome.optimal, "step_gap": gap,
+        "bottleneck_exact": bottleneck["exact"], "bottleneck_gap": bottleneck["gap"],
+        "num_devices": num_devices, "straight": request.straight})
     return PlannerOutput(plan, objective_ms, details)
+
+
+def step_claim(provenance: dict[str, Any]) -> str | None:
+    """What ``optimal`` proved of a plan's simulated step, from the plan's provenance, in
+    words; None for a plan it did not make."""
+    if provenance.get("planner") != "optimal" or "step_optimal" not in provenance:
+        return None
+    if provenance["step_optimal"]:
+        return "proven optimal"
+    gap = provenance.get("step_gap")
+    if gap is None:
+        return "not proven optimal"
+    percent = f"{100 * gap:.2g}" if gap >= 1e-4 else "0.01"  # an upper bound either way
+    return f"within {percent}% of optimal (proven bound)"
 
 
 def _first_pass(program: Program, search: _Search, upper: float) -> Table:

@@ -1,43 +1,76 @@
-"""``optimal``'s second phase: of the plans it considers, the one the simulator finds fastest.
+"""``optimal``'s second phase: the fastest plan as the simulator scores it.
 
 The program (``optimal.py``) returns P*, a plan of least bottleneck; the simulated step is
 not a function of the bottleneck alone (``optimal_bound``), so another plan may be faster.
-The candidates are every layout of replicas the program considers (stages on consecutive
-devices, replica counts dividing the micro-batches) with every partition of the chain, each
-stage with its fastest keep/recompute/swap choice that fits (``StageChoices``); P* with
-the program's own choices is the incumbent. A branch and bound over stages, first device to
-last, extends a prefix only while ``optimal_bound``'s bound of it, and of any way to finish
-it, is below the fastest step simulated so far, tries the cheapest-looking stages first and
-simulates each complete plan that gets through. A plan replaces the incumbent only if it is
-strictly faster and fits as simulated, so ties keep P*.
+The splits are every layout of replicas the program considers (stages on consecutive
+devices, replica counts dividing the micro-batches) with every partition of the chain; P*
+with the program's own choices is the incumbent when the program found one. A branch and
+bound over stages, first device to last, extends a prefix only while ``optimal_bound``'s
+bound of it, and of any way to finish it, is below the fastest step simulated so far, tries
+the cheapest-looking stages first, and searches each complete split that gets through. A
+plan replaces the incumbent only if it fits as simulated and is strictly faster, so ties
+keep P*.
 
-When the candidates number at most ``EXHAUSTIVE_MAX_PLANS`` (every chain of up to 12
-layers on up to 4 devices) the search runs to the end: the answer is the fastest simulated
-candidate (``exhaustive``). Otherwise it stops after ``WORK_BUDGET`` units of work (a
-stage bound 1, a stage's memory subproblem its layer count x ``_SOLVE_UNITS``, a simulation
-its micro-batch passes x ``_SIMULATE_UNITS``; about 0.3 s of one core), deterministic
-whatever the machine, and says it did not finish.
+Two phases search the splits this way:
+
+1. the stage-model phase (every schedule): each stage gets its fastest fitting choice under
+   the stage model (``StageChoices``), and a complete split is simulated once;
+2. the exact phase (gpipe, 1f1b; only when some split has no stage of more than
+   ``POLICY_MAX_LAYERS`` layers): a stage's bound takes the least recompute of any of its
+   choices whose memory floor fits (``optimal_policies``), and a complete split is searched
+   over every keep/recompute/swap choice of every stage (``PolicySearch``), each node judged
+   by simulating it, starting from the first phase's best. A stage with more layers is not
+   searched; the bound of the prefix it would extend is kept as unexplored. When the phase
+   ends within its budget having left out no stage, the answer is proven the fastest fitting
+   plan over every split and every policy (``Outcome.optimal``), or that no plan fits.
+
+One split's policy search gets ``_SPLIT_SHARE`` of the budget; a split that needs more is
+deferred and finished, least bound first, after every other split, so one hard split does
+not starve the others.
+
+The search stops after a deterministic work budget (a stage bound 1 unit, a stage's memory
+subproblem its layer count x ``_SOLVE_UNITS``, a simulation its micro-batch passes x
+``_SIMULATE_UNITS``; units are roughly microseconds of one core): ``WORK_BUDGET`` for the
+first phase (none when there are at most ``EXHAUSTIVE_MAX_PLANS`` splits),
+``EXACT_WORK_BUDGET`` for the second. Where nothing is proven for a synchronous schedule,
+``Outcome.lower_ms`` is a proven lower bound on the step of every fitting plan: the least
+bound of what the exact phase left unexplored, or without an exact phase the bound of the
+whole chain (``StepBound.completion_ms`` from nothing). pipedream: the step bound is tested
+rather than proven there, so nothing is claimed.
 """
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipestudio.planner.chain_model import Solver, StageEvaluator
-from pipestudio.planner.memopt import KEEP, RECOMPUTE, StageChoice, StageProblem, solve_exact
+from pipestudio.planner.memopt import KEEP, RECOMPUTE, SWAP, StageChoice, StageProblem, solve_exact
 from pipestudio.planner.memopt_bounded import solve_bounded
 from pipestudio.planner.plan import Plan
 from pipestudio.planner.planners.optimal_band import Band
 from pipestudio.planner.planners.optimal_bound import Prefix, StepBound
+from pipestudio.planner.planners.optimal_policies import (
+    POLICY_MAX_LAYERS,
+    Option,
+    PolicySearch,
+    keep_all,
+    stage_options,
+)
 from pipestudio.planner.planners.optimal_program import EXACT_MAX_LAYERS, DeviceLayout
 from pipestudio.planner.request import PlanRequest
+from pipestudio.planner.result import SimResult
 from pipestudio.planner.simulate import simulate
 
-#: Searches over at most this many candidate plans are never cut short.
+#: pipedream searches over at most this many candidate plans are never cut short.
 EXHAUSTIVE_MAX_PLANS = 2000
-#: Work allowed beyond that (module docstring); units are roughly microseconds.
+#: Work allowed (module docstring); units are roughly microseconds.
 WORK_BUDGET = 300_000
+EXACT_WORK_BUDGET = 2_000_000
+#: The share of the budget one split's policy search gets before the other splits are tried.
+_SPLIT_SHARE = 0.1
 _SOLVE_UNITS = 20
+_ENUMERATE_UNITS = 2  # a step of ``stage_options``
 _SIMULATE_UNITS = 100
 #: A candidate must be faster than the incumbent by more than this (relative) to replace it.
 _TIE = 1e-12
@@ -49,6 +82,15 @@ class PlannedStage:
     end: int
     first_device: int
     replicas: int
+
+
+class Pick(NamedTuple):
+    """A stage's choices in the search, the one that bounds them, and their least
+    recompute time (what the step bound of a prefix may assume)."""
+
+    options: list[Option]
+    relaxed: Option
+    least_recompute_ms: float
 
 
 @dataclass
@@ -102,11 +144,17 @@ def count_plans(layout: DeviceLayout, num_layers: int) -> int:
 
 @dataclass
 class Outcome:
-    """The search's answer: the plan, its simulated step, whether the search finished."""
+    """The search's answer: the plan (None when none fits as simulated), its simulated step
+    (inf then), whether the search finished (``exhaustive``), whether the plan is proven the
+    fastest fitting one over every split and policy (``optimal``; with no plan: proven that
+    none fits), and a proven lower bound on every fitting plan's step (``lower_ms``, None
+    where nothing is proven: pipedream)."""
 
-    best: Candidate
+    best: Candidate | None
     step_ms: float
     exhaustive: bool
+    optimal: bool
+    lower_ms: float | None
     num_simulated: int
     subproblems_solved: int  # by the program and the search
 
@@ -120,71 +168,188 @@ class Refinement:
         self.chain = stages.chain
         self.choices = StageChoices(stages, large)
         self.bound = StepBound(request, self.chain, layout)
+        #: The phase: each stage's stage-model choice (False), or every policy (True).
+        self.exact = False
         self.budget = math.inf if count_plans(
             layout, self.chain.num_layers) <= EXHAUSTIVE_MAX_PLANS else WORK_BUDGET
         self.work = 0
         self.num_simulated = 0
+        self.picks: dict[tuple[object, ...], Pick] = {}
+        self.best: Candidate | None = None
+        self.best_ms = math.inf
+        self.unexplored_ms = math.inf
+        self.skipped = False  # a split with a stage too large to enumerate was left out
+        #: Splits whose policy search outgrew its share: (least bound left, stages, picks).
+        self.deferred: list[tuple[float, list[PlannedStage],
+                                  list[Pick]]] = []
 
-    def run(self, incumbent: Candidate) -> Outcome:
-        self.best, self.best_ms = incumbent, self.simulate(incumbent)
-        finished = self._search(Prefix(), 0, 0, [], [])
-        return Outcome(self.best, self.best_ms, finished, self.num_simulated,
+    def run(self, incumbent: Candidate | None) -> Outcome:
+        if incumbent is not None:
+            self.best = incumbent
+            step, fits = self.simulate(incumbent)
+            self.best_ms = step if fits else math.inf
+        finished = self._phase()
+        provable = self.bound.sync and (
+            self.chain.num_layers <= POLICY_MAX_LAYERS * self.layout.num_devices)
+        proven = False
+        if provable:  # some split has no stage too large to enumerate
+            self.exact, self.work, self.budget = True, 0, EXACT_WORK_BUDGET
+            self.unexplored_ms, self.deferred = math.inf, []
+            proven = finished = self._phase() and not self.skipped
+        if proven:
+            lower: float | None = self.best_ms
+        elif provable:
+            lower = min(self.best_ms, self.unexplored_ms)
+        elif self.bound.sync:
+            lower = min(self.best_ms, self.bound.completion_ms(
+                Prefix(), 0, self.layout.num_devices))
+        else:
+            lower = None
+        best = None if proven and math.isinf(self.best_ms) else self.best
+        return Outcome(best, self.best_ms, finished, proven, lower, self.num_simulated,
                        self.stages.solved)
 
-    def simulate(self, candidate: Candidate) -> float:
-        """The candidate's simulated step time; inf when it does not fit as simulated."""
+    def _phase(self) -> bool:
+        """Search every split (and the deferred ones); False when the budget ran out."""
+        if self._search(Prefix(), 0, 0, [], []):
+            return self._finish_deferred()
+        self.unexplored_ms = min([self.unexplored_ms, *(low for low, _, _ in self.deferred)])
+        return False
+
+    def simulate(self, candidate: Candidate) -> tuple[float, bool]:
+        """The candidate's simulated step time and whether it fits."""
+        result = self._simulate(candidate)
+        return result.step_time_ms, result.fits
+
+    def _simulate(self, candidate: Candidate) -> SimResult:
         request = self.request
         self.num_simulated += 1
         steps = 1 if self.bound.sync else 2 * math.ceil(
             self.layout.num_devices / request.num_microbatches) + 2
         self.work += _SIMULATE_UNITS * request.num_microbatches * self.layout.num_devices * steps
-        result = simulate(request.scaled, build(request, candidate), request.cluster,
-                          with_timeline=False)
-        return result.step_time_ms if result.fits else math.inf
+        return simulate(request.scaled, build(request, candidate), request.cluster,
+                        with_timeline=False)
+
+    def _offer(self, candidate: Candidate, step: float, fits: bool) -> None:
+        if fits and step < self.best_ms * (1 - _TIE):
+            self.best, self.best_ms = candidate, step
+
+    def _beaten(self, step: float) -> bool:
+        return step >= self.best_ms * (1 - _TIE)
+
+    def _spent(self) -> bool:
+        return self.work > self.budget
 
     def _search(self, prefix: Prefix, d: int, j: int, stages: list[PlannedStage],
-                choices: list[StageChoice]) -> bool:
-        """Every candidate that starts with ``stages``; False once the budget ran out."""
+                picks: list[Pick]) -> bool:
+        """Every split that starts with ``stages``; False once the budget ran out."""
         if d == self.layout.num_devices:
-            if prefix.bound_ms < self.best_ms * (1 + 1e-9):
-                candidate = Candidate(list(stages), list(choices))
-                step = self.simulate(candidate)
-                if step < self.best_ms * (1 - _TIE):
-                    self.best, self.best_ms = candidate, step
-            return self.work <= self.budget
+            if self._beaten(prefix.bound_ms):
+                return True
+            return self._complete(stages, picks)
         children = sorted(self._children(prefix, d, j))
-        for low, i_end, r in children:
-            if self.work > self.budget:
+        for index, (low, i_end, r) in enumerate(children):
+            if self._spent():
+                self.unexplored_ms = min(self.unexplored_ms, low)
                 return False
-            if low >= self.best_ms * (1 + 1e-9):
+            if self._beaten(low):
                 break
+            if self.exact and i_end - j > POLICY_MAX_LAYERS:
+                self.skipped = True  # too many policies: the stage-model phase covered it
+                self.unexplored_ms = min(self.unexplored_ms, low)
+                continue
             c = self.layout.context(d, r)
-            self.work += _SOLVE_UNITS * (i_end - j)
-            choice = self.choices.get(j, i_end, c)
-            if choice is None:
+            pick = self._pick(j, i_end, c)
+            if pick is None:
                 continue
             ctx = self.stages.contexts[c]
             after = self.bound.extend(prefix, j, i_end, d, ctx,
-                                      self.choices.recompute_ms(j, choice))
+                                      pick.least_recompute_ms)
             if self._hopeless(after, d + r, i_end):
                 continue
             stages.append(PlannedStage(j, i_end, d, r))
-            choices.append(choice)
-            finished = self._search(after, d + r, i_end, stages, choices)
+            picks.append(pick)
+            finished = self._search(after, d + r, i_end, stages, picks)
             stages.pop()
-            choices.pop()
+            picks.pop()
             if not finished:
+                if index + 1 < len(children):
+                    self.unexplored_ms = min(self.unexplored_ms, children[index + 1][0])
                 return False
         return True
+
+    def _pick(self, i: int, j: int, c: int) -> Pick | None:
+        """The choices a stage is searched over and the one that bounds them; None when none
+        can fit. The first phase gives each stage its fastest fitting choice under the stage
+        model alone; the exact phase every choice (``stage_options``), bounded by keeping
+        every layer."""
+        self.work += _SOLVE_UNITS * (j - i)
+        if not self.exact:
+            choice = self.choices.get(i, j, c)
+            if choice is None:
+                return None
+            option = _option_of(self.stages.problem(i, j, c), choice)
+            return Pick([option], option, option.recompute_ms)
+        key = (i, j, *self.stages.context_key(c))
+        if key not in self.picks:
+            problem = self.stages.problem(i, j, c)
+            options, steps = stage_options(self.chain, i, j, self.stages.contexts[c],
+                                           problem)
+            self.work += _ENUMERATE_UNITS * steps
+            least = min((option.recompute_ms for option in options), default=0.0)
+            self.picks[key] = Pick(options, keep_all(problem), least)
+        pick = self.picks[key]
+        return pick if pick.options else None
+
+    def _complete(self, stages: list[PlannedStage], picks: list[Pick]
+                  ) -> bool:
+        """Search a complete split's choices (``PolicySearch``) within ``_SPLIT_SHARE`` of
+        the budget; a split that needs more waits in ``deferred`` for what the others leave."""
+        share = self.work + self.budget * _SPLIT_SHARE
+        search = self._policy_search(list(stages), picks,
+                                     lambda: self._spent() or self.work > share)
+        if search.run():
+            return True
+        if self._spent():
+            self.unexplored_ms = min(self.unexplored_ms, search.unexplored_ms)
+            return False
+        self.deferred.append((search.unexplored_ms, list(stages), list(picks)))
+        return True
+
+    def _finish_deferred(self) -> bool:
+        """Search the deferred splits, least bound first, with the rest of the budget."""
+        self.deferred.sort(key=lambda item: item[0])
+        for index, (low, stages, picks) in enumerate(self.deferred):
+            if self._beaten(low):
+                continue
+            search = self._policy_search(stages, picks, self._spent)
+            if not search.run():
+                rest = [item[0] for item in self.deferred[index + 1:]]
+                self.unexplored_ms = min([self.unexplored_ms, search.unexplored_ms, *rest])
+                return False
+        return True
+
+    def _policy_search(self, stages: list[PlannedStage],
+                       picks: list[Pick],
+                       spent: Callable[[], bool]) -> PolicySearch:
+        def evaluate(options: list[Option]) -> tuple[float, list[bool]]:
+            candidate = Candidate(stages, [StageChoice(o.model_ms, o.policies, True)
+                                           for o in options])
+            result = self._simulate(candidate)
+            self._offer(candidate, result.step_time_ms, result.fits)
+            return result.step_time_ms, [stage.fits for stage in result.stages]
+
+        return PolicySearch([pick.options for pick in picks], [pick.relaxed for pick in picks],
+                            evaluate, self._beaten, spent)
 
     def _hopeless(self, prefix: Prefix, d: int, j: int) -> bool:
         left = self.layout.num_devices - d
         low = prefix.bound_ms if not left else self.bound.completion_ms(prefix, j, left)
-        return low >= self.best_ms * (1 + 1e-9)
+        return self._beaten(low)
 
     def _children(self, prefix: Prefix, d: int, j: int) -> Iterator[tuple[float, int, int]]:
         """(bound without recompute, end, replicas) of each next stage that may win."""
-        layout, count, limit = self.layout, self.chain.num_layers, self.best_ms * (1 + 1e-9)
+        layout, count = self.layout, self.chain.num_layers
         for r in layout.replica_counts:
             left = layout.num_devices - d - r
             if left < 0:
@@ -197,12 +362,31 @@ class Refinement:
                 if j < self.band.first_start(c, end):
                     break  # the stage cannot fit, nor can longer ones
                 term = self.bound.term_ms(prefix, j, end, ctx, 0.0, d == 0)
-                if term >= limit:
+                if self._beaten(term):
                     break  # longer stages only add
                 after = self.bound.extend(prefix, j, end, d, ctx, 0.0)
                 low = after.bound_ms if not left else self.bound.completion_ms(after, end, left)
-                if low < limit:
+                if not self._beaten(low):
                     yield low, end, r
+
+
+def _option_of(problem: StageProblem, choice: StageChoice) -> Option:
+    """A stage-model choice as a ``PolicySearch`` option."""
+    recompute_ms = sum(f for f, p in zip(problem.fwd_ms, choice.policies, strict=True)
+                       if p == RECOMPUTE)
+    swap = sum(b for b, p in zip(problem.saved_bytes, choice.policies, strict=True)
+               if p == SWAP)
+    recomputes = any(p == RECOMPUTE for p in choice.policies)
+    kept = recomputed = 0
+    for k, policy in enumerate(choice.policies):
+        if policy == KEEP:
+            kept += problem.saved_bytes[k]
+        elif policy == RECOMPUTE:
+            recomputed += problem.saved_bytes[k]
+            if k == 0 or choice.policies[k - 1] != RECOMPUTE:
+                kept += problem.input_bytes[k]
+    return Option(choice.policies, recompute_ms, swap, recomputes, choice.time_ms, kept,
+                  recomputed)
 
 
 def build(request: PlanRequest, candidate: Candidate,
