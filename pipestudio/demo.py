@@ -168,7 +168,9 @@ def measure_gpt(group: ProcessGroup, path: Path) -> subprocess.Popen[bytes] | No
     return group.start("profile", [
         sys.executable, "-m", "pipestudio", "profile", "--model", "gpt", *model_args,
         "--microbatch-size", str(GPT_MICROBATCH_SIZE), "--repeats", "3", "--warmup", "1",
-        "--threads", "1", "-o", str(path)])
+        # the seeded plans' ranks, one per worker, share this host's cores: measure with
+        # the threads each will get
+        "--ranks-per-host", str(NUM_WORKERS), "-o", str(path)])
 
 
 class Seeder:

@@ -18,7 +18,8 @@ Every message is a JSON object with a ``type``. A worker connects with
                                     assignment, and no attempt resumes the run)
     worker -> server   command_result  seq, run_id, command_id, ok, message
     server -> worker   ack          seq                           (stored, exactly once)
-    server -> worker   assign       run_id, attempt, world_size, ranks, config, open_store
+    server -> worker   assign       run_id, attempt, world_size, ranks, config, open_store,
+                                    host_ranks
     server -> worker   rendezvous   run_id, attempt, host, port
     server -> worker   command      command_id, run_id, command (stop | migrate), payload
 

@@ -48,8 +48,14 @@ def add_commands(commands: Any) -> None:
                         help="timed runs per measurement; the median is kept (default 5)")
     parser.add_argument("--warmup", type=int, default=2, metavar="W",
                         help="untimed runs before them (default 2)")
-    parser.add_argument("--threads", type=int, metavar="T",
-                        help="CPU threads for torch (default: torch's own choice)")
+    threads = parser.add_mutually_exclusive_group()
+    threads.add_argument("--threads", type=int, metavar="T",
+                         help="CPU threads for torch (default: this host's cores / K of "
+                              "--ranks-per-host)")
+    threads.add_argument("--ranks-per-host", type=int, default=1, metavar="K",
+                         help="ranks of the planned run that will share this host's cores; "
+                              "measure with the threads each will get, cores / K, as "
+                              "`pipestudio train` and the workers give them (default 1)")
     parser.add_argument("--optimizer", default="adam", choices=("sgd", "momentum", "adam"),
                         help="optimizer whose update is timed (default adam)")
     parser.add_argument("--granularity", default="layer", choices=GRANULARITIES,
@@ -66,14 +72,19 @@ def _profile(args: argparse.Namespace) -> int:
 
     from pipestudio.cli.output import write_document
     from pipestudio.runtime.devices import resolve_device
+    from pipestudio.runtime.engine.rank import default_threads
     from pipestudio.runtime.models import load_model, parse_model_args
-    from pipestudio.runtime.profiler import profile_model
+    from pipestudio.runtime.profiler import SettingsError, profile_model
 
     device = resolve_device(args.device)
+    if args.ranks_per_host < 1:
+        raise SettingsError(f"--ranks-per-host must be >= 1, got {args.ranks_per_host}")
+    threads = args.threads if args.threads is not None else default_threads(
+        args.ranks_per_host)
     spec = load_model(args.model, parse_model_args(args.model_arg))
     profile = profile_model(spec, args.microbatch_size, device, warmup=args.warmup,
                             repeats=args.repeats, dtype=getattr(torch, args.dtype),
-                            optimizer=args.optimizer, threads=args.threads,
+                            optimizer=args.optimizer, threads=threads,
                             granularity=args.granularity)
     write_document(profile, args.output)
     return 0

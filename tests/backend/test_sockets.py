@@ -46,6 +46,23 @@ def _step(stage: int, step: int) -> dict[str, Any]:
             "samples_per_s": 100.0, "sent_at": time.time()}
 
 
+def test_ranks_on_one_host_share_its_cores(client: TestClient, fake: Workers) -> None:
+    """Each worker is told how many of the run's ranks its host runs, whichever worker runs
+    them: two workers on one host and one with two slots on another both say 2, a lone
+    rank's host 1 (each rank then takes cores / host_ranks threads)."""
+    workers = [fake("a", host="10.0.0.5"), fake("b", host="10.0.0.5"),
+               fake("c", host="10.0.0.6", slots=2), fake("d", host="10.0.0.7")]
+    profile_id = add_profile(client, small_profile(5))
+    plan = add_plan(client, profile_id, [1, 2, 3, 4], approve=True)
+    response = client.post("/api/runs", headers=AUTH, json={
+        "plan_id": plan["id"], "model": "mlp", "steps": 3})
+    assert response.status_code == 201, response.text
+    assigns = {w.id: w.expect("assign") for w in workers}
+    assert {w.id: len(assigns[w.id]["ranks"]) for w in workers} == {
+        workers[0].id: 1, workers[1].id: 1, workers[2].id: 2, workers[3].id: 1}
+    assert [assigns[w.id]["host_ranks"] for w in workers] == [2, 2, 2, 1]
+
+
 def test_worker_token_is_required(client: TestClient) -> None:
     bad = {"Authorization": "Bearer no"}
     with client.websocket_connect("/ws/worker", headers=bad) as ws, \

@@ -6,7 +6,11 @@ import asyncio
 import time
 from typing import Any
 
-from pipestudio.runtime.agent.agent import Agent
+from pipestudio.runtime.agent.agent import Agent, _host_ranks
+from pipestudio.runtime.agent.ranks import RankGroup, open_store
+from pipestudio.runtime.engine import EngineConfig
+from pipestudio.runtime.engine.rank import host_cores
+from pipestudio.runtime.engine.rendezvous import StoreAddress
 from tests.runtime.engine.helpers import make_plan
 
 TINY_MLP = {"layers": "2", "width": "8", "in_features": "4", "out_features": "3"}
@@ -63,3 +67,34 @@ def test_a_nonfinite_loss_fails_the_run_as_not_worth_retrying() -> None:
 
 def _ends(posted: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [message for message in posted if message.get("state") in ("finished", "failed")]
+
+
+def test_host_ranks_is_a_count_or_ignored() -> None:
+    assert _host_ranks({"host_ranks": 3}) == 3
+    for hostile in (0, -1, 10**9, True, "2", 2.5, None):
+        assert _host_ranks({"host_ranks": hostile}) is None
+    assert _host_ranks({}) is None
+
+
+def test_a_rank_shares_the_host_with_the_run_s_other_ranks() -> None:
+    """A one-rank group told that the run has two ranks on this host gives its rank half the
+    cores (and never fewer threads than one); told nothing, all of them."""
+    plan = make_plan("mlp", [["block0", "block1", "head"]], "1f1b")
+    config = EngineConfig(plan=plan, model="mlp", model_args=TINY_MLP, steps=1,
+                          timeout_s=30.0)
+    threads = {}
+    for host_ranks in (2, None):
+        store = open_store(1, 30.0)
+        events: list[dict[str, Any]] = []
+        ended: list[str] = []
+        group = RankGroup(1, config, [0], StoreAddress("127.0.0.1", store.port), events.append,
+                          lambda state, text, retry, ended=ended: ended.append(state),
+                          host_ranks=host_ranks)
+        group.start()
+        deadline = time.monotonic() + 120.0
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ended == ["finished"], events
+        [start] = [event for event in events if event["type"] == "start"]
+        threads[host_ranks] = start["threads"]
+    assert threads == {2: max(1, host_cores() // 2), None: host_cores()}

@@ -146,12 +146,17 @@ def _start_attempt(session: Session, run: models.Run, plan: Plan,
               "model_args": run.model_args, "steps": run.steps,
               **{key: run.settings[key] for key in _ENGINE_SETTINGS if key in run.settings},
               "resume": run.attempt > 0}
-    for worker_id in dict.fromkeys(a[1] for a in assignment):
+    hosts = {worker_id: session.get(models.Worker, worker_id).host  # type: ignore[union-attr]
+             for worker_id in dict.fromkeys(a[1] for a in assignment)}
+    for worker_id, host in hosts.items():
         ranks = [{"rank": r, "stage": s, "replica": p}
                  for r, w, s, p in assignment if w == worker_id]
+        # ranks of this run on the worker's host, whichever worker runs them: they share
+        # its cores, so each rank takes cores / host_ranks threads (``engine/rank.py``)
+        host_ranks = sum(1 for a in assignment if hosts[a[1]] == host)
         message = {"type": "assign", "run_id": run.id, "attempt": run.attempt,
                    "world_size": len(assignment), "ranks": ranks, "config": config,
-                   "open_store": ranks[0]["rank"] == 0}
+                   "open_store": ranks[0]["rank"] == 0, "host_ranks": host_ranks}
         if not send(worker_id, message):
             fail(session, run, f"worker {worker_id} could not be reached", send)
             break

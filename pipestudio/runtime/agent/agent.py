@@ -119,7 +119,8 @@ class Agent:
             run_id, config, ranks, address,
             on_event=lambda event: loop.call_soon_threadsafe(
                 self.connection.add_event, run_id, {**event, "attempt": attempt}),
-            on_end=lambda state, text, retry: self._end(key, state, text, retry=retry))
+            on_end=lambda state, text, retry: self._end(key, state, text, retry=retry),
+            host_ranks=_host_ranks(assignment))
         self.groups[key] = group
         group.start()
         self._state(key, "running", f"ranks {ranks} started on {self.name}")
@@ -161,6 +162,15 @@ class Agent:
 def _key(message: dict[str, Any]) -> Key:
     """The (run, attempt) an ``assign`` or ``rendezvous`` is about."""
     return int(message["run_id"]), int(message.get("attempt", 0))
+
+
+def _host_ranks(assignment: dict[str, Any]) -> int | None:
+    """How many of the run's ranks the server placed on this host (None: it did not say,
+    or said something that is no count of ranks; the worker then counts its own)."""
+    value = assignment.get("host_ranks")
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 4096:
+        return value
+    return None
 
 
 def migrate(group: RankGroup | None, payload: dict[str, Any]) -> tuple[bool, str]:

@@ -74,8 +74,11 @@ class RankGroup:
 
     def __init__(self, run_id: int, config: EngineConfig, ranks: list[int],
                  address: StoreAddress, on_event: Callable[[Event], None],
-                 on_end: Callable[[str, str | None, bool], None]) -> None:
+                 on_end: Callable[[str, str | None, bool], None],
+                 host_ranks: int | None = None) -> None:
         self.run_id, self.config, self.ranks, self.address = run_id, config, ranks, address
+        #: The run's ranks on this host, this worker's and others' (they share its cores).
+        self.host_ranks = max(host_ranks or 0, len(ranks))
         self.on_event, self.on_end = on_event, on_end
         self.processes: list[Any] = []
         self.stopping = False
@@ -90,7 +93,7 @@ class RankGroup:
             reader, writer = context.Pipe(duplex=False)
             process = context.Process(
                 target=_rank_main, name=f"pipestudio-run{self.run_id}-rank{rank}",
-                args=(self.config, rank, self.address, writer, len(self.ranks)), daemon=True)
+                args=(self.config, rank, self.address, writer, self.host_ranks), daemon=True)
             process.start()
             writer.close()
             readers.append(reader)

@@ -47,8 +47,16 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def default_threads(ranks_here: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(ranks_here, 1))
+    """Threads of one of ``ranks_here`` ranks that share this host's cores."""
+    return max(1, host_cores() // max(ranks_here, 1))
 
 
 def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: EventSink,
