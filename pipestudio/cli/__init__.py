@@ -5,7 +5,7 @@ import sys
 from collections.abc import Sequence
 
 from pipestudio import __version__
-from pipestudio.cli import planning, plans, replan, runtime, server
+from pipestudio.cli import calibrate, planning, plans, replan, runtime, server
 from pipestudio.planner.errors import PlannerError
 
 DESCRIPTION = """\
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_commands(commands)
     plans.add_commands(commands)
     replan.add_commands(commands)
+    calibrate.add_commands(commands)
     runtime.add_commands(commands)
     server.add_commands(commands)
     return parser

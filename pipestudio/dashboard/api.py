@@ -160,6 +160,9 @@ class ApiClient:
         return self.get(f"/api/runs/{run_id}/metrics", kind=kinds, start_ms=start_ms,
                         max_points=max_points)["data"]
 
+    def calibrated_profile(self, run_id: int, window: int = 20) -> dict[str, Any]:
+        return self.get(f"/api/runs/{run_id}/calibrated-profile", window=window)
+
     def events(self, run_id: int, after_id: int = 0) -> list[dict[str, Any]]:
         return self.get(f"/api/runs/{run_id}/events", after_id=after_id, limit=1000)["data"]
 

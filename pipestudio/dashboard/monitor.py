@@ -9,10 +9,12 @@ run's figures change.
 import bisect
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipestudio.dashboard.api import ApiClient
+from pipestudio.dashboard.api import ApiClient, ApiError
+from pipestudio.dashboard.components.fidelity import samples_per_s
 from pipestudio.dashboard.components.gantt import ops_gantt
 from pipestudio.dashboard.components.run_charts import (
     Marker,
@@ -40,6 +42,13 @@ class RunView:
     events: list[dict[str, Any]] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
     proposals: list[dict[str, Any]] = field(default_factory=list)
+    #: ``GET /api/runs/{id}/calibrated-profile`` (None until the run measured enough).
+    calibration: dict[str, Any] | None = None
+
+    @property
+    def samples_per_step(self) -> int:
+        document = self.plan["document"]
+        return int(document["num_microbatches"]) * int(document["microbatch_size"])
 
 
 #: How the backend stores what JSON has no number for (a diverging loss); read back as the
@@ -139,7 +148,32 @@ def fetch_view(client: ApiClient, run_id: int) -> RunView:
     view.events = client.events(run_id)
     view.markers = migration_markers(view.events, view.steps)
     view.proposals = client.proposals(run_id)
+    view.calibration = _calibration(client, run_id, view.run["state"])
     return view
+
+
+#: run id -> (monotonic time, run state, calibration): calibrating costs the backend
+#: three simulations, so a live run is calibrated again at most every CALIBRATE_EVERY_S,
+#: and an ended one once.
+_CALIBRATED: dict[int, tuple[float, str, dict[str, Any] | None]] = {}
+CALIBRATE_EVERY_S = 5.0
+LIVE_STATES = ("starting", "running", "resuming")
+
+
+def _calibration(client: ApiClient, run_id: int, state: str) -> dict[str, Any] | None:
+    now = time.monotonic()
+    known = _CALIBRATED.get(run_id)
+    if known is not None and known[1] == state and (
+            state not in LIVE_STATES or now - known[0] < CALIBRATE_EVERY_S):
+        return known[2]
+    try:
+        calibration: dict[str, Any] | None = client.calibrated_profile(run_id)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        calibration = None  # nothing measured to calibrate from yet
+    _CALIBRATED[run_id] = (now, state, calibration)
+    return calibration
 
 
 def figures(view: RunView) -> list[Figure]:
@@ -151,11 +185,18 @@ def figures(view: RunView) -> list[Figure]:
                       else "Measured schedule",
                       empty_message="Waiting for the first measured step…")
     return [gantt,
-            throughput_figure(view.steps, view.markers, summary.get("samples_per_s")),
+            throughput_figure(view.steps, view.markers, summary.get("samples_per_s"),
+                              _calibrated_rate(view)),
             stage_busy_figure(view.steps, view.markers),
             run_memory_figure(view.memory, limits, view.markers),
             swap_recompute_figure(view.steps, view.markers),
             loss_figure(view.steps, view.markers)]
+
+
+def _calibrated_rate(view: RunView) -> float | None:
+    if view.calibration is None:
+        return None
+    return samples_per_s(view.calibration["step_ms"]["calibrated"], view.samples_per_step)
 
 
 def status_text(view: RunView) -> str:

@@ -7,6 +7,7 @@ and a boundary drag updates the prediction in under 300 ms.
 """
 
 import json
+import re
 import time
 from collections.abc import Iterator
 
@@ -162,6 +163,8 @@ def test_upload_plan_drag_and_approve(page: object, stack: LiveStack) -> None:
     print(f"\nvgg16 drag: prediction updated {took_ms:.0f} ms after release")
     page.click("#planner-run-all")
     page.wait_for_selector("#planner-compare-table table")
+    optimal_row = page.inner_text("#planner-compare-table tr:has-text('optimal')")
+    assert "proven optimal" in optimal_row or "of optimal (proven bound)" in optimal_row
     choose(page, "planner-side-a", "uniform")
     choose(page, "planner-side-b", "optimal")
     page.wait_for_selector("#planner-side-b-graph .ytick")
@@ -263,6 +266,11 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     page.wait_for_function(f"() => ({points})() >= 3", timeout=90_000)
     first = page.evaluate(f"({points})()")
     page.wait_for_function(f"() => ({points})() > {first}", timeout=30_000)
+    page.wait_for_selector("#runs-fidelity-headline", timeout=30_000)
+    headline = page.inner_text("#runs-fidelity-headline")
+    assert re.match(r"Measured [\d.]+ samples/s · predicted [\d.]+ \(measured [-+][\d.]+%\) "
+                    r"· calibrated [\d.]+ \(measured [-+][\d.]+%\)", headline), headline
+    assert page.inner_text("#runs-fidelity-table").count("stage") == 2
     shot(page, "runs-live")
 
     page.click("#runs-propose")
@@ -284,6 +292,10 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     assert any(p["state"] == "applied" for p in proposals), outcome
     page.wait_for_function("() => document.querySelector('#runs-throughput-graph')"
                            ".textContent.includes('migrated:')", timeout=60_000)
+    # ten steps after the migration the card sets the measured gain beside the predicted
+    measured = page.wait_for_selector("[id$=-measured]", timeout=90_000).inner_text()
+    assert re.match(r"Measured step [\d.]+ → [\d.]+ ms \(gain -?[\d.]+ ms, -?[\d.]+%\) "
+                    r"against the predicted [\d.]+ ms", measured), measured
     shot(page, "runs-migration")
 
 

@@ -6,10 +6,9 @@ import pytest
 from dash import no_update
 
 from pipestudio.dashboard import monitor
+from pipestudio.dashboard.components.fidelity import fidelity_view
 from pipestudio.dashboard.context import Context
-from pipestudio.dashboard.observed import observed_profile
 from pipestudio.dashboard.pages import runs_actions as actions
-from pipestudio.planner import PlannerError, plan_template, simulate
 from tests.dashboard.conftest import big_profile
 
 
@@ -49,7 +48,8 @@ def test_launch_without_workers_explains_why(context, vgg_id):
 
 
 def test_no_run_selected_shows_empty_charts(context):
-    *figures, status, _proposals, stop_polling, run_options = actions.tick(context, None)
+    *figures, status, _fidelity, _proposals, stop_polling, run_options = actions.tick(
+        context, None)
     assert len(figures) == 6 and all(f["data"] == [] for f in figures)
     assert status == "No run selected." and not stop_polling
     assert run_options is no_update
@@ -82,7 +82,17 @@ class RecordedBackend:
 
     def plan(self, plan_id):
         return {"id": plan_id, "summary": {"samples_per_s": 200.0,
-                                           "stage_device_memory_bytes": [2**30, 2**30]}}
+                                           "stage_device_memory_bytes": [2**30, 2**30]},
+                "document": {"num_microbatches": 4, "microbatch_size": 2}}
+
+    def calibrated_profile(self, run_id, window=20):
+        def compared(measured, predicted, calibrated, **extra):
+            return {**extra, "measured": measured, "predicted": predicted,
+                    "calibrated": calibrated, "predicted_error": measured / predicted - 1,
+                    "calibrated_error": measured / calibrated - 1}
+
+        return {"steps": [1, 3], "step_ms": compared(50.0, 40.0, 48.0),
+                "stage_busy_ms": [compared(40.0 + s, 30.0, 40.0, stage=s) for s in range(2)]}
 
     def metrics(self, run_id, kinds, **_):
         return {"step": self.steps, "memory": self.memory, "op": self.ops}[kinds[0]]
@@ -116,6 +126,18 @@ def test_live_view_draws_measurements_and_the_migration():
     assert card.children[-1].children[0].id == {"type": "runs-proposal-approve", "index": 3}
     trace = json.loads(monitor.measured_trace(view.ops, 5))
     assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X") == 4
+    # 8 samples a step: 160 measured, 200 predicted, 166.7 calibrated
+    texts = [a["text"] for a in throughput["layout"]["annotations"]]
+    assert "calibrated 166.7 samples/s" in texts and "predicted 200.0 samples/s" in texts
+    shown = fidelity_view(view.calibration, view.samples_per_step, "waiting")
+    assert shown.children[0].children == (
+        "Measured 160.0 samples/s · predicted 200.0 (measured -20.0%) · calibrated 166.7 "
+        "(measured -4.0%) · steps 1..3")
+    rows = shown.children[1].children.children[1].children
+    assert [[cell.children for cell in row.children] for row in rows] == [
+        ["step", "50.00", "40.00", "+25.0%", "48.00", "+4.2%"],
+        ["stage 0 compute", "40.00", "30.00", "+33.3%", "40.00", "+0.0%"],
+        ["stage 1 compute", "41.00", "30.00", "+36.7%", "40.00", "+2.5%"]]
 
 
 class ResumedBackend(RecordedBackend):
@@ -180,20 +202,6 @@ def test_migrations_on_one_step_share_a_marker():
         4.5, "migration requested: b1 0→1 / migration failed: b1 0→1")]
 
 
-def test_observed_profile_scales_each_stage_by_its_measured_compute():
-    profile = big_profile(8)
-    plan = plan_template(profile, 2, 4, "1f1b")
-    predicted = simulate(profile, plan).stages
-    steps = [{"stage": s, "step": k, "busy_ms": predicted[s].busy_ms * (2.0 if s == 1 else 1.0)}
-             for k in range(3) for s in range(2)]
-    steps.append({"stage": 1, "step": 0, "busy_ms": 1e6})  # the warm-up step is left out
-    observed = observed_profile(profile, plan, steps)
-    assert observed.layers[0].fwd_ms == pytest.approx(profile.layers[0].fwd_ms)
-    assert observed.layers[7].bwd_ms == pytest.approx(2 * profile.layers[7].bwd_ms)
-    with pytest.raises(PlannerError, match="stage 1 has reported no step yet"):
-        observed_profile(profile, plan, steps[:1])
-
-
 class DivergedBackend(RecordedBackend):
     """A run whose loss became NaN at step 2 and infinite at step 3 (stored as names), that
     failed saying so, and whose backend rejected a stranger's message."""
@@ -223,3 +231,23 @@ def test_a_diverged_loss_is_a_gap_and_the_reason_is_shown():
     status = monitor.status_text(view)
     assert "failed, step 3 of 10" in status and "loss is NaN at step 2 (stage 1)" in status
     assert "1 worker message(s) rejected, the latest: message 9 (run_state)" in status
+
+
+def test_an_applied_proposal_shows_its_measured_gain_beside_the_predicted_one():
+    """Steps take 50 ms until the migration done at step 5 and 40 ms after it: the card of
+    the applied proposal says so, next to its predicted gain."""
+    backend = RecordedBackend()
+    view = monitor.RunView(backend.run(5), backend.plan(7))
+    view.steps = [{"step": k, "stage": s, "replica": 0, "start_ms": 100.0 * k,
+                   "end_ms": 100.0 * k + (50.0 if k < 5 else 40.0), "busy_ms": 30.0,
+                   "samples_per_s": 8 / (50.0 if k < 5 else 40.0) * 1e3}
+                  for k in range(12) for s in range(2)]
+    view.events = [{"kind": "migration", "data": {"phase": "done", "step": 5, "moves": []}}]
+    view.proposals = [{**backend.proposals(5)[0], "state": "applied"}]
+    gains = actions.measured_gains(view)
+    assert gains == {3: pytest.approx((50.0, 40.0))}
+    card = actions.proposal_card(view.proposals[0], gains[3])
+    assert card.children[-1].children == ("Measured step 50.00 → 40.00 ms (gain 10.00 ms, "
+                                          "20.0%) against the predicted 10.00 ms")
+    view.proposals = [{**backend.proposals(5)[0], "state": "pending"}]
+    assert actions.measured_gains(view) == {}

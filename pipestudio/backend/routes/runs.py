@@ -9,6 +9,7 @@ from pipestudio.backend.protocol import METRIC_KINDS
 from pipestudio.backend.repositories import Runs
 from pipestudio.backend.schemas.common import ERRORS, PathId
 from pipestudio.backend.schemas.runs import (
+    CalibratedProfilePublic,
     EventPublic,
     EventsPublic,
     MetricKind,
@@ -18,6 +19,7 @@ from pipestudio.backend.schemas.runs import (
     RunPublic,
     RunsPublic,
 )
+from pipestudio.backend.services import calibration
 from pipestudio.backend.services import runs as service
 
 router = APIRouter(prefix="/api/runs", tags=["runs"], responses=ERRORS)
@@ -79,3 +81,15 @@ def get_events(session: SessionDep, run_id: PathId,
     ``after_id``."""
     rows = service.events(session, run_id, kind, after_id, limit)
     return EventsPublic(data=[EventPublic.model_validate(r) for r in rows], count=len(rows))
+
+
+@router.get("/{run_id:int}/calibrated-profile", dependencies=[Readable])
+def get_calibrated_profile(session: SessionDep, context: ContextDep, run_id: PathId,
+                           window: Annotated[int, Query(ge=1, le=1000)] = 20
+                           ) -> CalibratedProfilePublic:
+    """The run's profile calibrated from its latest ``window`` measured steps (since its
+    last migration; not its first step), the cluster with calibrated links, and the step
+    and each stage's compute measured, predicted from the profile and from the calibrated
+    one. 409 while the run has measured nothing to calibrate from."""
+    return CalibratedProfilePublic.model_validate(
+        calibration.calibrated(session, run_id, window, context.settings.max_simulated_ops))

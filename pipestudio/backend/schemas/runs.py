@@ -112,3 +112,41 @@ class EventPublic(Public):
 class EventsPublic(BaseModel):
     data: list[EventPublic]
     count: int
+
+
+class Compared(Public):
+    """A time measured and predicted, from the profile and from the calibrated profile;
+    errors are measured / predicted - 1 (null without a measurement)."""
+
+    measured: float | None
+    predicted: float
+    calibrated: float
+    predicted_error: float | None
+    calibrated_error: float | None
+
+
+class StageCompared(Compared):
+    stage: int
+
+
+class StageFactors(Public):
+    stage: int
+    measured_ms: dict[str, float]
+    predicted_ms: dict[str, float]
+    factors: dict[str, float]
+
+
+class CalibratedProfilePublic(Public):
+    """A run's profile calibrated from its measured ops (docs/simulator.md)."""
+
+    run_id: int
+    steps: list[int] = Field(description="First and last step calibrated from.")
+    plan: dict[str, Any] = Field(description="The plan in effect over those steps.")
+    profile: dict[str, Any] = Field(description="The calibrated profile.")
+    cluster: dict[str, Any] | None = Field(
+        description="The cluster with calibrated link bandwidths (null: free links).")
+    stages: list[StageFactors]
+    link_gbps: dict[str, float]
+    step_ms: Compared
+    stage_busy_ms: list[StageCompared] = Field(
+        description="Compute per step of each stage (mean over its replicas).")

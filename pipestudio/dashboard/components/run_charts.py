@@ -83,7 +83,10 @@ def _lines(groups: Mapping[str, list[Event]], value: Any, unit: str,
 
 
 def throughput_figure(steps: Sequence[Event], markers: Sequence[Marker] = (),
-                      predicted_samples_per_s: float | None = None) -> Figure:
+                      predicted_samples_per_s: float | None = None,
+                      calibrated_samples_per_s: float | None = None) -> Figure:
+    """Measured samples/s per step, with the plan's prediction and, once the run has
+    calibrated its profile, the calibrated prediction."""
     title = "Throughput"
     step_idx, rates = step_throughput(steps)
     if not step_idx:
@@ -96,6 +99,9 @@ def throughput_figure(steps: Sequence[Event], markers: Sequence[Marker] = (),
     if predicted_samples_per_s:
         add_hline(figure, predicted_samples_per_s,
                   f"predicted {predicted_samples_per_s:.1f} samples/s", "#888888")
+    if calibrated_samples_per_s:
+        add_hline(figure, calibrated_samples_per_s,
+                  f"calibrated {calibrated_samples_per_s:.1f} samples/s", "#54A24B")
     _mark(figure, markers)
     return figure
 

@@ -10,10 +10,8 @@ from plotly.utils import PlotlyJSONEncoder
 from pipestudio.dashboard import monitor
 from pipestudio.dashboard.api import ApiError
 from pipestudio.dashboard.context import Context
-from pipestudio.dashboard.observed import observed_profile
 from pipestudio.dashboard.pages import runs_actions as actions
 from pipestudio.dashboard.widgets import field, graph, message, section
-from pipestudio.planner import Plan, PlannerError
 
 PATH = "/runs"
 NAME = "Runs"
@@ -53,6 +51,7 @@ def layout(**_: Any) -> html.Div:
         section("Launch", launch, html.Div(id="runs-launch-status")),
         section("Live monitor", watch, html.Div(id="runs-status", className="ps-prediction"),
                 graph(GRAPHS[0]), html.Div(charts, className="ps-row")),
+        section("Prediction against measurement", html.Div(id="runs-fidelity")),
         section("Repartition proposals",
                 html.Div([_button("Propose a repartition from the measurements",
                                   "runs-propose", secondary=True)], className="ps-row"),
@@ -64,22 +63,20 @@ def layout(**_: Any) -> html.Div:
 
 
 def propose(context: Context, run_id: int | None) -> Any:
-    """Send the online planner an observed profile from the run's measured steps."""
+    """Send the online planner the run's calibrated profile: the plan's profile with each
+    stage's op times as the run measured them (``GET /api/runs/{id}/calibrated-profile``)."""
     if run_id is None:
         return message("Pick a running run first.")
     try:
-        run = context.client.run(run_id)
-        plan_row = context.client.plan(run["plan_id"])
-        profile = context.profile(plan_row["profile_id"])
-        steps = monitor.measured_steps(context.client, run_id, "step")
-        observed = observed_profile(profile, Plan.model_validate(plan_row["document"]), steps)
+        calibrated = context.client.calibrated_profile(run_id)
         created = context.client.create_proposal({"run_id": run_id, "observed_profile":
-                                                  observed.model_dump(mode="json")})
-    except (ApiError, PlannerError) as exc:
+                                                  calibrated["profile"]})
+    except ApiError as exc:
         return message(f"No proposal:\n{exc}", "error")
     verdict = "worth it" if created["worthwhile"] else "not worth it"
     return message(f"Proposal {created['id']}: gain {created['gain_ms']:.2f} ms per step, "
-                   f"{verdict}.", "ok")
+                   f"{verdict} (from steps {calibrated['steps'][0]}..{calibrated['steps'][1]}"
+                   " calibrated).", "ok")
 
 
 def register_callbacks(app: Dash, context: Context) -> None:
@@ -110,7 +107,8 @@ def register_callbacks(app: Dash, context: Context) -> None:
     # The proposals are rendered again only when they change: a card rendered anew resets
     # its buttons, and a click that lands while a tick's answer is on its way is lost.
     @app.callback([Output(name, "figure") for name in GRAPHS],
-                  Output("runs-status", "children"), Output("runs-proposals", "children"),
+                  Output("runs-status", "children"), Output("runs-fidelity", "children"),
+                  Output("runs-proposals", "children"),
                   Output("runs-interval", "disabled"),
                   Output("runs-select", "options", allow_duplicate=True),
                   Output("runs-proposals-shown", "data"),
@@ -121,7 +119,7 @@ def register_callbacks(app: Dash, context: Context) -> None:
     def _tick(_: int | None, run_id: int | None, __: Any,
               run_options: list[dict[str, Any]] | None, shown: str | None) -> Any:
         result = actions.tick(context, run_id, run_options)
-        proposals = len(GRAPHS) + 1
+        proposals = len(GRAPHS) + 2
         key = hashlib.blake2b(json.dumps(result[proposals], cls=PlotlyJSONEncoder).encode(),
                               digest_size=16).hexdigest()
         if key == shown:

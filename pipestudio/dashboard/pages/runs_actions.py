@@ -6,7 +6,8 @@ from dash import html, no_update
 
 from pipestudio.dashboard import monitor
 from pipestudio.dashboard.api import ApiError
-from pipestudio.dashboard.components.run_charts import WAITING
+from pipestudio.dashboard.components.fidelity import fidelity_view
+from pipestudio.dashboard.components.run_charts import WAITING, step_throughput
 from pipestudio.dashboard.components.style import empty_figure, format_bytes
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.widgets import message
@@ -87,7 +88,34 @@ def launch(context: Context, plan_id: int | None, model: str | None, args: str |
     return message(f"Launched run {run['id']} on {len(run['ranks'])} ranks.", "ok"), run["id"]
 
 
-def proposal_card(proposal: dict[str, Any]) -> html.Div:
+#: Steps on each side of a migration whose measured times are compared.
+GAIN_STEPS = 10
+
+
+def measured_gains(view: monitor.RunView) -> dict[int, tuple[float, float]]:
+    """Measured mean step time (ms) before and after each applied proposal's migration:
+    the ``GAIN_STEPS`` steps before the step it took effect in (the first step, which warms
+    up, left out) against the ``GAIN_STEPS`` after it. Applied proposals are matched in
+    order with the engine's reports of migrations done, one each."""
+    done = sorted({e["data"]["step"] for e in view.events if e["kind"] == "migration"
+                   and isinstance(e.get("data"), dict) and e["data"].get("phase") == "done"
+                   and isinstance(e["data"].get("step"), int)})
+    applied = sorted(p["id"] for p in view.proposals if p["state"] == "applied")
+    steps, rates = step_throughput(view.steps)
+    step_ms = {k: view.samples_per_step / rate * 1e3 for k, rate in zip(steps, rates,
+                                                                        strict=True) if rate}
+    gains = {}
+    for proposal_id, at in zip(applied, done, strict=False):
+        before = [ms for k, ms in step_ms.items() if max(1, at - GAIN_STEPS) <= k < at]
+        after = [ms for k, ms in step_ms.items() if at < k <= at + GAIN_STEPS]
+        if before and after:
+            gains[proposal_id] = (sum(before) / len(before), sum(after) / len(after))
+    return gains
+
+
+def proposal_card(proposal: dict[str, Any],
+                  measured: tuple[float, float] | None = None) -> html.Div:
+    """A proposal: its moves, predicted gain and, once applied, the measured one."""
     doc = proposal["document"]
     moves = doc.get("moves") or []
     lines = [f"{m['layer']}: stage {m['from_stage']} → stage {m['to_stage']}" for m in moves]
@@ -101,6 +129,12 @@ def proposal_card(proposal: dict[str, Any]) -> html.Div:
                            html.Ul([html.Li(line) for line in lines] or [html.Li("no moves")])]
     if proposal.get("outcome"):
         children.append(html.Div(f"Outcome: {proposal['outcome']}", className="ps-hint"))
+    if measured is not None:
+        before, after = measured
+        children.append(html.Div(
+            f"Measured step {before:.2f} → {after:.2f} ms (gain {before - after:.2f} ms, "
+            f"{(before - after) / before:.1%}) against the predicted {doc['gain_ms']:.2f} ms",
+            className="ps-prediction", id=f"runs-proposal-{proposal['id']}-measured"))
     if proposal["state"] == "pending":
         children.append(html.Div([
             html.Button("Approve", id={"type": "runs-proposal-approve",
@@ -117,18 +151,24 @@ def tick(context: Context, run_id: int | None,
     them is out of date (else ``no_update``)."""
     if run_id is None:
         blank = [empty_figure("Launch a run, or pick one above.", t) for t in _TITLES]
-        return [*blank, "No run selected.", html.Div("No proposals.", className="ps-empty"),
+        return [*blank, "No run selected.", html.Div(), html.Div("No proposals.",
+                                                                className="ps-empty"),
                 False, no_update]
     try:
         view = monitor.fetch_view(context.client, run_id)
     except ApiError as exc:
         blank = [empty_figure(WAITING, t) for t in _TITLES]
-        return [*blank, message(f"Cannot read run {run_id}: {exc}", "error"), [], False,
-                no_update]
-    cards = [proposal_card(p) for p in sorted(view.proposals, key=lambda p: -p["id"])]
+        return [*blank, message(f"Cannot read run {run_id}: {exc}", "error"), html.Div(), [],
+                False, no_update]
+    gains = measured_gains(view)
+    cards = [proposal_card(p, gains.get(p["id"]))
+             for p in sorted(view.proposals, key=lambda p: -p["id"])]
     shown = cards or html.Div("No proposals for this run yet.", className="ps-empty")
     relabelled = relabel(run_options, view.run)
-    return [*monitor.figures(view), monitor.status_text(view), shown,
+    fidelity = fidelity_view(view.calibration, view.samples_per_step,
+                             "Predictions are compared with the run once it has measured "
+                             "a step past its first.")
+    return [*monitor.figures(view), monitor.status_text(view), fidelity, shown,
             view.run["state"] in ENDED, no_update if relabelled is None else relabelled]
 
 

@@ -1,0 +1,96 @@
+"""A run's calibrated profile: its plan's profile made to match what the run measured.
+
+The measurements are the run's stored ``op`` metrics of its latest attempt
+(``planner/calibrate.py`` turns them into per-stage factors and link bandwidths). A run
+that migrated layers runs another partition from the migration's step on, so only the
+steps since the last migration the engine reported are used, with the partition the
+migrations made; the first step of the run, which warms caches up, is left out, and so is
+the step a migration happened in. At most ``window`` steps, the latest.
+"""
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from pipestudio.backend import models
+from pipestudio.backend.errors import ConflictError
+from pipestudio.backend.repositories import Clusters, Plans, Profiles, Runs
+from pipestudio.planner import Cluster, Plan, Profile
+from pipestudio.planner.calibrate import CalibrationError, calibrate, op_events, report
+
+#: Op events read at most for one calibration (a run's window of steps, all its ops).
+MAX_OPS = 200_000
+
+
+def calibrated(session: Session, run_id: int, window: int, max_ops: int | None = None
+               ) -> dict[str, Any]:
+    """The calibrated profile and cluster of run ``run_id`` and what they predict
+    (``planner.calibrate.report``), over its latest ``window`` steps; ``max_ops`` bounds
+    each simulation."""
+    run = Runs(session).get(run_id)
+    plan_row = Plans(session).get(run.plan_id)
+    plan = Plan.model_validate(plan_row.document)
+    profile = Profile.model_validate(Profiles(session).get(plan_row.profile_id).document)
+    cluster = (Cluster.model_validate(Clusters(session).get(plan_row.cluster_id).document)
+               if plan_row.cluster_id is not None else None)
+    plan, since = plan_in_effect(plan, profile, _migrations(session, run_id))
+    last = session.scalar(select(models.Metric.step).where(
+        models.Metric.run_id == run_id, models.Metric.kind == "op")
+        .order_by(models.Metric.step.desc()).limit(1))
+    if last is None:
+        raise ConflictError(f"run {run_id} has measured no op yet: wait for its first steps")
+    first = max(since, 1, last - window + 1)
+    if first > last:
+        raise ConflictError(f"run {run_id} has measured no step since step {since}, when its "
+                            "layers last moved: wait for the next steps")
+    rows = session.scalars(select(models.Metric.data).where(
+        models.Metric.run_id == run_id, models.Metric.kind == "op",
+        models.Metric.step >= first, models.Metric.step <= last).limit(MAX_OPS + 1)).all()
+    if len(rows) > MAX_OPS:
+        raise ConflictError(f"steps {first}..{last} of run {run_id} hold more than {MAX_OPS} "
+                            "ops: ask for fewer steps (window)")
+    events = op_events(rows)
+    try:
+        calibration = calibrate(profile, plan, events, cluster, range(first, last + 1),
+                                max_ops)
+    except CalibrationError as exc:
+        raise ConflictError(f"run {run_id}: {exc}") from None
+    return {"run_id": run_id, "plan": plan.model_dump(mode="json"),
+            "profile": calibration.profile.model_dump(mode="json"),
+            "cluster": None if calibration.cluster is None
+            else calibration.cluster.model_dump(mode="json"),
+            **report(calibration, profile, plan, cluster, events, max_ops)}
+
+
+def _migrations(session: Session, run_id: int) -> list[dict[str, Any]]:
+    """The engine's reports of migrations that took effect, in order of their step."""
+    rows = session.scalars(select(models.Event.data).where(
+        models.Event.run_id == run_id, models.Event.kind == "migration")).all()
+    done = [data for data in rows if isinstance(data, dict) and data.get("phase") == "done"
+            and isinstance(data.get("step"), int) and isinstance(data.get("moves"), list)]
+    return sorted(done, key=lambda data: data["step"])
+
+
+def plan_in_effect(plan: Plan, profile: Profile, migrations: list[dict[str, Any]]
+                   ) -> tuple[Plan, int]:
+    """The plan after ``migrations`` (each moves layers between stages from its step on) and
+    the first step that runs it whole (0 without migrations)."""
+    if not migrations:
+        return plan, 0
+    stage_of = {name: idx for idx, stage in enumerate(plan.stages) for name in stage.layers}
+    for migration in migrations:
+        for move in migration["moves"]:
+            if isinstance(move, dict) and move.get("layer") in stage_of \
+                    and isinstance(move.get("to_stage"), int) \
+                    and 0 <= move["to_stage"] < plan.num_stages:
+                stage_of[move["layer"]] = move["to_stage"]
+    stages = [stage.model_copy(update={"layers": [layer.name for layer in profile.layers
+                                                  if stage_of.get(layer.name) == idx]})
+              for idx, stage in enumerate(plan.stages)]
+    moved = plan.model_copy(update={"stages": stages})
+    try:
+        return Plan.model_validate(moved.model_dump(mode="json")), migrations[-1]["step"] + 1
+    except ValueError as exc:
+        raise ConflictError(f"the migrations the run reported give no valid plan: {exc}"
+                            ) from None

@@ -1,0 +1,170 @@
+"""Calibration against runs whose truth is known: the simulator's own timeline of a profile
+that differs from the one calibrated by known factors and link speeds."""
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipestudio.cli import main
+from pipestudio.planner import Profile, cluster_template, plan_template, simulate
+from pipestudio.planner.calibrate import (
+    CalibrationError,
+    calibrate,
+    measured_step_times,
+    op_events,
+    read_events,
+    report,
+)
+from pipestudio.planner.plan import Plan
+
+
+def profile(rng: random.Random, num_layers: int) -> Profile:
+    layers = [{"name": f"l{i}", "fwd_ms": rng.uniform(0.5, 3), "bwd_ms": rng.uniform(1, 6),
+               "param_bytes": rng.randrange(1, 10**6), "saved_bytes": rng.randrange(1, 10**6),
+               "output_bytes": rng.randrange(10**4, 10**6), "update_ms": rng.uniform(0.1, 1)}
+              for i in range(num_layers)]
+    return Profile.model_validate({"model": "m", "microbatch_size": 2, "input_bytes": 5000,
+                                   "layers": layers})
+
+
+def truth(base: Profile, plan: Plan, factors: list[tuple[float, float, float]]) -> Profile:
+    """``base`` with each stage's forward, backward and update scaled by its factors."""
+    stage_of = {name: idx for idx, stage in enumerate(plan.stages) for name in stage.layers}
+    return base.model_copy(update={"layers": [layer.model_copy(update={
+        "fwd_ms": layer.fwd_ms * factors[stage_of[layer.name]][0],
+        "bwd_ms": layer.bwd_ms * factors[stage_of[layer.name]][1],
+        "update_ms": layer.update_ms * factors[stage_of[layer.name]][2]})
+        for layer in base.layers]})
+
+
+def engine_events(profile: Profile, plan: Plan, cluster: Any, steps: int,
+                  recompute_spans: bool = True) -> list[dict]:
+    """The simulator's timeline as the engine reports ops: a recompute inside the backward
+    that follows it (and, with ``recompute_spans``, reported as a span of its own too)."""
+    timeline = simulate(profile, plan, cluster, num_steps=steps).timeline
+    assert timeline is not None
+    ops = sorted((op.model_dump() for op in timeline), key=lambda op: op["start_ms"])
+    pending: dict[tuple, float] = {}
+    events = []
+    for op in ops:
+        key = (op["stage"], op["replica"], op["microbatch"], op["step"])
+        if op["op"] == "recompute":
+            pending[key] = op["start_ms"]
+            if recompute_spans:
+                events.append({"type": "op", **op})
+            continue
+        if op["op"] == "backward" and key in pending:
+            op["start_ms"] = pending.pop(key)
+        events.append({"type": "op", **op})
+    return events
+
+
+@pytest.mark.parametrize(("schedule", "spans"), [("gpipe", True), ("1f1b", True),
+                                                 ("1f1b", False)])
+def test_calibration_recovers_known_factors_and_links(schedule: str, spans: bool) -> None:
+    rng = random.Random(7)
+    for _ in range(20):
+        base = profile(rng, rng.randint(4, 10))
+        num_stages = rng.randint(2, 4)
+        plan = plan_template(base, num_stages, rng.choice([2, 4, 8]), schedule)
+        plan = plan.model_copy(update={"policies": {
+            layer.name: rng.choice(["keep", "keep", "recompute"]) for layer in base.layers}})
+        factors = [(rng.uniform(0.5, 3), rng.uniform(0.5, 3), rng.uniform(0.5, 3))
+                   for _ in range(num_stages)]
+        link = rng.choice([1.0, 10.0])
+        real_cluster = cluster_template([num_stages], [link])
+        real = truth(base, plan, factors)
+        events = engine_events(real, plan, real_cluster, steps=3, recompute_spans=spans)
+        assumed = cluster_template([num_stages], [100.0])  # what the user thought
+        calibration = calibrate(base, plan, events, assumed)
+        for stage, (f, b, u) in zip(calibration.stages, factors, strict=True):
+            assert stage.factors["forward"] == pytest.approx(f, rel=1e-9)
+            assert stage.factors["backward"] == pytest.approx(b, rel=1e-9)
+            assert stage.factors["update"] == pytest.approx(u, rel=1e-9)
+        assert calibration.steps == [1, 2]
+        expected = simulate(real, plan, real_cluster, with_timeline=False).step_time_ms
+        before = simulate(base, plan, assumed, with_timeline=False).step_time_ms
+        after = simulate(calibration.profile, plan, calibration.cluster,
+                         with_timeline=False).step_time_ms
+        # the links: an idle receiver's wait is the transfer, so the bandwidth is exact
+        # when one was ever idle (nearly always); compute factors are exact regardless
+        if 0 in calibration.link_gbps:
+            assert calibration.link_gbps[0] == pytest.approx(link, rel=1e-6)
+            assert after == pytest.approx(expected, rel=1e-6)
+        assert not math.isclose(before, expected, rel_tol=0.05)
+        compared = report(calibration, base, plan, assumed, events)
+        for stage in compared["stage_busy_ms"]:  # recomputes counted once, on both sides
+            assert stage["calibrated_error"] == pytest.approx(0.0, abs=1e-9)
+        measured = measured_step_times(op_events(events))
+        assert list(measured) == [1, 2]
+        assert measured[2] == pytest.approx(expected, rel=1e-6)
+
+
+def test_an_update_the_profile_lacks_is_shared_by_parameter_bytes() -> None:
+    base = profile(random.Random(3), 4)
+    base = base.model_copy(update={"layers": [layer.model_copy(update={"update_ms": 0.0})
+                                              for layer in base.layers]})
+    plan = plan_template(base, 2, 4, "1f1b")
+    events = engine_events(base, plan, None, steps=2)
+    for event in events:
+        if event["op"] == "backward" and event["microbatch"] % 4 == 3:
+            events.append({"type": "op", "stage": event["stage"], "replica": 0,
+                           "op": "update", "microbatch": None, "step": event["step"],
+                           "start_ms": event["end_ms"], "end_ms": event["end_ms"] + 3.0})
+    calibration = calibrate(base, plan, events)
+    stage0 = [layer for layer in calibration.profile.layers if layer.name in
+              plan.stages[0].layers]
+    assert sum(layer.update_ms for layer in stage0) == pytest.approx(3.0)
+    total = sum(layer.param_bytes for layer in stage0)
+    assert stage0[0].update_ms == pytest.approx(3.0 * stage0[0].param_bytes / total)
+
+
+def test_bad_measurements_are_refused_by_name() -> None:
+    base = profile(random.Random(5), 4)
+    plan = plan_template(base, 2, 4, "1f1b")
+    with pytest.raises(CalibrationError, match="no op events"):
+        calibrate(base, plan, [{"type": "summary"}])
+    three = plan_template(base, 3, 4, "1f1b")
+    with pytest.raises(CalibrationError, match="the measurements have 3 stages, the plan 2"):
+        calibrate(base, plan, engine_events(base, three, None, steps=2))
+    with pytest.raises(CalibrationError, match=r"m\.jsonl line 2: not JSON"):
+        read_events(['{"type": "start"}', "{oops"], "m.jsonl")
+    with pytest.raises(CalibrationError, match="line 1: an op event needs"):
+        read_events([json.dumps({"type": "op", "stage": -1, "replica": 0, "op": "forward",
+                                 "step": 0, "start_ms": 0, "end_ms": 1})], "m.jsonl")
+
+
+def test_cli_writes_a_profile_that_simulate_reads(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    base = profile(random.Random(9), 6)
+    plan = plan_template(base, 3, 4, "gpipe")
+    real = truth(base, plan, [(2.0, 1.0, 1.0), (1.0, 1.5, 1.0), (1.0, 1.0, 3.0)])
+    files = {name: tmp_path / name for name in ("p.json", "plan.json", "m.jsonl", "c.json")}
+    files["p.json"].write_text(base.to_json())
+    files["plan.json"].write_text(plan.to_json())
+    files["m.jsonl"].write_text("\n".join(json.dumps(e) for e in engine_events(
+        real, plan, None, steps=4)))
+    out = tmp_path / "calibrated.json"
+    assert main(["calibrate", str(files["p.json"]), str(files["m.jsonl"]), "--plan",
+                 str(files["plan.json"]), "--steps", "1:4", "-o", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    step = report["step_ms"]
+    assert step["calibrated"] == pytest.approx(step["measured"], rel=1e-6)
+    assert abs(step["predicted"] / step["measured"] - 1) > 0.05
+    assert main(["simulate", str(out), str(files["plan.json"]), "--json",
+                 "--no-timeline"]) == 0
+    simulated = json.loads(capsys.readouterr().out)
+    assert simulated["step_time_ms"] == pytest.approx(step["measured"], rel=1e-6)
+    files["m.jsonl"].write_text('{"type": "op", "stage": 0}\n')
+    assert main(["calibrate", str(files["p.json"]), str(files["m.jsonl"]), "--plan",
+                 str(files["plan.json"])]) == 2
+    assert "line 1: an op event needs" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["calibrate", str(files["p.json"]), str(files["m.jsonl"]), "--plan",
+              str(files["plan.json"]), "--steps", "5:2"])
+    assert exited.value.code == 2
+    assert "'5:2': expected A:B with 0 <= A < B" in capsys.readouterr().err
