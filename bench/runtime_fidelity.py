@@ -29,6 +29,14 @@ stages placed round-robin on the cores (``shared``: the simulator runs the compu
 stages on one device one op at a time, which is what time-sharing a core amounts to).
 Every run's profile, cluster, plan and prediction are written to ``--out`` so that
 ``pipestudio simulate PROFILE PLAN --cluster CLUSTER`` reproduces each prediction.
+
+Calibration (``pipestudio.planner.calibrate``, as ``pipestudio calibrate`` runs it): the
+run's op events of the first half of its timed steps make a calibrated profile and
+cluster, and the second half's mean step is compared with the prediction before and after
+(``error_before``, ``error_after``: measured / predicted - 1). The op times hold whatever
+sharing of cores slowed them, so the calibrated prediction uses a device per stage, as the
+backend's does; the events are written to ``--out`` as ops.jsonl, for ``pipestudio
+calibrate``.
 """
 
 import argparse
@@ -47,12 +55,13 @@ import torch.distributed as dist
 from runtime_vs_torch import wait_for_quiet
 
 from pipestudio.planner import Cluster, Plan, Profile, cluster_template, simulate
-from pipestudio.planner.calibrate import calibrate
+from pipestudio.planner.calibrate import Sharing, calibrate
+from pipestudio.planner.placement import Host, shared_placement
 from pipestudio.planner.planners import PLANNERS
 from pipestudio.planner.request import PlanRequest
 from pipestudio.runtime.engine import EngineConfig, launch
 from pipestudio.runtime.models import load_model
-from pipestudio.runtime.profiler import profile_model
+from pipestudio.runtime.profiler import median_profile, profile_model
 
 #: (model arguments, micro-batch size): 8 layers each, so that 4 stages have 2 layers each.
 MODELS: dict[str, tuple[dict[str, str], int]] = {
@@ -129,13 +138,7 @@ def profile_together(model: str, microbatch_size: int, threads: int, repeats: in
     profiles = [Profile.model_validate_json(reader.recv()) for reader in readers]
     for process in processes:
         process.join(TIMEOUT_S)
-    layers = []
-    for idx, layer in enumerate(profiles[0].layers):
-        times = {field: statistics.median(getattr(p.layers[idx], field) for p in profiles)
-                 for field in ("fwd_ms", "bwd_ms", "update_ms")}
-        layers.append(layer.model_copy(update=times))
-    metadata = {**profiles[0].metadata, "profiled_together": copies}
-    return profiles[0].model_copy(update={"layers": layers, "metadata": metadata})
+    return median_profile(profiles)
 
 
 def balanced_plan(profile: Profile, stages: int, schedule: str, num_microbatches: int,
@@ -143,13 +146,6 @@ def balanced_plan(profile: Profile, stages: int, schedule: str, num_microbatches
     request = PlanRequest(profile=profile, num_microbatches=num_microbatches,
                           schedule=schedule, num_stages=stages, cluster=cluster)
     return PLANNERS[algorithm](request).plan
-
-
-def on_cores(plan: Plan, num_cores: int) -> Plan:
-    """The plan with its stages placed round-robin on ``num_cores`` devices."""
-    stages = [stage.model_copy(update={"devices": [idx % num_cores]})
-              for idx, stage in enumerate(plan.stages)]
-    return plan.model_copy(update={"stages": stages})
 
 
 def measured_run(plan: Plan, model: str, args: dict[str, str], warm_steps: int,
@@ -194,9 +190,11 @@ def run_case(model: str, stages: int, options: argparse.Namespace,
     plan = balanced_plan(profile, stages, options.schedule, options.microbatches, own,
                          options.algorithm)
     predictions = {"own": (plan, own)}
-    if stages > cores:
-        shared = cluster_template([cores], [bandwidth_gbps], name=f"{cores} cores, gloo")
-        predictions["shared"] = (on_cores(plan, cores), shared)
+    sharing = Sharing([Host("this machine", cores, threads)],
+                      [[0] * stage.replicas for stage in plan.stages])
+    placed = shared_placement(plan, own, sharing.hosts, sharing.host_of)
+    if placed is not None:  # more ranks than cores: as the backend predicts such a run
+        predictions["shared"] = placed
     steps_ms, busy_ms, ops = measured_run(plan, model, args, options.warm_steps,
                                           options.steps, threads)
     measured = statistics.mean(steps_ms)
@@ -207,18 +205,21 @@ def run_case(model: str, stages: int, options: argparse.Namespace,
     out = Path(options.out) / f"{model}-{stages}"
     out.mkdir(parents=True, exist_ok=True)
     _save(out, "profile", profile)
+    (out / "ops.jsonl").write_text("\n".join(json.dumps(op) for op in ops))
+    # The run's op times already hold whatever sharing of cores slowed them, so the
+    # calibrated prediction is made on a device per stage, as the backend's is.
+    calibration = calibrate(profile, plan, ops, own, first_half, sharing=sharing)
+    calibrated = simulate(calibration.profile, plan, calibration.cluster,
+                          with_timeline=False).step_time_ms
+    _save(out, "calibrated-profile", calibration.profile)
+    if calibration.cluster is not None:
+        _save(out, "calibrated-cluster", calibration.cluster)
     rows = []
     for label, (sim_plan, cluster) in predictions.items():
         result = simulate(profile, sim_plan, cluster, num_steps=1, with_timeline=False)
         predicted_busy = [stage.busy_ms for stage in result.stages]
-        calibration = calibrate(profile, sim_plan, ops, cluster, first_half)
-        calibrated = simulate(calibration.profile, sim_plan, calibration.cluster,
-                              with_timeline=False).step_time_ms
         _save(out, f"plan-{label}", sim_plan)
         _save(out, f"cluster-{label}", cluster)
-        _save(out, f"calibrated-profile-{label}", calibration.profile)
-        if calibration.cluster is not None:
-            _save(out, f"calibrated-cluster-{label}", calibration.cluster)
         rows.append({"model": model, "stages": stages, "threads": threads, "cluster": label,
                      "stage_layers": [len(s.layers) for s in plan.stages],
                      "measured_ms": measured, "measured_steps_ms": steps_ms,

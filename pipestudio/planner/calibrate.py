@@ -14,6 +14,21 @@ threads, under this load. Per stage, over the steps chosen:
   update but the run took time, that time is shared among the stage's layers by parameter
   bytes, as ``runtime/engine/observe.py`` does.
 
+Between two compute ops a worker also spends time the simulator does not have: posting the
+previous op's sends (gloo copies in the caller when the receiver is ready), posting
+receives, sampling data, Python. ``op_overhead_ms`` measures it where no waiting can hide
+in it (before the first stage's forwards and the last stage's backwards) and
+calibration adds it to each measured forward and backward before taking the ratios.
+
+Ranks that shared a host's cores (more ranks than the host has cores for their threads;
+``Sharing`` says where each ran) computed slower while their core-mates computed too. The
+prediction from the profile places them on the host's compute slots
+(``placement.shared_placement``); the calibrated one does not, since the measured op times
+already hold what sharing cost (counting the sharing by the ops' work and simulating the
+shared slots instead was tried: it ties two stages to one core for the whole run, where the
+operating system lets the busier ones have more, and missed 4-stage runs on 2 cores by up
+to 23%).
+
 Every layer of the stage gets fwd_ms x f, bwd_ms x b, update_ms x u: the calibrated profile
 keeps the profile's split of work among layers and takes the run's total for each stage.
 Memory is left as profiled (the engine measures a process's peak, not the tensors a plan
@@ -34,12 +49,13 @@ import json
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipestudio.planner.cluster import Cluster, cluster_template
 from pipestudio.planner.errors import PlannerError
+from pipestudio.planner.placement import Host, shared_placement
 from pipestudio.planner.plan import Plan
 from pipestudio.planner.profile import Profile
 from pipestudio.planner.simulate import simulate
@@ -67,6 +83,14 @@ class StageCalibration:
     factors: dict[str, float]
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """The hosts of a run and which one ran each stage replica (``host_of[s][r]``)."""
+
+    hosts: Sequence[Host]
+    host_of: Sequence[Sequence[int]]
+
+
 @dataclass
 class Calibration:
     """The calibrated profile and cluster, what each stage measured, and the steps used."""
@@ -77,6 +101,17 @@ class Calibration:
     steps: list[int]
     #: Calibrated Gbit/s by cluster level (only the levels the run's transfers measured).
     link_gbps: dict[int, float] = field(default_factory=dict)
+    #: Where the run's ranks ran, when some shared a host's cores (``Sharing``).
+    sharing: "Sharing | None" = None
+
+    def placed(self, plan: Plan, cluster: Cluster | None) -> tuple[Plan, Cluster | None]:
+        """The plan and cluster to predict the run on from its profile: its ranks on their
+        hosts' compute slots when they shared them, else as given."""
+        if self.sharing is not None:
+            found = shared_placement(plan, cluster, self.sharing.hosts, self.sharing.host_of)
+            if found is not None:
+                return found
+        return plan, cluster
 
     def summary(self) -> dict[str, Any]:
         return {"steps": [self.steps[0], self.steps[-1]] if self.steps else [],
@@ -88,12 +123,12 @@ class Calibration:
 
 def op_events(events: Iterable[Mapping[str, Any]], steps: range | None = None
               ) -> list[dict[str, Any]]:
-    """The ``op`` events of the latest attempt (a resumed run repeats steps), in
-    ``steps`` when given."""
-    ops = [dict(e) for e in events if e.get("type", "op") == "op" and "op" in e]
+    """The well-formed ``op`` events (``_is_op``: a worker's malformed report is left out)
+    of the latest attempt (a resumed run repeats steps), in ``steps`` when given."""
+    ops = [dict(e) for e in events if e.get("type", "op") == "op" and _is_op(e)]
     if ops:
-        attempt = max(int(e.get("attempt", 0)) for e in ops)
-        ops = [e for e in ops if int(e.get("attempt", 0)) == attempt]
+        attempt = max(_attempt(e) for e in ops)
+        ops = [e for e in ops if _attempt(e) == attempt]
     if steps is not None:
         ops = [e for e in ops if e["step"] in steps]
     return ops
@@ -101,10 +136,11 @@ def op_events(events: Iterable[Mapping[str, Any]], steps: range | None = None
 
 def calibrate(profile: Profile, plan: Plan, events: Iterable[Mapping[str, Any]],
               cluster: Cluster | None = None, steps: range | None = None,
-              max_ops: int | None = None) -> Calibration:
+              max_ops: int | None = None, sharing: Sharing | None = None) -> Calibration:
     """The calibration of the module docstring from a run of ``plan`` on ``cluster``;
     ``steps`` picks the measured steps (default: all but the first, which warms up);
-    ``max_ops`` bounds the simulation (``simulate``)."""
+    ``max_ops`` bounds the simulation (``simulate``); ``sharing`` says where the ranks
+    ran (``Calibration.placed``)."""
     ops = op_events(events)
     measured_steps = sorted({e["step"] for e in ops})
     if steps is None:
@@ -119,31 +155,56 @@ def calibrate(profile: Profile, plan: Plan, events: Iterable[Mapping[str, Any]],
                                "ran")
     predicted = simulate(profile, plan, cluster, num_steps=2, max_ops=max_ops).timeline
     assert predicted is not None
+    overhead = op_overhead_ms(ops, plan.num_stages)
     stages = [_stage(idx, [e for e in ops if e["stage"] == idx],
-                     [op.model_dump() for op in predicted if op.stage == idx])
+                     [op.model_dump() for op in predicted if op.stage == idx], overhead)
               for idx in range(plan.num_stages)]
     calibrated = _scaled(profile, plan, stages)
-    link_gbps = _link_gbps(ops, plan, cluster)
+    link_gbps = _link_gbps(ops, plan, cluster, overhead)
     new_cluster = _with_links(cluster, plan, link_gbps)
     return Calibration(calibrated, new_cluster, stages, sorted({e["step"] for e in ops}),
-                       link_gbps)
+                       link_gbps, sharing)
 
 
-def _stage(idx: int, measured_ops: list[dict[str, Any]], predicted_ops: list[dict[str, Any]]
-           ) -> StageCalibration:
+def op_overhead_ms(ops: list[dict[str, Any]], num_stages: int) -> float:
+    """What a worker spends between two compute ops when it waits for no one: the median
+    gap before the ops that need nothing from another stage (the first stage's forwards,
+    the last stage's backwards). That gap posts the previous op's sends
+    (gloo copies in the caller when the receiver is ready), posts receives, samples data,
+    and runs Python; the simulator has none of it, so calibration adds it to each forward
+    and backward (0 when the run has no such gap)."""
+    by_worker: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for op in ops:
+        if op["op"] in ("forward", "backward", "update"):
+            by_worker[(op["stage"], op["replica"])].append(op)
+    gaps = []
+    for (stage, _), mine in by_worker.items():
+        mine.sort(key=lambda op: op["start_ms"])
+        for before, op in itertools.pairwise(mine):
+            local = ((op["op"] == "forward" and stage == 0)
+                     or (op["op"] == "backward" and stage == num_stages - 1))
+            if local and op["step"] == before["step"]:
+                gaps.append(max(0.0, op["start_ms"] - before["end_ms"]))
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def _stage(idx: int, measured_ops: list[dict[str, Any]], predicted_ops: list[dict[str, Any]],
+           overhead_ms: float) -> StageCalibration:
     measured = _means(measured_ops, recompute_inside=True)
     predicted = _means(predicted_ops, recompute_inside=False)
     for kind in ("forward", "backward"):
         if kind not in measured:
             raise CalibrationError(f"stage {idx} has no measured {kind} in these steps")
-    forward = _ratio(measured["forward"], predicted.get("forward", 0.0))
+    measured["overhead"] = overhead_ms
+    forward = _ratio(measured["forward"] + overhead_ms, predicted.get("forward", 0.0))
     # both backwards hold their recompute (``_means``). The simulator times a recompute as
     # the forward of its layers, so the calibrated one is f x the predicted one, and the
     # backward proper gets the rest of the measured backward: their sum is what the run
     # measured, whatever share of it the recompute really took
     predicted_recompute = predicted.get("recompute", 0.0)
-    backward = max(_MIN_FACTOR, _ratio(measured["backward"] - forward * predicted_recompute,
-                                       predicted.get("backward", 0.0) - predicted_recompute))
+    backward = max(_MIN_FACTOR, _ratio(
+        measured["backward"] + overhead_ms - forward * predicted_recompute,
+        predicted.get("backward", 0.0) - predicted_recompute))
     factors = {"forward": forward, "backward": backward,
                "update": _ratio(measured.get("update", 0.0), predicted.get("update", 0.0))}
     return StageCalibration(idx, measured, predicted, factors)
@@ -191,10 +252,11 @@ def _scaled(profile: Profile, plan: Plan, stages: list[StageCalibration]) -> Pro
     return profile.model_copy(update={"layers": layers, "metadata": metadata})
 
 
-def _link_gbps(ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None
-               ) -> dict[int, float]:
+def _link_gbps(ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None,
+               overhead_ms: float) -> dict[int, float]:
     """Calibrated bandwidth per cluster level from the idle receivers' gaps (module
-    docstring); levels are those of ``cluster`` (one level without one)."""
+    docstring), less the overhead every op starts after (``op_overhead_ms``, which the
+    calibrated ops carry); levels are those of ``cluster`` (one level without one)."""
     compute = defaultdict(list)  # (stage, replica) -> its compute ops by start
     for op in ops:
         if op["op"] in _KINDS:
@@ -207,7 +269,8 @@ def _link_gbps(ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None
     gaps: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for send in ops:
         kind = _TRANSFERS.get(send["op"])
-        if kind is None or not send.get("bytes"):
+        num_bytes = send.get("bytes")
+        if kind is None or not isinstance(num_bytes, int) or num_bytes <= 0:
             continue
         peer = (send.get("peer_stage"), send.get("peer_replica", 0))
         receiver = receiving.get((*peer, kind, send.get("microbatch"), send["step"]))
@@ -217,15 +280,15 @@ def _link_gbps(ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None
         before = [op for op in compute[peer] if op["start_ms"] < receiver["start_ms"]]
         if before and before[-1]["end_ms"] > send["start_ms"]:
             continue  # the receiver was busy when the send started: the gap says nothing
-        gap = receiver["start_ms"] - send["start_ms"]
+        gap = receiver["start_ms"] - overhead_ms - send["start_ms"]
         if gap <= 0:
-            continue
+            continue  # there before the receiver could take it: nothing to learn
         peer_stage, peer_replica = int(peer[0]), int(peer[1])  # type: ignore[arg-type]
         level = 0 if cluster is None else cluster.level_between(
             devices[send["stage"]][send["replica"]], devices[peer_stage][peer_replica])
         if level < 0:
             continue  # one device: the simulator moves nothing
-        gaps[level].append((gap, int(send["bytes"])))
+        gaps[level].append((gap, num_bytes))
     result = {}
     for level, samples in gaps.items():
         rates = sorted(num_bytes / gap for gap, num_bytes in samples)  # bytes per ms
@@ -255,19 +318,28 @@ def report(calibration: Calibration, profile: Profile, plan: Plan, cluster: Clus
            events: Iterable[Mapping[str, Any]], max_ops: int | None = None
            ) -> dict[str, Any]:
     """The calibration's factors, and over the calibrated steps the step and each stage's
-    compute per step (forwards, backwards with their recomputes, update; mean over
-    replicas): measured, predicted from the profile and from the calibrated profile, and
-    each prediction's error as measured / predicted - 1."""
+    compute per step (forwards, backwards with their recomputes, update, and the overhead
+    between ops that calibration adds to each forward and backward; mean over replicas):
+    measured, predicted from the profile and from the calibrated profile, and each
+    prediction's error as measured / predicted - 1. Ranks that shared their hosts' cores
+    are simulated so when predicted from the profile (``Calibration.placed``); the
+    calibrated prediction gives each stage replica its device, since the run's op times
+    already hold what sharing cost them."""
     steps = set(calibration.steps)
     ops = [op for op in op_events(events) if op["step"] in steps]
+    placed = calibration.placed(plan, cluster)
     times = list(measured_step_times(ops).values())
-    before = simulate(profile, plan, cluster, with_timeline=False, max_ops=max_ops)
+    before = simulate(profile, *placed, with_timeline=False, max_ops=max_ops)
     after = simulate(calibration.profile, plan, calibration.cluster, with_timeline=False,
                      max_ops=max_ops)
     busy: dict[tuple[int, int], dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    overhead = calibration.stages[0].measured.get("overhead", 0.0) if calibration.stages \
+        else 0.0
     for op in ops:  # a run's backwards hold their recomputes
         if op["op"] in ("forward", "backward", "update"):
-            busy[(op["stage"], op["replica"])][op["step"]] += op["end_ms"] - op["start_ms"]
+            extra = overhead if op["op"] != "update" else 0.0  # as calibration counts it
+            busy[(op["stage"], op["replica"])][op["step"]] += (
+                op["end_ms"] - op["start_ms"] + extra)
     stages = []
     for idx in range(plan.num_stages):
         per_step = [statistics.fmean(by_step.values())
@@ -275,7 +347,7 @@ def report(calibration: Calibration, profile: Profile, plan: Plan, cluster: Clus
         measured = statistics.fmean(per_step) if per_step else None
         stages.append(_compared(measured, before.stages[idx].busy_ms,
                                 after.stages[idx].busy_ms, stage=idx))
-    return {**calibration.summary(),
+    return {**calibration.summary(), "shared_cores": placed[0] is not plan,
             "step_ms": _compared(statistics.fmean(times) if times else None,
                                  before.step_time_ms, after.step_time_ms),
             "stage_busy_ms": stages}
@@ -321,7 +393,12 @@ def read_events(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
     return events
 
 
-def _is_op(event: dict[str, Any]) -> bool:
+def _attempt(event: Mapping[str, Any]) -> int:
+    value = event.get("attempt", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _is_op(event: Mapping[str, Any]) -> bool:
     ints = ("stage", "replica", "step")
     return (all(isinstance(event.get(k), int) and not isinstance(event.get(k), bool)
                 and event[k] >= 0 for k in ints)

@@ -13,12 +13,14 @@ from pipestudio.cli import main
 from pipestudio.planner import Profile, cluster_template, plan_template, simulate
 from pipestudio.planner.calibrate import (
     CalibrationError,
+    Sharing,
     calibrate,
     measured_step_times,
     op_events,
     read_events,
     report,
 )
+from pipestudio.planner.placement import Host, shared_placement
 from pipestudio.planner.plan import Plan
 
 
@@ -104,6 +106,26 @@ def test_calibration_recovers_known_factors_and_links(schedule: str, spans: bool
         assert measured[2] == pytest.approx(expected, rel=1e-6)
 
 
+def test_the_time_between_ops_is_found_and_counted() -> None:
+    """A run whose workers spend 0.3 ms before each forward and backward that the simulator
+    does not know of (the truth's ops, started 0.3 ms late): calibration finds the 0.3 ms
+    in the gaps no wait can hide in and predicts the run's step."""
+    rng = random.Random(13)
+    base = profile(rng, 6)
+    plan = plan_template(base, 3, 8, "1f1b")
+    real = truth(base, plan, [(1.5, 1.2, 1.0), (1.0, 1.0, 1.0), (2.0, 1.5, 1.0)])
+    events = engine_events(real, plan, None, steps=3)
+    for event in events:
+        if event["op"] in ("forward", "backward"):
+            event["start_ms"] += 0.3
+    calibration = calibrate(base, plan, events)
+    assert calibration.stages[0].measured["overhead"] == pytest.approx(0.3)
+    compared = report(calibration, base, plan, None, events)
+    assert compared["step_ms"]["calibrated_error"] == pytest.approx(0.0, abs=1e-9)
+    expected = simulate(real, plan, None, with_timeline=False).step_time_ms
+    assert compared["step_ms"]["measured"] == pytest.approx(expected)
+
+
 def test_an_update_the_profile_lacks_is_shared_by_parameter_bytes() -> None:
     base = profile(random.Random(3), 4)
     base = base.model_copy(update={"layers": [layer.model_copy(update={"update_ms": 0.0})
@@ -168,3 +190,26 @@ def test_cli_writes_a_profile_that_simulate_reads(tmp_path: Path,
               str(files["plan.json"]), "--steps", "5:2"])
     assert exited.value.code == 2
     assert "'5:2': expected A:B with 0 <= A < B" in capsys.readouterr().err
+
+
+def test_a_run_on_shared_cores_is_predicted_sharing_them() -> None:
+    """Four ranks on two cores: the prediction from the profile runs two stages per core,
+    one op at a time; the calibrated one gives each stage its device, the measured op
+    times holding what sharing cost."""
+    base = profile(random.Random(17), 8)
+    plan = plan_template(base, 4, 4, "1f1b")
+    sharing = Sharing([Host("h", cores=2, threads=1)], [[0]] * 4)
+    placed = shared_placement(plan, None, sharing.hosts, sharing.host_of)
+    assert placed is not None
+    events = engine_events(base, *placed, steps=3)
+    calibration = calibrate(base, plan, events, None, sharing=sharing)
+    compared = report(calibration, base, plan, None, events)
+    assert compared["shared_cores"] is True
+    assert compared["step_ms"]["predicted"] == simulate(base, *placed,
+                                                        with_timeline=False).step_time_ms
+    assert compared["step_ms"]["calibrated"] == simulate(
+        calibration.profile, plan, calibration.cluster, with_timeline=False).step_time_ms
+    assert compared["step_ms"]["predicted_error"] == pytest.approx(0.0, abs=1e-9)
+    unshared = report(calibrate(base, plan, events), base, plan, None, events)
+    assert unshared["shared_cores"] is False
+    assert unshared["step_ms"]["predicted_error"] > 0.2

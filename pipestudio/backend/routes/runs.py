@@ -85,7 +85,7 @@ def get_events(session: SessionDep, run_id: PathId,
 
 @router.get("/{run_id:int}/calibrated-profile", dependencies=[Readable])
 def get_calibrated_profile(session: SessionDep, context: ContextDep, run_id: PathId,
-                           window: Annotated[int, Query(ge=1, le=1000)] = 20
+                           window: Annotated[int, Query(ge=1, le=200)] = 20
                            ) -> CalibratedProfilePublic:
     """The run's profile calibrated from its latest ``window`` measured steps (since its
     last migration; not its first step), the cluster with calibrated links, and the step

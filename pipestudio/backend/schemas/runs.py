@@ -147,6 +147,9 @@ class CalibratedProfilePublic(Public):
         description="The cluster with calibrated link bandwidths (null: free links).")
     stages: list[StageFactors]
     link_gbps: dict[str, float]
+    shared_cores: bool = Field(
+        description="Some host ran more ranks than it has cores for their threads: the "
+        "prediction from the profile places them on its cores, sharing.")
     step_ms: Compared
     stage_busy_ms: list[StageCompared] = Field(
         description="Compute per step of each stage (mean over its replicas).")

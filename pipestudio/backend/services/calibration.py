@@ -5,7 +5,8 @@ The measurements are the run's stored ``op`` metrics of its latest attempt
 that migrated layers runs another partition from the migration's step on, so only the
 steps since the last migration the engine reported are used, with the partition the
 migrations made; the first step of the run, which warms caches up, is left out, and so is
-the step a migration happened in. At most ``window`` steps, the latest.
+the step a migration happened in, and a live run's newest step, whose ops may still be on
+their way. At most ``window`` steps, the latest.
 """
 
 from typing import Any
@@ -16,11 +17,19 @@ from sqlalchemy.orm import Session
 from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError
 from pipestudio.backend.repositories import Clusters, Plans, Profiles, Runs
+from pipestudio.backend.services.messages import TERMINAL_RUN_STATES
 from pipestudio.planner import Cluster, Plan, Profile
-from pipestudio.planner.calibrate import CalibrationError, calibrate, op_events, report
+from pipestudio.planner.calibrate import (
+    CalibrationError,
+    Sharing,
+    calibrate,
+    op_events,
+    report,
+)
+from pipestudio.planner.placement import Host
 
 #: Op events read at most for one calibration (a run's window of steps, all its ops).
-MAX_OPS = 200_000
+MAX_OPS = 100_000
 
 
 def calibrated(session: Session, run_id: int, window: int, max_ops: int | None = None
@@ -40,6 +49,8 @@ def calibrated(session: Session, run_id: int, window: int, max_ops: int | None =
         .order_by(models.Metric.step.desc()).limit(1))
     if last is None:
         raise ConflictError(f"run {run_id} has measured no op yet: wait for its first steps")
+    if run.state not in TERMINAL_RUN_STATES:
+        last -= 1  # the newest step of a live run may still be on its way
     first = max(since, 1, last - window + 1)
     if first > last:
         raise ConflictError(f"run {run_id} has measured no step since step {since}, when its "
@@ -53,7 +64,7 @@ def calibrated(session: Session, run_id: int, window: int, max_ops: int | None =
     events = op_events(rows)
     try:
         calibration = calibrate(profile, plan, events, cluster, range(first, last + 1),
-                                max_ops)
+                                max_ops, _sharing(session, run, plan))
     except CalibrationError as exc:
         raise ConflictError(f"run {run_id}: {exc}") from None
     return {"run_id": run_id, "plan": plan.model_dump(mode="json"),
@@ -61,6 +72,48 @@ def calibrated(session: Session, run_id: int, window: int, max_ops: int | None =
             "cluster": None if calibration.cluster is None
             else calibration.cluster.model_dump(mode="json"),
             **report(calibration, profile, plan, cluster, events, max_ops)}
+
+
+def _sharing(session: Session, run: models.Run, plan: Plan) -> Sharing | None:
+    """Where the run's ranks ran, when every one ran on a CPU worker that said how many
+    cores it has (None otherwise); ``calibrate`` and ``report`` find whether any host ran
+    more of them than it has cores for their threads."""
+    ranks = Runs(session).ranks(run.id)
+    workers = {w.id: w for w in session.scalars(select(models.Worker).where(
+        models.Worker.id.in_({r.worker_id for r in ranks})))}
+    names: dict[str, int] = {}
+    hosts: list[Host] = []
+    host_of: list[list[int]] = [[0] * stage.replicas for stage in plan.stages]
+    per_host: dict[str, int] = {}
+    for rank in ranks:
+        worker = workers.get(rank.worker_id)
+        if worker is None or rank.stage >= plan.num_stages \
+                or rank.replica >= plan.stages[rank.stage].replicas:
+            return None
+        per_host[worker.host] = per_host.get(worker.host, 0) + 1
+    for rank in ranks:
+        worker = workers[rank.worker_id]
+        cores = _cpu_cores(worker.devices)
+        if cores is None:
+            return None
+        if worker.host not in names:
+            threads = run.settings.get("threads_per_rank") or max(
+                1, cores // per_host[worker.host])
+            names[worker.host] = len(hosts)
+            hosts.append(Host(worker.host, cores, int(threads)))
+        host_of[rank.stage][rank.replica] = names[worker.host]
+    return Sharing(hosts, host_of)
+
+
+def _cpu_cores(devices: object) -> int | None:
+    if not isinstance(devices, list) or not devices:
+        return None
+    first = devices[0]
+    if not isinstance(first, dict) or first.get("kind") != "cpu":
+        return None
+    cores = first.get("cores")
+    return cores if isinstance(cores, int) and not isinstance(cores, bool) \
+        and 1 <= cores <= 1 << 16 else None
 
 
 def _migrations(session: Session, run_id: int) -> list[dict[str, Any]]:

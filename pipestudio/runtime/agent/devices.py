@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from pipestudio.runtime.engine.rank import host_cores
+
 DEVICE_KINDS = ("auto", "cpu", "cuda")
 
 
@@ -36,7 +38,8 @@ def local_devices(kind: str = "auto") -> list[dict[str, Any]]:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = None
-    return [{"kind": "cpu", "index": 0, "name": f"cpu ({os.cpu_count()} cores)",
+    cores = host_cores()
+    return [{"kind": "cpu", "index": 0, "name": f"cpu ({cores} cores)", "cores": cores,
              "memory_bytes": memory}]
 
 
