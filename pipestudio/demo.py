@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from pipestudio.planner import Profile, load_document
 from pipestudio.planner.cluster import cluster_template
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ PIPEDREAM_DIR = ROOT / "profiles" / "pipedream"
 DEFAULT_PORT = 8000
 NUM_WORKERS = 2
 #: Small enough to profile in seconds on a laptop CPU and to train a step in well under one.
-GPT_ARGS = {"layers": "8", "width": "64", "heads": "2", "seq_len": "32", "vocab": "256"}
+GPT_ARGS = {"layers": "8", "width": "128", "heads": "4", "seq_len": "64", "vocab": "512"}
 GPT_MICROBATCH_SIZE = 4
 GPT_PROFILE_NAME = "gpt (measured on this machine)"
 CLUSTER_NAME = "demo: 2 CPU workers"
@@ -159,18 +160,39 @@ def wait_for_workers(group: ProcessGroup, url: str, count: int) -> int:
         time.sleep(0.5)
 
 
-def measure_gpt(group: ProcessGroup, path: Path) -> subprocess.Popen[bytes] | None:
-    """Profile ``gpt`` in the background unless an earlier start already did."""
+def measure_gpt(group: ProcessGroup, path: Path) -> list[subprocess.Popen[bytes]]:
+    """Profile ``gpt`` as the seeded plans' ranks will run it, unless an earlier start
+    already did: one profiler per rank at once (they share this host's caches and memory
+    bandwidth as the ranks do), each with the threads a rank will get; ``merge_gpt`` takes
+    each layer's median."""
     if path.exists():
-        return None
+        return []
     model_args = [arg for key, value in GPT_ARGS.items()
                   for arg in ("--model-arg", f"{key}={value}")]
-    return group.start("profile", [
+    return [group.start(f"profile{idx}", [
         sys.executable, "-m", "pipestudio", "profile", "--model", "gpt", *model_args,
-        "--microbatch-size", str(GPT_MICROBATCH_SIZE), "--repeats", "3", "--warmup", "1",
-        # the seeded plans' ranks, one per worker, share this host's cores: measure with
-        # the threads each will get
-        "--ranks-per-host", str(NUM_WORKERS), "-o", str(path)])
+        "--microbatch-size", str(GPT_MICROBATCH_SIZE), "--repeats", "7", "--warmup", "2",
+        "--ranks-per-host", str(NUM_WORKERS), "-o", str(_part(path, idx))])
+        for idx in range(NUM_WORKERS)]
+
+
+def merge_gpt(group: ProcessGroup, profilers: list[subprocess.Popen[bytes]],
+              path: Path) -> None:
+    """Wait for the profilers, then write their median profile to ``path``."""
+    from pipestudio.runtime.profiler import median_profile  # torch: only when profiling
+
+    for idx, profiler in enumerate(profilers):
+        if profiler.wait() != 0:
+            group.check(f"profile{idx}")
+    parts = [_part(path, idx) for idx in range(len(profilers))]
+    merged = median_profile([load_document(Profile, part) for part in parts])
+    path.write_text(merged.to_json())
+    for part in parts:
+        part.unlink()
+
+
+def _part(path: Path, idx: int) -> Path:
+    return path.with_name(f"{path.stem}.part{idx}.json")
 
 
 class Seeder:
@@ -260,8 +282,13 @@ def start(args: argparse.Namespace, group: ProcessGroup, token: str) -> tuple[st
     group.start("serve", [sys.executable, "-m", "pipestudio", "serve", "--host", args.host,
                           "--port", str(args.port)])
     profile_path = args.state_dir / "demo" / "gpt.profile.json"
-    profiler = measure_gpt(group, profile_path)
     url = wait_for_backend(group)
+    # measured alone: the workers and the backend starting up beside it slowed its layers
+    # by several times, unevenly, and the predictions with them
+    profilers = measure_gpt(group, profile_path)
+    if profilers:
+        print("measuring the gpt model on this machine...", flush=True)
+        merge_gpt(group, profilers, profile_path)
     num_workers = 0 if args.no_workers else NUM_WORKERS
     for idx in range(num_workers):
         group.start(f"worker{idx}", [
@@ -272,10 +299,6 @@ def start(args: argparse.Namespace, group: ProcessGroup, token: str) -> tuple[st
     lines = [f"{seeder.pipedream()} PipeDream profiles"]
     cluster_id = seeder.cluster()
     lines.append(f"cluster {cluster_id}: {CLUSTER_NAME}")
-    if profiler is not None:
-        print("measuring the gpt model on this machine...", flush=True)
-        if profiler.wait() != 0:
-            group.check("profile")
     lines[:0] = seed_gpt(seeder, profile_path, cluster_id)
     online = wait_for_workers(group, url, num_workers) if num_workers else 0
     lines.append(f"{online} of {num_workers} CPU workers online")
@@ -324,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             print(banner(url, token, lines, log_dir), flush=True)
             while True:
                 for name in group.children:
-                    if name != "profile":
+                    if not name.startswith("profile"):
                         group.check(name)
                 time.sleep(1)
         except DemoError as exc:

@@ -18,6 +18,7 @@ to the operator that made them (``profiler_ops.py``).
 """
 
 import copy
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 
@@ -94,6 +95,24 @@ def profile_model(spec: ModelSpec, microbatch_size: int, device: str | torch.dev
         )
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def median_profile(profiles: list[Profile]) -> Profile:
+    """One profile of several measurements of the same model taken at once: each layer's
+    forward, backward and update the median over them. The ranks of a run compute at the
+    same time on cores that share caches and memory bandwidth; a model profiled by as many
+    processes at once is timed as they will run it (docs/benchmarks.md, "Simulator
+    fidelity")."""
+    first = profiles[0]
+    names = [layer.name for layer in first.layers]
+    if any([layer.name for layer in p.layers] != names for p in profiles):
+        raise SettingsError("the profiles to merge are not of the same layers")
+    layers = [layer.model_copy(update={
+        field: statistics.median(getattr(p.layers[idx], field) for p in profiles)
+        for field in ("fwd_ms", "bwd_ms", "update_ms")})
+        for idx, layer in enumerate(first.layers)]
+    metadata = {**first.metadata, "profiled_together": len(profiles)}
+    return first.model_copy(update={"layers": layers, "metadata": metadata})
 
 
 def profile_layers(spec: ModelSpec, data: Tensor, settings: ProfileSettings) -> list[Layer]:

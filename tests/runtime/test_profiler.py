@@ -9,7 +9,7 @@ from pipestudio.planner import Profile
 from pipestudio.runtime.activation_memory import tensor_bytes
 from pipestudio.runtime.errors import DeviceError, SettingsError
 from pipestudio.runtime.models import DynamicSpec, ModelSpec
-from pipestudio.runtime.profiler import profile_model
+from pipestudio.runtime.profiler import median_profile, profile_model
 from tests.runtime.helpers import TINY, layer_outputs, tiny
 
 MICROBATCH = 4
@@ -152,3 +152,17 @@ def test_cuda_profile_measures_workspace() -> None:
     assert any(layer.workspace_bytes > 0 for layer in profile.layers)
     assert profile.layers[1].saved_bytes > 0
     assert next(spec.layers[0][1].parameters()).device.type == "cpu"
+
+
+def test_profiles_taken_at_once_merge_by_each_layers_median() -> None:
+    def measured(scale: float, names: tuple[str, ...] = ("a", "b")) -> Profile:
+        return Profile.model_validate({"model": "m", "microbatch_size": 1, "layers": [
+            {"name": name, "fwd_ms": scale * (i + 1), "bwd_ms": 2 * scale, "update_ms": scale,
+             "output_bytes": 8} for i, name in enumerate(names)]})
+
+    merged = median_profile([measured(1.0), measured(5.0), measured(2.0)])
+    assert [layer.fwd_ms for layer in merged.layers] == [2.0, 4.0]
+    assert [layer.bwd_ms for layer in merged.layers] == [4.0, 4.0]
+    assert merged.metadata["profiled_together"] == 3
+    with pytest.raises(SettingsError, match="not of the same layers"):
+        median_profile([measured(1.0), measured(1.0, ("a", "c"))])

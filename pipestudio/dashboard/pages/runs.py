@@ -56,7 +56,7 @@ def layout(**_: Any) -> html.Div:
                 html.Div([_button("Propose a repartition from the measurements",
                                   "runs-propose", secondary=True)], className="ps-row"),
                 html.Div(id="runs-decision-status"), html.Div(id="runs-proposals")),
-        dcc.Interval(id="runs-interval", interval=1000),
+        dcc.Interval(id="runs-interval", interval=2000),
         dcc.Store(id="runs-changed", data=0),
         dcc.Store(id="runs-proposals-shown"),
     ])
