@@ -288,7 +288,8 @@ class Refinement:
             choice = self.choices.get(i, j, c)
             if choice is None:
                 return None
-            option = _option_of(self.stages.problem(i, j, c), choice)
+            option = _option_of(self.stages.problem(i, j, c), choice,
+                                self.choices.recompute_ms(i, choice))
             return Pick([option], option, option.recompute_ms)
         key = (i, j, *self.stages.context_key(c))
         if key not in self.picks:
@@ -370,10 +371,9 @@ class Refinement:
                     yield low, end, r
 
 
-def _option_of(problem: StageProblem, choice: StageChoice) -> Option:
-    """A stage-model choice as a ``PolicySearch`` option."""
-    recompute_ms = sum(f for f, p in zip(problem.fwd_ms, choice.policies, strict=True)
-                       if p == RECOMPUTE)
+def _option_of(problem: StageProblem, choice: StageChoice, recompute_ms: float) -> Option:
+    """A stage-model choice, whose recompute takes ``recompute_ms``, as a ``PolicySearch``
+    option."""
     swap = sum(b for b, p in zip(problem.saved_bytes, choice.policies, strict=True)
                if p == SWAP)
     recomputes = any(p == RECOMPUTE for p in choice.policies)
