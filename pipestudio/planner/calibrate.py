@@ -51,13 +51,14 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from pipestudio.planner.cluster import Cluster, cluster_template
 from pipestudio.planner.errors import PlannerError
 from pipestudio.planner.placement import Host, shared_placement
 from pipestudio.planner.plan import Plan
 from pipestudio.planner.profile import Profile
+from pipestudio.planner.result import OpKind
 from pipestudio.planner.simulate import simulate
 from pipestudio.planner.units import gbps_to_bytes_per_ms
 
@@ -66,6 +67,8 @@ _KINDS = ("forward", "backward", "recompute", "update")
 #: whole backward would otherwise make it negative).
 _MIN_FACTOR = 0.05
 _TRANSFERS = {"send_activation": "forward", "send_gradient": "backward"}
+#: The ops a run reports (the simulator's timeline kinds); anything else is left out.
+_OP_KINDS = frozenset(get_args(OpKind))
 
 
 class CalibrationError(PlannerError):
@@ -402,7 +405,7 @@ def _is_op(event: Mapping[str, Any]) -> bool:
     ints = ("stage", "replica", "step")
     return (all(isinstance(event.get(k), int) and not isinstance(event.get(k), bool)
                 and event[k] >= 0 for k in ints)
-            and isinstance(event.get("op"), str)
+            and event.get("op") in _OP_KINDS
             and all(isinstance(event.get(k), int | float) and not isinstance(event.get(k), bool)
                     and math.isfinite(event[k]) for k in ("start_ms", "end_ms"))
             and event["end_ms"] >= event["start_ms"])

@@ -2,6 +2,7 @@
 
 from fastapi.testclient import TestClient
 
+from pipestudio.backend.services.calibration import _cpu_cores
 from pipestudio.planner import Plan, Profile, simulate
 from pipestudio.planner.placement import Host, shared_placement
 from tests.backend.conftest import ANONYMOUS, AUTH, add_plan, add_profile, small_profile
@@ -40,7 +41,8 @@ def test_a_run_calibrates_its_profile_as_it_goes(client: TestClient, fake: Worke
     calibrated = Profile.model_validate(body["profile"])
     assert calibrated.layers[0].fwd_ms == 2.0 * profile.layers[0].fwd_ms
 
-    assert client.get(url, headers=AUTH, params={"window": 0}).status_code == 422
+    for hostile in (0, 10**12, "NaN", "1e3"):
+        assert client.get(url, headers=AUTH, params={"window": hostile}).status_code == 422
     assert client.get(url, headers=ANONYMOUS).status_code == 401
     assert client.get("/api/runs/999/calibrated-profile", headers=AUTH).status_code == 404
 
@@ -81,7 +83,11 @@ def test_malformed_ops_are_left_out_not_a_500(client: TestClient, fake: Workers)
                {"type": "op", "stage": "0", "replica": 0, "op": "forward", "step": 2,
                 "microbatch": 0, "start_ms": 0.0, "end_ms": 1e9},
                {"type": "op", "stage": 0, "replica": 0, "op": "forward", "step": 2,
-                "microbatch": 0, "start_ms": 5.0, "end_ms": 1.0}]
+                "microbatch": 0, "start_ms": 5.0, "end_ms": 1.0},
+               {"type": "op", "stage": 0, "replica": 0, "op": "backward", "step": 2,
+                "microbatch": 0, "start_ms": float("nan"), "end_ms": float("inf")},
+               {"type": "op", "stage": 0, "replica": 0, "op": "forward\u0000", "step": 2,
+                "microbatch": 0, "start_ms": 0.0, "end_ms": 10**12}]
     for worker, stage in zip(workers, (0, 1), strict=True):
         mine = [e for e in events if e["stage"] == stage]
         worker.expect_ack(worker.send({"type": "events", "run_id": run_id, "events": mine}))
@@ -120,3 +126,11 @@ def test_ranks_that_share_a_host_s_cores_are_predicted_sharing(client: TestClien
     assert body["step_ms"]["predicted"] == expected
     assert body["step_ms"]["predicted"] > simulate(profile, plan, None,
                                                    with_timeline=False).step_time_ms
+
+
+def test_a_worker_s_cores_count_only_when_they_are_a_count() -> None:
+    assert _cpu_cores([{"kind": "cpu", "cores": 16}]) == 16
+    for devices in ([{"kind": "cpu", "cores": c}] for c in (0, -2, 10**12, True, "2", 2.5)):
+        assert _cpu_cores(devices) is None
+    assert _cpu_cores([{"kind": "cuda", "cores": 4}]) is None
+    assert _cpu_cores("cpu") is None and _cpu_cores([]) is None

@@ -153,6 +153,10 @@ def test_bad_measurements_are_refused_by_name() -> None:
     three = plan_template(base, 3, 4, "1f1b")
     with pytest.raises(CalibrationError, match="the measurements have 3 stages, the plan 2"):
         calibrate(base, plan, engine_events(base, three, None, steps=2))
+    events = engine_events(base, plan, None, steps=3)
+    made_up = {"type": "op", "stage": 0, "replica": 0, "op": "forward\x00", "step": 2,
+               "microbatch": 0, "start_ms": 0.0, "end_ms": 1e12}
+    assert op_events([*events, made_up]) == op_events(events)  # no such op: left out
     with pytest.raises(CalibrationError, match=r"m\.jsonl line 2: not JSON"):
         read_events(['{"type": "start"}', "{oops"], "m.jsonl")
     with pytest.raises(CalibrationError, match="line 1: an op event needs"):
