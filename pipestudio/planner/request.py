@@ -215,17 +215,17 @@ def check_request_budget(request: PlanRequest, max_ops: int | None, *, num_steps
         return
     cluster_devices = 0 if request.cluster is None else request.cluster.num_devices
     num_workers = max(request.num_stages or 1, cluster_devices)
+    by_cluster = cluster_devices > (request.num_stages or 0)
+    workers_field = "cluster.devices" if by_cluster else "num_stages"
+    _check_search(request, num_workers, workers_field)  # cheap: before any bound is built
     num_stages = min(num_workers, request.profile.num_layers)
     base, extra = divmod(num_workers, num_stages)
     stages = tuple(StageWork(base + (idx < extra), recomputes=True, swaps=True, updates=True)
                    for idx in range(num_stages))
     workload = Workload(request.schedule, num_steps, request.num_microbatches, stages,
                         most_boundaries(request.profile, num_stages))
-    by_cluster = cluster_devices > (request.num_stages or 0)
-    workers_field = "cluster.devices" if by_cluster else "num_stages"
     check_budget(workload, max_ops, fields={"num_microbatches": request.num_microbatches,
                                             workers_field: num_workers})
-    _check_search(request, num_workers, workers_field)
 
 
 #: The planners' own search, which the simulation budget does not see: with at most this
