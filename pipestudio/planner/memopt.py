@@ -27,7 +27,9 @@ layer is recomputed) is dropped when another has R and S no larger, freed no sma
 same or a recomputed last layer. A state that already frees enough takes no more work; one
 that cannot free enough even by recomputing every remaining layer is dropped; a cutoff on T
 bounds R and S. The number of states kept per layer is capped; past the cap the answer is
-still a valid choice but not proven optimal, and ``exact`` says so.
+still a valid choice but not proven optimal, and ``exact`` says so. ``solve_if_small``
+gives up at the cap instead: large stages whose Pareto sets stay small are solved exactly
+at little cost, the others left to ``memopt_bounded``.
 """
 
 import math
@@ -137,17 +139,31 @@ def solve_exact(problem: StageProblem, cutoff_ms: float = math.inf, max_states: 
     """The fastest choice that frees ``need_bytes`` (see the module docstring), or None when
     none does within ``cutoff_ms``. Any choice within ``floor_ms`` is good enough: the search
     stops at the first one it finds."""
+    return _search(problem, cutoff_ms, max_states, floor_ms, give_up=False)[1]
+
+
+def solve_if_small(problem: StageProblem, cutoff_ms: float, max_states: int,
+                   floor_ms: float = -math.inf) -> tuple[bool, StageChoice | None]:
+    """``solve_exact`` where its states never outnumber ``max_states``: (True, its answer,
+    proven); otherwise (False, None) as soon as they do, so a large stage costs at most
+    about its layers x ``max_states`` before a caller falls back to a bounded choice."""
+    return _search(problem, cutoff_ms, max_states, floor_ms, give_up=True)
+
+
+def _search(problem: StageProblem, cutoff_ms: float, max_states: int, floor_ms: float,
+            give_up: bool) -> tuple[bool, StageChoice | None]:
+    """The program of the module docstring: (whether it ran to the end, its answer)."""
     count = len(problem.fwd_ms)
     if problem.need_bytes <= 0:
-        return StageChoice(problem.base_ms, (KEEP,) * count, True) \
-            if problem.base_ms <= cutoff_ms else None
+        return True, (StageChoice(problem.base_ms, (KEEP,) * count, True)
+                      if problem.base_ms <= cutoff_ms else None)
     k, c = problem.inflight, problem.swap_buffers
     if k <= 1:
-        return None  # with one micro-batch in flight no policy frees memory
+        return True, None  # with one micro-batch in flight no policy frees memory
     max_recompute = cutoff_ms - problem.base_ms
     max_swap = min(problem.max_swap_bytes(cutoff_ms), problem.swap_limit_bytes)
     if max_recompute < 0:
-        return None
+        return True, None
     best: tuple[float, _State, int] | None = None
     exact = True
     # What the remaining layers can free at most: recompute each (no checkpoint).
@@ -175,13 +191,15 @@ def solve_exact(problem: StageProblem, cutoff_ms: float = math.inf, max_states: 
                 if time_ms <= cutoff_ms and (best is None or time_ms < best[0]):
                     best = (time_ms, child, idx)
                     if time_ms <= floor_ms:
-                        return StageChoice(time_ms, _policies(child, idx, count), exact)
+                        return True, StageChoice(time_ms, _policies(child, idx, count), exact)
                 continue
             if freed + potential[idx + 1] < problem.need_bytes:
                 continue
             states.append(child)
         states = _pareto(states)
         if len(states) > max_states:
+            if give_up:
+                return False, None
             exact = False
             states.sort(key=lambda s: (problem.time_ms(s[0], s[1]), -s[2]))
             states = states[:max_states]
@@ -192,8 +210,8 @@ def solve_exact(problem: StageProblem, cutoff_ms: float = math.inf, max_states: 
         if not states:
             break
     if best is None:
-        return None
-    return StageChoice(best[0], _policies(best[1], best[2], count), exact)
+        return True, None
+    return True, StageChoice(best[0], _policies(best[1], best[2], count), exact)
 
 
 def _pareto(states: list[_State]) -> list[_State]:

@@ -22,7 +22,9 @@ The stage subproblem is solved exactly (``memopt.solve_exact``) for stages of up
 together with a proven lower bound on the best one. When any stage of the search was not
 solved exactly, the program runs again on those lower bounds, which bounds the optimum
 itself from below: the objective is then proven within ``gap`` of the best possible
-(``details``; a gap of 0 means optimal).
+(``details``; a gap of 0 means optimal). The large stages of the plan that bound comes from
+are then solved exactly where their Pareto sets stay small, and the program on bounds runs
+again (``_tighten``), which closes most gaps.
 
 The program is fast because most candidates are settled without solving their memory
 subproblem:
@@ -68,7 +70,7 @@ from typing import Any
 
 from pipestudio.planner.chain_model import ChainCosts, StageEvaluator, link_costs
 from pipestudio.planner.coarsen import plan_on_backbone
-from pipestudio.planner.memopt import StageChoice, StageProblem, solve_exact
+from pipestudio.planner.memopt import StageChoice, StageProblem, solve_exact, solve_if_small
 from pipestudio.planner.memopt_bounded import lower_bound_ms, solve_bounded
 from pipestudio.planner.memopt_greedy import solve_capuchin, solve_greedy
 from pipestudio.planner.planners.optimal_band import Band
@@ -93,6 +95,15 @@ _FIRST_EXCESS, _LAST_EXCESS = 0.01, 1024.0
 #: How far (relative) above its lower bound a bounded choice, or the cutoff when it
 #: finds none, has to be for the other heuristics to be tried.
 _FALLBACK_GAP = 0.01
+#: ``_tighten`` solves a stage of more than ``EXACT_MAX_LAYERS`` layers exactly while its
+#: Pareto sets hold at most this many states (most do: a few dozen), at a cost of at most
+#: its layers x this many states.
+LARGE_MAX_STATES = 256
+#: What ``_Search.tighten`` may spend in all, in layers x states: a stage costs at most its
+#: layers x ``LARGE_MAX_STATES`` to solve (and as much again for a truncated choice).
+TIGHTEN_WORK = 100_000
+#: How often the lower bound's program runs again after solving its plan's large stages.
+_TIGHTEN_ROUNDS = 8
 #: Capuchin's choice costs a scan of every layer per layer it changes: larger stages skip it.
 _CAPUCHIN_MAX_LAYERS = 64
 #: The lower bound is lowered by this relative amount, far more than the rounding of the
@@ -117,6 +128,12 @@ class _Search:
         self.stages = stages
         self.choices: dict[tuple[int, int, int], StageChoice] = {}
         self.bounds: dict[tuple[object, ...], float] = {}
+        # large stages tried exactly: the fastest choice (None: too large to solve), and
+        # whether none fits at all
+        self.proven: dict[tuple[int, int, int], StageChoice | None] = {}
+        self.infeasible: dict[tuple[int, int, int], bool] = {}
+        self.truncated: dict[tuple[int, int, int], StageChoice | None] = {}
+        self.tighten_left = TIGHTEN_WORK  # layers x states ``tighten`` may still search
 
     def lower_bound(self, i: int, j: int, c: int) -> float:
         """The bounded subproblem's lower bound in compute time, once per problem."""
@@ -147,6 +164,22 @@ class _Search:
         stages.proven = stages.proven and choice.exact
         return stages.stage_ms(choice.time_ms, i, j, c), choice
 
+    def tighten(self, i: int, j: int, c: int) -> bool:
+        """Solve large stage (i, j, c) exactly if its Pareto sets stay within
+        ``LARGE_MAX_STATES`` (once); whether it is now known exactly."""
+        key = (i, j, c)
+        cost = (j - i) * LARGE_MAX_STATES
+        if key not in self.proven and cost <= self.tighten_left:
+            self.tighten_left -= cost
+            problem = self.stages.problem(i, j, c)
+            complete, choice = solve_if_small(problem, math.inf, LARGE_MAX_STATES)
+            self.proven[key] = choice if complete else None
+            self.infeasible[key] = complete and choice is None
+            if not complete and cost <= self.tighten_left:
+                self.tighten_left -= cost  # the program's states cut to the fastest
+                self.truncated[key] = solve_exact(problem, max_states=LARGE_MAX_STATES)
+        return self.proven.get(key) is not None or self.infeasible.get(key, False)
+
     def chosen(self, i: int, j: int, c: int, head: float, current: float) -> float:
         value, choice = self._solve(i, j, c, head, current)
         if choice is not None:
@@ -154,9 +187,16 @@ class _Search:
         return value
 
     def lower(self, i: int, j: int, c: int, head: float, current: float) -> float:
+        """stage(i, j, c) where it is known exactly (small stages, and large ones
+        ``tighten`` solved), else its proven lower bound; a small stage's may be inf above
+        the cutoff ``current`` and anything within the floor ``head``, as for ``chosen``."""
         if j - i <= EXACT_MAX_LAYERS:
             return self._solve(i, j, c, head, current)[0]
-        return self.stages.stage_ms(self.lower_bound(i, j, c), i, j, c)
+        if self.infeasible.get((i, j, c)):
+            return math.inf
+        proven = self.proven.get((i, j, c))
+        time_ms = self.lower_bound(i, j, c) if proven is None else proven.time_ms
+        return self.stages.stage_ms(time_ms, i, j, c)
 
     def choice(self, i: int, j: int, c: int, value: float) -> StageChoice:
         """The choice behind stage(i, j, c) = ``value`` in the program's answer."""
@@ -216,7 +256,8 @@ def optimal(request: PlanRequest) -> PlannerOutput:
             f"swapping layers")
     best, back = _first_pass(program, search, _upper_bound(chain, stages, links, layout))
     refinement = Refinement(request, stages, layout, band, _large_choice)
-    incumbent, bottleneck = None, _NO_BOTTLENECK
+    incumbents: list[Candidate] = []
+    bottleneck = _NO_BOTTLENECK
     if not math.isinf(best[-1][-1]):
         plan_stages = _stages(back)
         incumbent = Candidate(plan_stages, [
@@ -224,14 +265,19 @@ def optimal(request: PlanRequest) -> PlannerOutput:
                           best[-1][-1]) for s in plan_stages])
         value = _bottleneck(stages, links, layout, incumbent)
         proven = stages.proven and not program.assumed
-        lower = value if proven else _lower_bound(program, search, value)
+        lower = value
+        if not proven:
+            tightened, value, lower = _tighten(program, search, incumbent, value)
+            if tightened is not incumbent:  # the simulator judges which of the two is faster
+                incumbents.append(tightened)
+        incumbents.append(incumbent)
         bottleneck = {"exact": proven, "lower_bound_ms": lower, "bottleneck_ms": value,
                       "gap": value / lower - 1 if lower > 0 else 0.0}
     elif not refinement.exact:
         raise InfeasibleError(
             f"no {kind} on {num_devices} devices fits the device memory, even recomputing or "
             f"swapping layers")
-    outcome = refinement.run(incumbent)
+    outcome = refinement.run(incumbents)
     if outcome.best is None:
         raise InfeasibleError(
             f"no {kind} on {num_devices} devices fits the device memory as simulated, with "
@@ -305,12 +351,58 @@ def _first_pass(program: Program, search: _Search, upper: float) -> Table:
         excess *= 2
 
 
-def _lower_bound(program: Program, search: _Search, objective: float) -> float:
-    """A proven lower bound on the optimum, at most ``objective``: the program on each
-    stage's exact value (small stages) or proven lower bound (large ones), without the
-    first program's gallop, so it assumes nothing of how stages grow."""
-    best, _ = program.run(objective, search.lower, gallop=False)
-    return min(objective, best[-1][-1]) * (1 - _ROUNDING)
+def _tighten(program: Program, search: _Search, incumbent: Candidate, value: float
+             ) -> tuple[Candidate, float, float]:
+    """The incumbent, its bottleneck ``value`` and a proven lower bound on the optimum.
+
+    The bound is the program on each stage's exact value (small stages) or proven lower
+    bound (large ones), without the first program's gallop, so it assumes nothing of how
+    stages grow. Where the bound's plan has large stages, those are solved exactly if
+    they can be (``_Search.tighten``) and the program runs again, at most
+    ``_TIGHTEN_ROUNDS`` times: only the few stages that decide the bound are solved. Each
+    round's plan, with the best choices known for its stages, becomes the incumbent when
+    its bottleneck is smaller (once every stage is known exactly it reaches the bound)."""
+    lower = value
+    for _ in range(_TIGHTEN_ROUNDS):
+        best, back = program.run(value, search.lower, gallop=False)
+        lower = min(value, best[-1][-1])
+        if math.isinf(best[-1][-1]):
+            break
+        split = _stages(back)
+        keys = [(s.start, s.end, program.layout.context(s.first_device, s.replicas))
+                for s in split]
+        large = [key for key in keys
+                 if key[1] - key[0] > EXACT_MAX_LAYERS and search.proven.get(key) is None]
+        tightened = [search.tighten(*key) for key in large]
+        candidate = _known_plan(search, split, keys, best[-1][-1])
+        if candidate is not None:
+            found = _bottleneck(search.stages, program.links, program.layout, candidate)
+            if found < value:
+                incumbent, value = candidate, found
+        if not any(tightened):
+            break
+    return incumbent, value, min(value, lower) * (1 - _ROUNDING)
+
+
+def _known_plan(search: _Search, split: list[PlannedStage],
+                keys: list[tuple[int, int, int]], value: float) -> Candidate | None:
+    """The plan of the bound's program with the best choices known: large stages'
+    from ``_Search.tighten`` or else ``_large_choice``, small ones solved again within
+    ``value``; None when some stage has none that fits."""
+    choices = []
+    for i, j, c in keys:
+        problem = search.stages.problem(i, j, c)
+        choice = search.proven.get((i, j, c))
+        if choice is None and j - i > EXACT_MAX_LAYERS:
+            found = [search.truncated.get((i, j, c)), _large_choice(problem)]
+            choice = min((f for f in found if f is not None), default=None,
+                         key=lambda f: f.time_ms)
+        elif choice is None:
+            choice = solve_stage(problem, floor_ms=search.stages.compute_ms(value, i, j, c))
+        if choice is None:
+            return None
+        choices.append(choice)
+    return Candidate(split, choices)
 
 
 def _upper_bound(chain: ChainCosts, stages: StageEvaluator, links: list[list[float]],

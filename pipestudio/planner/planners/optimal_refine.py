@@ -183,11 +183,12 @@ class Refinement:
         self.deferred: list[tuple[float, list[PlannedStage],
                                   list[Pick]]] = []
 
-    def run(self, incumbent: Candidate | None) -> Outcome:
-        if incumbent is not None:
-            self.best = incumbent
+    def run(self, incumbents: list[Candidate]) -> Outcome:
+        """The search, starting from the fastest fitting of ``incumbents`` as simulated."""
+        for incumbent in incumbents:
             step, fits = self.simulate(incumbent)
-            self.best_ms = step if fits else math.inf
+            if self.best is None or (fits and step < self.best_ms):
+                self.best, self.best_ms = incumbent, step if fits else math.inf
         finished = self._phase()
         provable = self.bound.sync and (
             self.chain.num_layers <= POLICY_MAX_LAYERS * self.layout.num_devices)
