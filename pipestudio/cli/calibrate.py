@@ -8,18 +8,27 @@ from typing import Any
 
 from pipestudio.cli.output import format_table, write_document
 from pipestudio.planner import Cluster, Plan, Profile, load_document
-from pipestudio.planner.calibrate import CalibrationError, calibrate, read_events, report
+from pipestudio.planner.calibrate import (
+    CalibrationError,
+    calibrate,
+    op_events,
+    read_events,
+    report,
+    run_plan,
+)
 
 _HELP = """\
 Calibrate a profile from a run's measurements: every stage's forward, backward and update
 take what the run's op events say they took (the profile keeps its split of a stage's work
 among layers), and the links between stages the bandwidth the receivers felt. Simulate the
 calibrated profile (on the calibrated cluster, --cluster-out) to predict the plan, or
-another plan, as this machine runs it.
+another plan, as this machine runs it. The plan is the one the metrics name (pipestudio
+train records it), over the steps before the run first migrated layers; --plan gives
+another (the plan after a migration, with --steps).
 
 examples:
   pipestudio train --plan plan.json --model mlp --steps 20 --metrics m.jsonl
-  pipestudio calibrate mlp.json m.jsonl --plan plan.json -o mlp.calibrated.json \\
+  pipestudio calibrate mlp.json m.jsonl -o mlp.calibrated.json \\
       --cluster-out cluster.calibrated.json
   pipestudio simulate mlp.calibrated.json plan.json --cluster cluster.calibrated.json
 """
@@ -32,7 +41,8 @@ def add_commands(commands: Any) -> None:
     parser.add_argument("profile", metavar="PROFILE", help="the profile the plan was made from")
     parser.add_argument("metrics", metavar="METRICS.jsonl",
                         help="the run's metrics (pipestudio train --metrics)")
-    parser.add_argument("--plan", required=True, metavar="PLAN", help="the plan the run ran")
+    parser.add_argument("--plan", metavar="PLAN",
+                        help="the plan the run ran (default: the one its metrics name)")
     parser.add_argument("--cluster", metavar="CLUSTER",
                         help="the cluster the plan was predicted on (default: free links)")
     parser.add_argument("--steps", metavar="A:B", type=_steps,
@@ -57,16 +67,46 @@ def _steps(text: str) -> range:
     return range(first, last)
 
 
+def _before(steps: range | None, migrated: int | None, events: list[dict[str, Any]],
+            source: str) -> range | None:
+    """``steps`` where the run's starting plan held: before its first migration."""
+    if migrated is None:
+        return steps
+    if steps is None:
+        measured = sorted({op["step"] for op in op_events(events)})
+        first = measured[1] if len(measured) > 1 else 0
+        if first >= migrated:
+            raise CalibrationError(
+                f"{source}: the run migrated layers at step {migrated}, before any step "
+                "but the first: give the plan after the migration (--plan) and --steps")
+        return range(first, migrated)
+    if steps.stop > migrated:
+        raise CalibrationError(
+            f"--steps {_shown(steps)}: the run migrated layers at step {migrated}, so its "
+            f"metrics' plan held until step {migrated - 1}; for later steps give the plan "
+            f"after the migration (--plan) and --steps {migrated + 1}:")
+    return steps
+
+
+def _shown(steps: range) -> str:
+    return f"{steps.start}:" + ("" if steps.stop >= 1 << 61 else str(steps.stop))
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     profile = load_document(Profile, args.profile)
-    plan = load_document(Plan, args.plan)
     cluster = load_document(Cluster, args.cluster) if args.cluster else None
     try:
         text = Path(args.metrics).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"cannot read {args.metrics}: {exc}") from None
     events = read_events(text.splitlines(), args.metrics)
-    calibration = calibrate(profile, plan, events, cluster, args.steps)
+    steps = args.steps
+    if args.plan:
+        plan = load_document(Plan, args.plan)
+    else:
+        plan, migrated = run_plan(events, args.metrics)
+        steps = _before(steps, migrated, events, args.metrics)
+    calibration = calibrate(profile, plan, events, cluster, steps)
     write_document(calibration.profile, args.output)
     if args.cluster_out and calibration.cluster is not None:
         write_document(calibration.cluster, args.cluster_out)

@@ -396,6 +396,25 @@ def read_events(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
     return events
 
 
+def run_plan(events: Sequence[Mapping[str, Any]], source: str) -> tuple[Plan, int | None]:
+    """The plan a run started with (the last ``plan`` event: ``pipestudio train`` writes
+    one at the head of its metrics, again when it resumes), and the first step at which
+    the run then migrated layers (None if it did not): from there on it ran another plan."""
+    where = [idx for idx, event in enumerate(events) if event.get("type") == "plan"]
+    if not where:
+        raise CalibrationError(f"{source} names no plan (metrics written before plans were "
+                               "recorded in them): give the plan the run ran, --plan PLAN")
+    try:
+        plan = Plan.model_validate(events[where[-1]].get("plan"))
+    except ValueError as exc:
+        raise CalibrationError(f"{source}: the run's plan is not a valid plan: "
+                               f"{str(exc).splitlines()[0]}") from None
+    migrated = [event["step"] for event in events[where[-1]:]
+                if event.get("type") == "migration" and event.get("phase") == "done"
+                and isinstance(event.get("step"), int) and not isinstance(event["step"], bool)]
+    return plan, min(migrated, default=None)
+
+
 def _attempt(event: Mapping[str, Any]) -> int:
     value = event.get("attempt", 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -75,4 +75,5 @@ def test_torchrun_across_two_hosts(tmp_path: Path) -> None:
     for idx in range(2):
         events = [json.loads(line) for line in (tmp_path / f"metrics{idx}.jsonl").open()]
         stages.append({e["stage"] for e in events if e.get("type") == "step"})
+        assert [e["type"] for e in events].count("plan") == (idx == 0)  # rank 0 writes it
     assert stages == [{0}, {1}], "node rank 0 runs stage 0 and node rank 1 stage 1"

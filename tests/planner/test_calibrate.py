@@ -196,6 +196,38 @@ def test_cli_writes_a_profile_that_simulate_reads(tmp_path: Path,
     assert "'5:2': expected A:B with 0 <= A < B" in capsys.readouterr().err
 
 
+def test_cli_takes_the_plan_the_metrics_name(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --plan the run's own plan (its metrics' ``plan`` event) is calibrated, over
+    the steps before it first migrated layers; steps past that need the new plan."""
+    base = profile(random.Random(9), 6)
+    plan = plan_template(base, 3, 4, "gpipe")
+    real = truth(base, plan, [(2.0, 1.0, 1.0), (1.0, 1.5, 1.0), (1.0, 1.0, 3.0)])
+    events = engine_events(real, plan, None, steps=6)
+    metrics, source = tmp_path / "m.jsonl", tmp_path / "p.json"
+    source.write_text(base.to_json())
+
+    def calibrated(lines: list[dict], *extra: str) -> int:
+        metrics.write_text("\n".join(json.dumps(e) for e in lines))
+        return main(["calibrate", str(source), str(metrics), "--json", *extra])
+
+    assert calibrated(events) == 2
+    assert "m.jsonl names no plan" in capsys.readouterr().err
+    header = {"type": "plan", "plan": json.loads(plan.to_json())}
+    assert calibrated([header, *events]) == 0
+    step = json.loads(capsys.readouterr().err)["step_ms"]
+    assert step["calibrated"] == pytest.approx(step["measured"], rel=1e-6)
+    migration = {"type": "migration", "phase": "done", "step": 4, "stage": 0}
+    assert calibrated([header, *events, migration]) == 0
+    assert json.loads(capsys.readouterr().err)["steps"] == [1, 3]
+    assert calibrated([header, *events, migration], "--steps", "2:6") == 2
+    assert ("--steps 2:6: the run migrated layers at step 4, so its metrics' plan held "
+            "until step 3") in capsys.readouterr().err
+    broken = {"type": "plan", "plan": {"stages": "x"}}
+    assert calibrated([broken, *events]) == 2
+    assert "the run's plan is not a valid plan" in capsys.readouterr().err
+
+
 def test_a_run_on_shared_cores_is_predicted_sharing_them() -> None:
     """Four ranks on two cores: the prediction from the profile runs two stages per core,
     one op at a time; the calibrated one gives each stage its device, the measured op

@@ -23,6 +23,7 @@ WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; each rank appends its
 the JSON-lines file itself.
 """
 
+import json
 import multiprocessing as mp
 import os
 import time
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from pipestudio.planner.plan import Plan
 from pipestudio.runtime.engine.config import EngineConfig, build_model
 from pipestudio.runtime.engine.errors import EngineError, WorkerFailure
 from pipestudio.runtime.engine.layout import EngineLayout
@@ -96,7 +98,7 @@ def launch(config: EngineConfig, sink: EventSink | None = None, *,
     context = mp.get_context(start_method)
     if start_method == "forkserver":
         context.set_forkserver_preload(["torch", "pipestudio.runtime.engine"])
-    sinks = _sinks(config.metrics_path, sink)
+    sinks = _sinks(config.metrics_path, sink, config.plan)
     readers: dict[Connection, int] = {}
     processes = []
     for rank in range(world):
@@ -120,10 +122,16 @@ def launch(config: EngineConfig, sink: EventSink | None = None, *,
                 target.close()
 
 
-def _sinks(metrics_path: str | None, sink: EventSink | None) -> list[EventSink]:
+def _sinks(metrics_path: str | None, sink: EventSink | None,
+           plan: Plan | None = None) -> list[EventSink]:
+    """The event sinks; a metrics file starts with ``plan`` when given (one writer does),
+    so ``pipestudio calibrate`` needs no ``--plan``."""
     sinks: list[EventSink] = []
     if metrics_path:
-        sinks.append(JsonlSink(metrics_path))
+        metrics = JsonlSink(metrics_path)
+        if plan is not None:
+            metrics({"type": "plan", "plan": json.loads(plan.to_json())})
+        sinks.append(metrics)
     if sink is not None:
         sinks.append(sink)
     return sinks
@@ -182,7 +190,7 @@ def train_from_env(config: EngineConfig, sink: EventSink | None = None) -> Train
     if world != layout.world_size:
         raise EngineError(f"WORLD_SIZE is {world} but the plan has {layout.world_size} "
                           "stage replicas; start one process per replica")
-    sinks = _sinks(config.metrics_path, sink)
+    sinks = _sinks(config.metrics_path, sink, config.plan if rank == 0 else None)
 
     def fanout(event: Event) -> None:
         for target in sinks:

@@ -29,7 +29,8 @@ def test_profile_plan_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "step 2: loss" in err and f"wrote {trace}" in err
     events = [json.loads(line) for line in metrics.read_text().splitlines()]
     kinds = {event["type"] for event in events}
-    assert {"start", "op", "step", "memory", "summary"} <= kinds
+    assert {"plan", "start", "op", "step", "memory", "summary"} <= kinds
+    assert events[0] == {"type": "plan", "plan": json.loads(Path(plan).read_text())}
     ops = [event for event in events if event["type"] == "op"]
     assert {op["op"] for op in ops} <= set(OpKind.__args__)  # type: ignore[attr-defined]
     assert {(op["stage"], op["op"]) for op in ops} >= {
@@ -40,6 +41,9 @@ def test_profile_plan_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert summary["steps"] == [0, 1, 2] and all(loss > 0 for loss in summary["loss"])
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {"forward 0", "backward 3", "memory", "process_name"} <= names
+    calibrated = tmp_path / "calibrated.json"  # the run's plan from its metrics
+    assert main(["calibrate", profile, str(metrics), "-o", str(calibrated)]) == 0
+    assert "step" in capsys.readouterr().out and calibrated.exists()
 
 
 def test_a_plan_for_another_model_exits_2(tmp_path: Path,
