@@ -200,3 +200,27 @@ def test_compare_rows_carry_the_smallest_memory(vgg16: str,
     assert rows["optimal"]["min_memory_bytes"] > 4 * 2**30
     assert str(rows["optimal"]["min_memory_bytes"]) in rows["optimal"]["error"]
     assert rows["uniform"]["min_memory_bytes"] is None  # a plan, though it does not fit
+
+
+def test_a_precision_other_than_the_profiles_exits_2_naming_both(
+        files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The profile's times hold for the arithmetic it was measured in: planning or
+    simulating in another is refused, with one line naming both precisions."""
+    bf16 = tmp_path / "bf16.json"
+    document = json.loads(Path(files["profile"]).read_text())
+    bf16.write_text(json.dumps({**document, "precision": "bf16"}))
+    wanted = "asks for precision 'fp32' but the profile was measured in 'bf16'"
+    for argv in (["plan-template", str(bf16), "--stages", "2", "--microbatches", "4",
+                  "--schedule", "1f1b", "--precision", "fp32"],
+                 ["plan", str(bf16), "--algorithm", "uniform", "--stages", "2",
+                  "--microbatches", "4", "--schedule", "gpipe", "--precision", "fp32"],
+                 ["compare", str(bf16), "--stages", "2", "--microbatches", "4",
+                  "--schedule", "gpipe", "--precision", "fp32"],
+                 ["simulate", str(bf16), files["plan"]]):
+        status, _, err = run(capsys, *argv)
+        assert status == 2 and wanted in err and len(err.splitlines()) == 1, (argv, err)
+    status, out, _ = run(capsys, "plan-template", str(bf16), "--stages", "2",
+                         "--microbatches", "4", "--schedule", "1f1b")
+    assert status == 0 and json.loads(out)["precision"] == "bf16"  # the profile's
+    assert run(capsys, "plan", files["profile"], "--algorithm", "uniform", "--stages", "2",
+               "--microbatches", "4", "--schedule", "gpipe", "--precision", "bf16")[0] == 2

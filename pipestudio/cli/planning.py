@@ -21,8 +21,8 @@ from pipestudio.planner import (
     simulate,
     write_chrome_trace,
 )
-from pipestudio.planner.documents import parse_document
-from pipestudio.planner.plan import SCHEDULES
+from pipestudio.planner.documents import PRECISIONS, parse_document
+from pipestudio.planner.plan import SCHEDULES, check_precision
 from pipestudio.planner.schemas import DOCUMENTS, json_schema
 from pipestudio.planner.units import format_bytes, parse_size
 
@@ -77,16 +77,25 @@ def _add_plan_template(commands: Any) -> None:
                         help="samples per micro-batch (default: the profile's)")
     parser.add_argument("--optimizer", default="adam", choices=("sgd", "momentum", "adam"),
                         help="optimizer whose state is counted in memory (default adam)")
+    add_precision_option(parser)
     parser.add_argument("-o", "--output", metavar="PLAN", help="plan JSON (default: stdout)")
     parser.set_defaults(handler=_plan_template)
 
 
 def _plan_template(args: argparse.Namespace) -> int:
     profile = load_document(Profile, args.profile)
+    if args.precision is not None:
+        check_precision(args.precision, profile.precision, "--precision")
     plan = plan_template(profile, args.stages, args.microbatches, args.schedule,
                          microbatch_size=args.microbatch_size, optimizer=args.optimizer)
     write_document(plan, args.output)
     return 0
+
+
+def add_precision_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--precision", choices=PRECISIONS,
+                        help="the precision to plan for, which must be the profile's (the "
+                             "default): the profile's times hold for it alone")
 
 
 def _add_cluster_template(commands: Any) -> None:

@@ -5,12 +5,12 @@ import json
 from typing import Any
 
 from pipestudio.cli.output import format_table, write_document
-from pipestudio.cli.planning import describe_result
+from pipestudio.cli.planning import add_precision_option, describe_result
 from pipestudio.planner import Cluster, PlannerError, Profile, load_document
 from pipestudio.planner.errors import InfeasibleError
 from pipestudio.planner.maxbatch import MAX_MICROBATCH_SIZE, MaxBatch, max_microbatch_size
 from pipestudio.planner.min_memory import smallest_device_memory
-from pipestudio.planner.plan import SCHEDULES
+from pipestudio.planner.plan import SCHEDULES, check_precision
 from pipestudio.planner.planners import PLANNERS
 from pipestudio.planner.planners.optimal import step_claim
 from pipestudio.planner.request import PlanOutcome, PlanRequest, memory_only_cluster, run_planner
@@ -73,6 +73,7 @@ def _add_request_options(parser: argparse.ArgumentParser, *, algorithm: bool,
     parser.add_argument("--schedule", required=True, choices=SCHEDULES)
     parser.add_argument("--microbatch-size", type=int, metavar="N", help=microbatch_help)
     parser.add_argument("--optimizer", default="adam", choices=("sgd", "momentum", "adam"))
+    add_precision_option(parser)
     hardware = parser.add_mutually_exclusive_group()
     hardware.add_argument("--cluster", metavar="CLUSTER", help="cluster JSON")
     hardware.add_argument("--device-memory", metavar="SIZE",
@@ -86,6 +87,8 @@ def _add_request_options(parser: argparse.ArgumentParser, *, algorithm: bool,
 
 def build_request(args: argparse.Namespace) -> PlanRequest:
     profile = load_document(Profile, args.profile)
+    if args.precision is not None:
+        check_precision(args.precision, profile.precision, "--precision")
     cluster: Cluster | None = None
     if args.cluster:
         cluster = load_document(Cluster, args.cluster)

@@ -5,6 +5,8 @@ import os
 import sys
 from typing import Any
 
+from pipestudio.planner.documents import PRECISIONS
+
 _Formatter = argparse.RawDescriptionHelpFormatter
 
 #: The names in pipestudio.runtime.models.MODELS, spelled out so that ``--help`` does not
@@ -44,6 +46,10 @@ def add_commands(commands: Any) -> None:
                         help="device to measure on (default cpu)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="dtype of parameters and activations (default float32)")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="arithmetic to measure in, as the plan will train: fp32 "
+                             "(default), tf32 (TF32 matmuls on CUDA), bf16 or fp16 (autocast "
+                             "over float32 weights)")
     parser.add_argument("--repeats", type=int, default=5, metavar="R",
                         help="timed runs per measurement; the median is kept (default 5)")
     parser.add_argument("--warmup", type=int, default=2, metavar="W",
@@ -85,7 +91,7 @@ def _profile(args: argparse.Namespace) -> int:
     profile = profile_model(spec, args.microbatch_size, device, warmup=args.warmup,
                             repeats=args.repeats, dtype=getattr(torch, args.dtype),
                             optimizer=args.optimizer, threads=threads,
-                            granularity=args.granularity)
+                            granularity=args.granularity, precision=args.precision)
     write_document(profile, args.output)
     return 0
 

@@ -68,7 +68,8 @@ def plan_document(profile: Profile, editor: Editor, boundaries: list[int]) -> di
         "model": profile.model, "schedule": editor["schedule"],
         "num_microbatches": editor["num_microbatches"],
         "microbatch_size": editor.get("microbatch_size") or profile.microbatch_size,
-        "optimizer": editor.get("optimizer", "adam"), "stages": stages,
+        "optimizer": editor.get("optimizer", "adam"), "precision": profile.precision,
+        "stages": stages,
         "policies": dict(editor.get("policies") or {}),
         "provenance": {"planner": editor.get("source", "manual"), "edited_in": "dashboard"},
     }

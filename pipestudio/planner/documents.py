@@ -9,7 +9,7 @@ budget is ``budget.py``). The limits sit far above any real model or cluster.
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -74,6 +74,10 @@ Integral = BeforeValidator(_integral)
 #: (no "1.5" for 1.5, no true for 1), as the JSON Schemas state them.
 STRICT = ConfigDict(extra="forbid", strict=True)
 
+#: The arithmetic a model is trained (and profiled) in: float32; float32 with TF32
+#: matmuls; or bfloat16 / float16 autocast over float32 master weights and optimizer state.
+Precision = Literal["fp32", "tf32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]

@@ -29,6 +29,7 @@ from pipestudio.planner.documents import (
     MicrobatchSize,
     Name,
     NumMicrobatches,
+    Precision,
     Provenance,
     Replicas,
     parse_document,
@@ -72,6 +73,9 @@ class Plan(Document):
     num_microbatches: NumMicrobatches = Field(description="Micro-batches per step.")
     microbatch_size: MicrobatchSize = Field(description="Samples per micro-batch.")
     optimizer: Optimizer = "adam"
+    precision: Precision = Field(
+        "fp32", description="Arithmetic to train in, as the profile was measured: fp32, tf32, "
+        "bf16 or fp16.")
     stages: list[Stage] = Field(min_length=1, max_length=MAX_STAGES,
                                 description="Stages in pipeline order.")
     policies: dict[Name, Policy] = Field(
@@ -146,11 +150,20 @@ class StageLayout:
     stage_of_layer: tuple[int, ...]
 
 
+def check_precision(precision: str, profiled: str, what: str) -> None:
+    """Refuse to plan or predict in another precision than the profile's: its times and
+    bytes hold only for the arithmetic they were measured in."""
+    if precision != profiled:
+        raise PlanError(f"{what} asks for precision {precision!r} but the profile was measured "
+                        f"in {profiled!r}; profile the model with --precision {precision}")
+
+
 def resolve_plan(plan: Plan, profile: Profile) -> StageLayout:
     """Check that ``plan`` places every layer of ``profile`` exactly once, in pipeline order."""
     if plan.model != profile.model:
         raise PlanError(f"the plan is for model {plan.model!r} but the profile is of "
                         f"{profile.model!r}")
+    check_precision(plan.precision, profile.precision, "the plan")
     index = profile.layer_index
     stage_of_layer = [-1] * profile.num_layers
     stage_layers = []
@@ -218,6 +231,7 @@ def plan_template(
             "num_microbatches": num_microbatches,
             "microbatch_size": microbatch_size or profile.microbatch_size,
             "optimizer": optimizer,
+            "precision": profile.precision,
             "stages": stages,
             "policies": {layer.name: "keep" for layer in profile.layers},
             "provenance": {"planner": "template", "num_stages": num_stages},

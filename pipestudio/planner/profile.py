@@ -24,6 +24,7 @@ from pipestudio.planner.documents import (
     MicrobatchSize,
     Milliseconds,
     Name,
+    Precision,
     Text,
 )
 from pipestudio.planner.errors import ProfileError
@@ -72,6 +73,9 @@ class Profile(Document):
     microbatch_size: MicrobatchSize = Field(
         description="Micro-batch size the layers were measured at.")
     dtype: Label = Field("float32", description="Data type of parameters and activations.")
+    precision: Precision = Field(
+        "fp32", description="Arithmetic the layers were measured in: fp32, tf32 (TF32 "
+        "matmuls), bf16 or fp16 (autocast over fp32 weights). Plans keep it.")
     device: Label = Field("unknown", description="Device the profile was measured on.")
     input_bytes: Bytes = Field(0, description="Bytes of one micro-batch of input data.")
     layers: list[Layer] = Field(min_length=1, max_length=MAX_LAYERS)

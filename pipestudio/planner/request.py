@@ -104,6 +104,7 @@ class PlanRequest:
             "num_microbatches": self.num_microbatches,
             "microbatch_size": self.scaled.microbatch_size,
             "optimizer": self.optimizer,
+            "precision": self.profile.precision,
             "stages": [{"layers": [names[i] for i in layers], "replicas": count}
                        for layers, count in zip(stages, replicas, strict=True)],
             "policies": {names[i]: policies.get(i, "keep")

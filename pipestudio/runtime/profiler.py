@@ -36,6 +36,7 @@ from pipestudio.runtime.errors import SettingsError
 from pipestudio.runtime.fx_ops import op_description, op_kind, op_spec
 from pipestudio.runtime.models.spec import DATA, ModelSpec
 from pipestudio.runtime.optimizers import OPTIMIZERS, make_optimizer
+from pipestudio.runtime.precision import autocast_dtype, forwards, matmuls
 from pipestudio.runtime.profiler_ops import SavedInputs
 from pipestudio.runtime.timing import median_ms, nothing
 
@@ -54,39 +55,47 @@ class ProfileSettings:
     repeats: int
     optimizer: str
     granularity: str = "layer"
+    precision: str = "fp32"  # ``runtime/precision.py``
 
 
 def profile_model(spec: ModelSpec, microbatch_size: int, device: str | torch.device = "cpu",
                   warmup: int = 2, repeats: int = 5, dtype: torch.dtype = torch.float32, *,
                   optimizer: str = "adam", threads: int | None = None,
-                  granularity: str = "layer") -> Profile:
+                  granularity: str = "layer", precision: str = "fp32") -> Profile:
     """Measure every layer of ``spec`` at ``microbatch_size`` samples per micro-batch.
 
     Times are medians of ``repeats`` runs after ``warmup`` runs. ``threads`` sets torch's
     CPU thread count for the measurement (restored afterwards); None leaves it as it is.
     ``granularity="op"`` measures every tensor operator instead (``fx_ops.op_spec``).
+    ``precision`` is the arithmetic measured (``runtime/precision.py``): bf16 and fp16
+    autocast the forwards over ``dtype`` (float32) weights, so times, saved and output
+    bytes are what autocast makes.
     """
     _check_settings(microbatch_size, warmup, repeats, optimizer, threads)
+    if autocast_dtype(precision) is not None and dtype != torch.float32:
+        raise SettingsError(f"precision {precision!r} autocasts over float32 weights; the "
+                            f"weights cannot also be {str(dtype).removeprefix('torch.')}")
     if granularity not in GRANULARITIES:
         raise SettingsError(f"granularity {granularity!r} is unknown; expected one of "
                             f"{', '.join(GRANULARITIES)}")
     if granularity == "op":
         spec = op_spec(spec, microbatch_size)
     settings = ProfileSettings(resolve_device(device), dtype, warmup, repeats, optimizer,
-                               granularity)
+                               granularity, precision)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         data, _ = spec.sample(microbatch_size, 0)
         data = _to_device(data, settings)
-        with torch.enable_grad():
+        with torch.enable_grad(), matmuls(precision):
             layers = profile_layers(spec, data, settings)
         edges = spec.edges()
         return Profile(
             model=spec.name,
             microbatch_size=microbatch_size,
             dtype=str(dtype).removeprefix("torch."),
+            precision=precision,
             device=describe_device(settings.device),
             input_bytes=tensor_bytes(data),
             layers=layers,
@@ -140,10 +149,16 @@ def profile_layers(spec: ModelSpec, data: Tensor, settings: ProfileSettings) -> 
 def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
                   settings: ProfileSettings) -> tuple[Layer, Tensor]:
     """One layer's measurements, and its output from the first forward (before any update)."""
-    output, saved_bytes = count_saved_bytes(layer, inputs)
+    with forwards(settings.precision, settings.device):
+        output, saved_bytes = count_saved_bytes(layer, inputs)
     output_bytes = tensor_bytes(output)
-    fwd_ms = median_ms(lambda _: layer(*inputs), nothing, settings.device,
-                       warmup=settings.warmup, repeats=settings.repeats)
+
+    def forward(_: object) -> Tensor:
+        with forwards(settings.precision, settings.device):
+            return layer(*inputs)
+
+    fwd_ms = median_ms(forward, nothing, settings.device, warmup=settings.warmup,
+                       repeats=settings.repeats)
     bwd_ms, workspace_bytes = 0.0, 0
     if output.requires_grad:
         bwd_ms, workspace_bytes = _measure_backward(
@@ -177,7 +192,8 @@ def _measure_backward(layer: nn.Module, inputs: list[Tensor], grad_output: Tenso
     def forward() -> Tensor:
         for x in inputs:
             x.grad = None  # each micro-batch sends a fresh input gradient upstream
-        return layer(*inputs)
+        with forwards(settings.precision, settings.device):
+            return layer(*inputs)
 
     def backward(output: Tensor) -> None:
         torch.autograd.backward(output, grad_output, inputs=wrt)

@@ -93,6 +93,23 @@ def test_dtype_sets_the_bytes() -> None:
         layer.param_bytes for layer in double.layers]
 
 
+def test_bf16_autocast_measures_half_width_activations_over_fp32_weights() -> None:
+    """mlp's blocks are Linear then ReLU: under bf16 autocast both run in 16 bits, so each
+    block's output and saved bytes halve; the weights (and so the parameter bytes) stay
+    float32, as in mixed-precision training."""
+    spec = tiny("mlp")
+    fp32 = profile_model(spec, MICROBATCH, **QUICK)
+    bf16 = profile_model(spec, MICROBATCH, precision="bf16", **QUICK)
+    assert (fp32.precision, bf16.precision) == ("fp32", "bf16")
+    assert bf16.dtype == "float32" and bf16.input_bytes == fp32.input_bytes
+    for full, half in zip(fp32.layers[:-1], bf16.layers[:-1], strict=True):
+        assert half.output_bytes * 2 == full.output_bytes, full.name
+        assert half.param_bytes == full.param_bytes
+    with pytest.raises(SettingsError, match="autocasts over float32 weights; the weights "
+                                            "cannot also be float16"):
+        profile_model(spec, MICROBATCH, dtype=torch.float16, precision="bf16", **QUICK)
+
+
 def test_the_users_model_is_left_untouched() -> None:
     spec = tiny("resnet")
     spec.as_module().eval()

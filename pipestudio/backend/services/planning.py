@@ -93,6 +93,7 @@ def manual_plan(profile: Profile, manual: ManualPlan, *, field: str = "manual",
         "num_microbatches": manual.num_microbatches,
         "microbatch_size": manual.microbatch_size or profile.microbatch_size,
         "optimizer": manual.optimizer, "policies": manual.policies,
+        "precision": profile.precision,
         "stages": [{"layers": names[a:b]} for a, b in itertools.pairwise(cuts)],
         "provenance": provenance or {"planner": "manual"},
     }

@@ -75,6 +75,9 @@ class EngineConfig:
         if self.device not in DEVICES:
             raise EngineError(f"device {self.device!r} is unknown; expected one of "
                               f"{', '.join(DEVICES)}")
+        if self.plan.precision == "fp16":
+            raise EngineError("the plan's precision 'fp16' needs dynamic loss scaling, which "
+                              "the engine does not run: train in bf16, tf32 or fp32")
         if self.granularity not in GRANULARITIES:
             raise EngineError(f"granularity {self.granularity!r} is unknown; expected one of "
                               f"{', '.join(GRANULARITIES)}")

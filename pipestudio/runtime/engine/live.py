@@ -102,7 +102,8 @@ class LiveRepartition:
         layout = EngineLayout(plan, w.spec.name, w.spec.layer_names, w.spec.graph_inputs())
         io = layout.stages[w.stage_idx]
         runner = StageRunner(self.modules, io, w.spec.graph_inputs(), w.spec.loss,
-                             plan.num_microbatches, w.ctx.device, w.swap, w.recorder)
+                             plan.num_microbatches, w.ctx.device, w.swap, w.recorder,
+                             plan.precision)
         step = decision["step"]
         switch_mb = step * plan.num_microbatches
         old_layout = self.latest.layout

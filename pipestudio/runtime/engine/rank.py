@@ -32,6 +32,7 @@ from pipestudio.runtime.engine.measured import measured_result, summary_event
 from pipestudio.runtime.engine.metrics import EventSink
 from pipestudio.runtime.engine.rendezvous import StoreAddress, join, leave
 from pipestudio.runtime.engine.worker import Worker
+from pipestudio.runtime.precision import matmuls
 
 
 def exit_now(code: int) -> NoReturn:
@@ -81,7 +82,8 @@ def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: Event
               "threads": torch.get_num_threads(), "world_size": layout.world_size,
               "schedule": config.plan.schedule, "start_step": start_step,
               "steps": config.steps, "time_ms": ctx.clock.now_ms()})
-        worker.train(start_step)
+        with matmuls(config.plan.precision):
+            worker.train(start_step)
         summary = _gather(config, worker, list(range(start_step, config.steps)))
         watchdog.finish()
         return summary

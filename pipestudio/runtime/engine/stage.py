@@ -33,6 +33,7 @@ from pipestudio.runtime.engine.layout import DATA, StageIO
 from pipestudio.runtime.engine.metrics import Recorder
 from pipestudio.runtime.engine.swap import SwapSpace
 from pipestudio.runtime.engine.weights import trainable
+from pipestudio.runtime.precision import forwards
 
 
 @dataclass
@@ -53,8 +54,9 @@ class StageRunner:
     def __init__(self, layers: Mapping[str, nn.Module], io: StageIO,
                  graph_inputs: Mapping[str, Sequence[str]], loss_fn: Callable[..., Tensor],
                  num_microbatches: int, device: torch.device, swap: SwapSpace,
-                 recorder: Recorder) -> None:
+                 recorder: Recorder, precision: str = "fp32") -> None:
         self.io, self.names = io, list(io.layers)
+        self.device, self.precision = device, precision
         self.module = nn.ModuleList([layers[name] for name in self.names]).to(device)
         self.inputs = {name: list(graph_inputs[name]) for name in self.names}
         self.loss_fn, self.num_microbatches = loss_fn, num_microbatches
@@ -93,8 +95,17 @@ class StageRunner:
                 data: Tensor | None, targets: Tensor | None,
                 weights: Mapping[str, Tensor],
                 before_layer: Callable[[str], None] | None = None) -> ForwardState:
-        """The micro-batch's forward; ``before_layer(name)`` is called before each layer
-        runs (a layer that migrated here may still be arriving: ``live.py``)."""
+        """The micro-batch's forward in the plan's precision (``runtime/precision.py``;
+        a recomputation repeats it: ``checkpoint`` restores the autocast state);
+        ``before_layer(name)`` is called before each layer runs (a layer that migrated
+        here may still be arriving: ``live.py``)."""
+        with forwards(self.precision, self.device):
+            return self._forward(microbatch, step, received, data, targets, weights,
+                                 before_layer)
+
+    def _forward(self, microbatch: int, step: int, received: dict[str, Tensor],
+                 data: Tensor | None, targets: Tensor | None, weights: Mapping[str, Tensor],
+                 before_layer: Callable[[str], None] | None) -> ForwardState:
         acts: dict[str, Tensor] = dict(received)
         if data is not None:
             acts[DATA] = data

@@ -74,7 +74,7 @@ class Worker:
         self.backward_next: int | None = None  # the micro-batch whose backward comes next
         self.stage = StageRunner(dict(spec.layers), self.io, spec.graph_inputs(), spec.loss,
                                  self.plan.num_microbatches, ctx.device, self.swap,
-                                 self.recorder)
+                                 self.recorder, self.plan.precision)
         self.optimizer = self.make_optimizer([p for p in self.stage.params.values()
                                               if p.requires_grad])
         self.transport = Transport(ctx, layout, self.recorder, watchdog)

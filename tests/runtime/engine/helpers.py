@@ -27,12 +27,12 @@ def builder(name: str) -> Callable[[], ModelSpec]:
 def make_plan(model: str, stages: list[list[str]], schedule: str, *, replicas: list[int] | None
               = None, num_microbatches: int = 4, microbatch_size: int = 2,
               optimizer: str = "adam", policies: dict[str, str] | None = None,
-              vertical_sync: bool = False) -> Plan:
+              vertical_sync: bool = False, precision: str = "fp32") -> Plan:
     replicas = replicas or [1] * len(stages)
     return parse_document(Plan, {
         "model": model, "schedule": schedule, "vertical_sync": vertical_sync,
         "num_microbatches": num_microbatches, "microbatch_size": microbatch_size,
-        "optimizer": optimizer, "policies": policies or {},
+        "optimizer": optimizer, "policies": policies or {}, "precision": precision,
         "stages": [{"layers": layers, "replicas": r}
                    for layers, r in zip(stages, replicas, strict=True)]})
 

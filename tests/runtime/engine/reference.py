@@ -38,16 +38,24 @@ def layer_params(spec: ModelSpec) -> Params:
             for key, value in module.named_parameters()}
 
 
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def train_single(build: Callable[[], ModelSpec], plan: Plan, steps: int,
                  lr: float | None = None) -> Params:
+    """Plain training; a bf16 or fp16 plan's forwards (loss included) run under CPU
+    autocast over the float32 weights, as mixed-precision training does."""
     spec = build()
     model = spec.as_module()
     optimizer = _optimizer(plan, list(model.parameters()), lr)
     num_mb, size = plan.num_microbatches, plan.microbatch_size
+    dtype = _AUTOCAST.get(plan.precision)
     for step in range(steps):
         for k in range(num_mb):
             data, targets = spec.sample(size, step * num_mb + k)
-            (spec.loss(model(data), targets) / num_mb).backward()
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                loss = spec.loss(model(data), targets) / num_mb
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return layer_params(spec)

@@ -77,3 +77,12 @@ def test_a_nonfinite_loss_fails_train_unless_told_to_continue(
         assert errors[0] == "error: loss is NaN at step 1 (stage 1)", err
     else:
         assert errors == [], err
+
+
+def test_an_fp16_plan_is_refused_until_loss_scaling_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = make_plan("mlp", [["block0"], ["block1", "head"]], "1f1b", precision="fp16")
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    assert main(["train", "--plan", str(path), *TINY_MLP, "--steps", "1"]) == 2
+    assert "precision 'fp16' needs dynamic loss scaling" in capsys.readouterr().err

@@ -39,3 +39,31 @@ def test_synchronous_schedules_equal_single_process(model: str, schedule: str,
     assert max_relative_difference(got, expected) <= 1e-5
     initial = {f"{n}.{k}": v.detach() for n, m in spec.layers for k, v in m.named_parameters()}
     assert max_relative_difference(got, initial) > 1e-4  # it did train
+
+
+#: bf16 keeps 8 significant bits: one rounding of a value is up to 2^-9 = 0.2% off, and a
+#: pipeline that rounded anything differently from the single process (another order of a
+#: sum inside a 16-bit op, a tensor cast at another point) would be off by that much in
+#: the weights' updates. Both run the same autocast ops on the same float32 weights and
+#: add float32 gradients in the same micro-batch order, so they agree far closer (to the bit
+#: on these runs): the bound is 100 x fp32's rounding, far below one bf16 rounding, and the
+#: same training in float32 is 0.55% away (asserted above 100 x the bound).
+BF16_TOLERANCE = 1e-5
+
+
+@pytest.mark.parametrize(("schedule", "policies"), [
+    ("gpipe", {}), ("1f1b", {}), ("1f1b", {"block1": "recompute"}),
+    ("gpipe", {"block0": "swap", "block1": "recompute"})])
+def test_bf16_pipelines_equal_single_process_autocast(schedule: str, policies: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    split = [["embed", "block0"], ["block1", "head"]]
+    plan = make_plan("gpt", split, schedule, optimizer="momentum", policies=policies,
+                     precision="bf16")
+    result = run(plan, "gpt", STEPS, tmp_path)
+    assert result.ok, result.message
+    got = final_params(tmp_path, plan, builder("gpt")().layer_names)
+    expected = train_single(builder("gpt"), plan, STEPS)
+    assert max_relative_difference(got, expected) <= BF16_TOLERANCE
+    in_fp32 = train_single(builder("gpt"), plan.model_copy(update={"precision": "fp32"}),
+                           STEPS)
+    assert max_relative_difference(got, in_fp32) > 100 * BF16_TOLERANCE  # bf16 did run
