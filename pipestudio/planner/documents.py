@@ -82,6 +82,9 @@ Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES), Integral]
+#: Floating-point operations of a layer's pass over one micro-batch (as counted by
+#: PyTorch's FLOP counter); held to the byte counts' 2**53 for the same reason.
+Flops = Annotated[int, Field(ge=0, le=MAX_BYTES), Integral]
 Milliseconds = Annotated[float, Field(ge=0, le=MAX_OP_MS, allow_inf_nan=False)]
 #: A time the planner sums from many operations (a step, a migration): finite, not held
 #: to ``MAX_OP_MS``, which bounds one operation.

@@ -19,6 +19,7 @@ from pipestudio.planner.documents import (
     STRICT,
     Bytes,
     Document,
+    Flops,
     Label,
     Metadata,
     MicrobatchSize,
@@ -44,6 +45,10 @@ class Layer(BaseModel):
     output_bytes: Bytes = Field(0, description="Bytes of the output sent to the next layer.")
     workspace_bytes: Bytes = Field(0, description="Transient bytes while the layer runs.")
     update_ms: Milliseconds = Field(0.0, description="Optimizer update time of the parameters.")
+    fwd_flops: Flops = Field(0, description="Floating-point operations of the forward of one "
+                                            "micro-batch (0: not counted).")
+    bwd_flops: Flops = Field(0, description="Floating-point operations of the backward of one "
+                                            "micro-batch (0: not counted).")
     description: Text = Field("", description="Free text, e.g. the module's repr.")
 
 
@@ -142,8 +147,8 @@ class Profile(Document):
         return LayerGraph(tuple(map(tuple, preds)), tuple(map(tuple, succs)))
 
     def rescaled(self, microbatch_size: int) -> "Profile":
-        """The same model at another micro-batch size: times and activations scale linearly
-        in the batch, parameters stay constant."""
+        """The same model at another micro-batch size: times, FLOPs and activations scale
+        linearly in the batch, parameters stay constant."""
         if not 1 <= microbatch_size <= MAX_MICROBATCH_SIZE:
             raise ProfileError(f"micro-batch size must be between 1 and {MAX_MICROBATCH_SIZE}, "
                                f"got {microbatch_size}")
@@ -155,6 +160,8 @@ class Profile(Document):
                 update={
                     "fwd_ms": layer.fwd_ms * factor,
                     "bwd_ms": layer.bwd_ms * factor,
+                    "fwd_flops": round(layer.fwd_flops * factor),
+                    "bwd_flops": round(layer.bwd_flops * factor),
                     "saved_bytes": round(layer.saved_bytes * factor),
                     "output_bytes": round(layer.output_bytes * factor),
                     "workspace_bytes": round(layer.workspace_bytes * factor),

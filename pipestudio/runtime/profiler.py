@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from pipestudio.planner import Edge, Layer, Profile
 from pipestudio.runtime.activation_memory import (
@@ -160,6 +161,7 @@ def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
     fwd_ms = median_ms(forward, nothing, settings.device, warmup=settings.warmup,
                        repeats=settings.repeats)
     bwd_ms, workspace_bytes = 0.0, 0
+    fwd_flops, bwd_flops = count_flops(layer, inputs, settings)
     if output.requires_grad:
         bwd_ms, workspace_bytes = _measure_backward(
             layer, inputs, torch.ones_like(output), settings, output_bytes=output_bytes,
@@ -174,9 +176,32 @@ def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
         output_bytes=output_bytes,
         workspace_bytes=workspace_bytes,
         update_ms=_measure_update(layer, settings),
+        fwd_flops=fwd_flops,
+        bwd_flops=bwd_flops,
         description=op_description(layer) or describe_module(layer),
     )
     return result, output
+
+
+def count_flops(layer: nn.Module, inputs: list[Tensor], settings: ProfileSettings
+                ) -> tuple[int, int]:
+    """The layer's forward and backward FLOPs on ``inputs``, as PyTorch's FLOP counter
+    counts them from the shapes of the ops that run (in the profile's precision; an op it
+    has no formula for counts 0). The backward is towards the inputs that ask for a
+    gradient and the parameters, as in a stage (``autograd.grad``: no ``.grad`` is
+    touched)."""
+    with FlopCounterMode(display=False) as counter, forwards(settings.precision,
+                                                              settings.device):
+        output = layer(*inputs)
+    fwd_flops = counter.get_total_flops()
+    bwd_flops = 0
+    wrt = [x for x in inputs if x.requires_grad]
+    wrt += [p for p in layer.parameters() if p.requires_grad]
+    if output.requires_grad and wrt:
+        with FlopCounterMode(display=False) as counter:
+            torch.autograd.grad(output, wrt, torch.ones_like(output), allow_unused=True)
+        bwd_flops = counter.get_total_flops()
+    return int(fwd_flops), int(bwd_flops)
 
 
 def _measure_backward(layer: nn.Module, inputs: list[Tensor], grad_output: Tensor,

@@ -94,9 +94,9 @@ def test_dtype_sets_the_bytes() -> None:
 
 
 def test_bf16_autocast_measures_half_width_activations_over_fp32_weights() -> None:
-    """mlp's blocks are Linear then ReLU: under bf16 autocast both run in 16 bits, so each
-    block's output and saved bytes halve; the weights (and so the parameter bytes) stay
-    float32, as in mixed-precision training."""
+    """mlp's blocks are Linear then GELU: under bf16 autocast the Linear runs in 16 bits
+    and GELU keeps its input's dtype, so each block's output bytes halve; the weights (and
+    so the parameter bytes) stay float32, as in mixed-precision training."""
     spec = tiny("mlp")
     fp32 = profile_model(spec, MICROBATCH, **QUICK)
     bf16 = profile_model(spec, MICROBATCH, precision="bf16", **QUICK)
@@ -108,6 +108,23 @@ def test_bf16_autocast_measures_half_width_activations_over_fp32_weights() -> No
     with pytest.raises(SettingsError, match="autocasts over float32 weights; the weights "
                                             "cannot also be float16"):
         profile_model(spec, MICROBATCH, dtype=torch.float16, precision="bf16", **QUICK)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_flops_are_the_matmuls_of_each_pass(precision: str) -> None:
+    """A Linear of i inputs and o outputs on n samples: the forward is 2 n i o FLOPs, the
+    backward as much for the weights' gradient and as much again for the input's, which
+    block0 (it reads the data, which asks for no gradient) does not compute. The count
+    depends on shapes, not on the precision."""
+    spec = tiny("mlp")
+    shape = TINY["mlp"]
+    num, inp, width = MICROBATCH, int(shape["in_features"]), int(shape["width"])
+    profile = profile_model(spec, MICROBATCH, precision=precision, **QUICK)
+    block0, block1 = profile.layers[0], profile.layers[1]
+    assert (block0.fwd_flops, block0.bwd_flops) == (2 * num * inp * width,) * 2
+    assert (block1.fwd_flops, block1.bwd_flops) == (2 * num * width * width,
+                                                    4 * num * width * width)
+    assert profile.rescaled(2 * MICROBATCH).layers[1].fwd_flops == 2 * block1.fwd_flops
 
 
 def test_the_users_model_is_left_untouched() -> None:
