@@ -182,10 +182,13 @@ def describe_result(result: SimResult, plan: Plan) -> str:
     """A human summary: the headline numbers and one row per stage."""
     header = (f"{result.model}: {result.schedule}, {result.num_stages} stages, "
               f"{result.num_microbatches} micro-batches of {result.microbatch_size}, "
-              f"{plan.optimizer}")
+              f"{plan.optimizer}, {plan.precision}")
     totals = (f"step time {result.step_time_ms:.3f} ms   samples/s {result.samples_per_s:.1f}   "
               f"bubble {100 * result.bubble_fraction:.1f}%   "
               f"fits: {'yes' if result.fits else 'NO'}")
+    if result.model_flops:
+        totals += (f"   model {result.model_flops / 1e9:.1f} GFLOP/step, "
+                   f"{result.model_tflops:.3g} TFLOP/s")
     rows = []
     for stage in result.stages:
         names = stage.layers

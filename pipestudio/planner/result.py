@@ -53,6 +53,11 @@ class StageResult(_Strict):
         description="Most micro-batches whose forward ran and backward did not, on a replica."
     )
     num_weight_versions: int = Field(description="Weight versions kept at once (pipedream).")
+    flops: int = Field(0, description="Floating-point operations per step and replica: "
+                                      "forwards, recomputes and backwards (0: the profile "
+                                      "counts none).")
+    tflops: float = Field(0.0, description="Achieved TFLOP/s of a replica: flops over the "
+                                           "step time.")
 
 
 class TimelineOp(_Strict):
@@ -98,6 +103,11 @@ class SimResult(Document):
         description="1 - sum of stages' busy_ms / (stages x step time)."
     )
     fits: bool
+    model_flops: int = Field(0, description="The model's forward and backward FLOPs per step "
+                                            "(recomputes not counted, as model FLOP "
+                                            "utilisation counts them).")
+    model_tflops: float = Field(0.0, description="model_flops over the step time, all devices "
+                                                 "together.")
     window_start_ms: float = Field(description="Start of the measured steps in the timeline.")
     window_end_ms: float
     stages: list[StageResult]

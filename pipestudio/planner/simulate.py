@@ -29,7 +29,7 @@ and more steps give a truer mean.
 
 import gc
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -354,6 +354,18 @@ def _host_gbps(build: _Build, device_idx: int, attribute: str) -> float | None:
     return value
 
 
+def stage_flops(profile: Profile, plan: Plan, stage_idx: int, layers: Sequence[int]) -> int:
+    """FLOPs per step of one replica of stage ``stage_idx`` (holding ``layers``): the
+    forward and backward of each of its micro-batches, and the forward again of recomputed
+    layers."""
+    per_microbatch = 0
+    for idx in layers:
+        layer = profile.layers[idx]
+        again = plan.policies.get(layer.name) == "recompute"
+        per_microbatch += layer.fwd_flops * (2 if again else 1) + layer.bwd_flops
+    return per_microbatch * plan.num_microbatches // plan.stages[stage_idx].replicas
+
+
 def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing,
             warmup_steps: int, num_steps: int, with_timeline: bool) -> SimResult:
     plan, ops = build.plan, build.ops
@@ -385,6 +397,7 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
     fits = _fits_by_device(build, ledger)
     stages = []
     for stage_idx, stage in enumerate(plan.stages):
+        flops = stage_flops(profile, plan, stage_idx, layout.stage_layers[stage_idx])
         workers = [build.worker_id[(stage_idx, r)] for r in range(stage.replicas)]
         top = max(workers, key=lambda w: peaks[w].memory.total_bytes)
         memory_limits = [_device_memory(build.cluster, build.device(w)) for w in workers]
@@ -404,10 +417,14 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
             fits=all(fits[build.device(w)] for w in workers),
             max_inflight_microbatches=max(peaks[w].max_inflight for w in workers),
             num_weight_versions=max(peaks[w].weight_versions for w in workers),
+            flops=flops,
+            tflops=flops / step_time / 1e9 if step_time > 0 else 0.0,
         ))
     stage_busy = sum(stage.busy_ms for stage in stages)
     bubble = 1.0 - stage_busy / (len(stages) * step_time) if step_time > 0 else 0.0
     samples = plan.num_microbatches * plan.microbatch_size
+    model_flops = plan.num_microbatches * sum(layer.fwd_flops + layer.bwd_flops
+                                              for layer in profile.layers)
     return SimResult(
         model=plan.model,
         schedule=plan.schedule,
@@ -419,6 +436,8 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
         samples_per_s=samples / step_time * 1e3 if step_time > 0 else 0.0,
         bubble_fraction=max(0.0, bubble),
         fits=all(stage.fits for stage in stages),
+        model_flops=model_flops,
+        model_tflops=model_flops / step_time / 1e9 if step_time > 0 else 0.0,
         step_times_ms=step_times,
         window_start_ms=window[0],
         window_end_ms=window[1],

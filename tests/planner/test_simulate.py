@@ -224,3 +224,25 @@ def test_shared_device_serializes_compute() -> None:
     shared = simulate(profile, plan, single_level_cluster(2))
     # One device runs both stages' work back to back: 2 stages x 4 micro-batches x 3 ms.
     assert close(shared.step_time_ms, 2 * 4 * (1.0 + 2.0))
+
+
+def test_flops_per_step_and_achieved_tflops() -> None:
+    """Four layers of 3 GFLOP forward and 6 backward per micro-batch, 4 micro-batches, two
+    stages, the second of two replicas recomputing its layers: stage 0 does 4 x 2 x 9 = 72
+    GFLOP a step, a replica of stage 1 2 x 2 x (9 + 3) = 48; the model 4 x 4 x 9 = 144
+    (recomputes are not the model's work); each over the simulated step."""
+    base = chain_profile(4)
+    profile = base.model_copy(update={"layers": [
+        layer.model_copy(update={"fwd_flops": 3 * 10**9, "bwd_flops": 6 * 10**9})
+        for layer in base.layers]})
+    plan = even_plan(profile, 2, 4, "1f1b", replicas=[1, 2])
+    plan = plan.model_copy(update={"policies": {**plan.policies, "layer2": "recompute",
+                                                "layer3": "recompute"}})
+    result = simulate(profile, plan)
+    step = result.step_time_ms
+    assert [stage.flops for stage in result.stages] == [72 * 10**9, 48 * 10**9]
+    assert close(result.stages[1].tflops, 48 / step)  # 48e9 / (step / 1e3) / 1e12
+    assert result.model_flops == 144 * 10**9 and close(result.model_tflops, 144 / step)
+    assert simulate(profile.rescaled(8), plan.model_copy(
+        update={"microbatch_size": 8})).model_flops == 288 * 10**9
+    assert simulate(base, even_plan(base, 2, 4, "1f1b")).model_tflops == 0.0
