@@ -224,3 +224,20 @@ def test_a_precision_other_than_the_profiles_exits_2_naming_both(
     assert status == 0 and json.loads(out)["precision"] == "bf16"  # the profile's
     assert run(capsys, "plan", files["profile"], "--algorithm", "uniform", "--stages", "2",
                "--microbatches", "4", "--schedule", "gpipe", "--precision", "bf16")[0] == 2
+
+
+def test_simulate_prints_model_flops_and_utilisation(
+        files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    counted = tmp_path / "counted.json"
+    document = json.loads(Path(files["profile"]).read_text())
+    for layer in document["layers"]:
+        layer.update(fwd_flops=10**9, bwd_flops=2 * 10**9)
+    counted.write_text(json.dumps(document))
+    status, out, _ = run(capsys, "simulate", str(counted), files["plan"], "--peak-tflops", "1")
+    assert status == 0 and "GFLOP/step" in out and "(MFU " in out
+    status, out, _ = run(capsys, "simulate", str(counted), files["plan"], "--json",
+                         "--no-timeline", "--peak-tflops", "2")
+    result = json.loads(out)
+    assert result["mfu"] == pytest.approx(result["model_tflops"] / (4 * 2))
+    status, _, err = run(capsys, "simulate", str(counted), files["plan"], "--peak-tflops", "0")
+    assert status == 2 and "--peak-tflops must be > 0, got 0.0" in err

@@ -22,6 +22,7 @@ from pipestudio.planner import (
     write_chrome_trace,
 )
 from pipestudio.planner.documents import PRECISIONS, parse_document
+from pipestudio.planner.peaks import model_flop_utilisation
 from pipestudio.planner.plan import SCHEDULES, check_precision
 from pipestudio.planner.schemas import DOCUMENTS, json_schema
 from pipestudio.planner.units import format_bytes, parse_size
@@ -157,6 +158,10 @@ def _add_simulate(commands: Any) -> None:
                         help="leave the timeline and memory tracks out of the JSON")
     parser.add_argument("--trace", metavar="FILE",
                         help="write the timeline as a Chrome trace (Perfetto, chrome://tracing)")
+    parser.add_argument("--peak-tflops", type=float, metavar="T",
+                        help="each device's peak TFLOP/s in the plan's precision, for the "
+                             "model FLOP utilisation (default: the table of known GPUs, "
+                             "matched by the profile's device)")
     parser.set_defaults(handler=_simulate)
 
 
@@ -166,6 +171,12 @@ def _simulate(args: argparse.Namespace) -> int:
     cluster = load_document(Cluster, args.cluster) if args.cluster else None
     result = simulate(profile, plan, cluster, num_steps=args.steps,
                       with_timeline=bool(args.trace) or not args.no_timeline)
+    if args.peak_tflops is not None:
+        if not args.peak_tflops > 0:
+            raise PlannerError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
+        result = result.model_copy(update={"mfu": model_flop_utilisation(
+            result.model_tflops, plan.num_workers, args.peak_tflops)
+            if result.model_flops else None})
     if args.trace:
         write_chrome_trace(result, args.trace)
         print(f"wrote {args.trace}", file=sys.stderr)
@@ -189,6 +200,8 @@ def describe_result(result: SimResult, plan: Plan) -> str:
     if result.model_flops:
         totals += (f"   model {result.model_flops / 1e9:.1f} GFLOP/step, "
                    f"{result.model_tflops:.3g} TFLOP/s")
+        if result.mfu is not None:
+            totals += f" (MFU {100 * result.mfu:.1f}%)"
     rows = []
     for stage in result.stages:
         names = stage.layers

@@ -108,6 +108,9 @@ class SimResult(Document):
                                             "utilisation counts them).")
     model_tflops: float = Field(0.0, description="model_flops over the step time, all devices "
                                                  "together.")
+    mfu: float | None = Field(None, description="Model FLOP utilisation: model_tflops over "
+                                                "the devices' peak in the plan's precision "
+                                                "(null: peak unknown, or no FLOPs counted).")
     window_start_ms: float = Field(description="Start of the measured steps in the timeline.")
     window_end_ms: float
     stages: list[StageResult]

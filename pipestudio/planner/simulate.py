@@ -42,6 +42,7 @@ from pipestudio.planner.costs import StageCosts, boundary_bytes, stage_costs
 from pipestudio.planner.errors import PlanError
 from pipestudio.planner.events import NO_RESOURCE, OpGraph, Timing
 from pipestudio.planner.memory import MemoryLedger
+from pipestudio.planner.peaks import model_flop_utilisation, peak_tflops
 from pipestudio.planner.plan import Plan, StageLayout, resolve_plan
 from pipestudio.planner.profile import Profile
 from pipestudio.planner.result import (
@@ -425,6 +426,7 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
     samples = plan.num_microbatches * plan.microbatch_size
     model_flops = plan.num_microbatches * sum(layer.fwd_flops + layer.bwd_flops
                                               for layer in profile.layers)
+    model_tflops = model_flops / step_time / 1e9 if step_time > 0 else 0.0
     return SimResult(
         model=plan.model,
         schedule=plan.schedule,
@@ -437,7 +439,10 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
         bubble_fraction=max(0.0, bubble),
         fits=all(stage.fits for stage in stages),
         model_flops=model_flops,
-        model_tflops=model_flops / step_time / 1e9 if step_time > 0 else 0.0,
+        model_tflops=model_tflops,
+        mfu=model_flop_utilisation(model_tflops, plan.num_workers,
+                                   peak_tflops(profile.device, plan.precision))
+        if model_flops else None,
         step_times_ms=step_times,
         window_start_ms=window[0],
         window_end_ms=window[1],

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from pipestudio.planner import Cluster, simulate
+from pipestudio.planner.peaks import peak_tflops
 from pipestudio.planner.units import gbps_to_bytes_per_ms
 from tests.planner.helpers import chain_profile, even_plan, single_level_cluster
 
@@ -246,3 +247,26 @@ def test_flops_per_step_and_achieved_tflops() -> None:
     assert simulate(profile.rescaled(8), plan.model_copy(
         update={"microbatch_size": 8})).model_flops == 288 * 10**9
     assert simulate(base, even_plan(base, 2, 4, "1f1b")).model_tflops == 0.0
+
+
+def test_model_flop_utilisation_against_the_devices_peak() -> None:
+    """MFU = the model's TFLOP/s over the workers' peak in the plan's precision, the peak
+    found by the profile's device name (more specific names first); unknown devices and
+    precisions give none."""
+    base = chain_profile(4)
+    layers = [layer.model_copy(update={"fwd_flops": 10**12, "bwd_flops": 2 * 10**12})
+              for layer in base.layers]
+    profile = base.model_copy(update={"layers": layers, "precision": "bf16",
+                                      "device": "NVIDIA H100 80GB HBM3 (cuda:0)"})
+    plan = even_plan(profile, 2, 4, "gpipe")
+    result = simulate(profile, plan)
+    assert result.mfu is not None
+    assert close(result.mfu, result.model_tflops / (2 * 989.4))
+    assert peak_tflops("NVIDIA H100 PCIe (cuda:1)", "bf16") == 756.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB (cuda:0)", "tf32") == 156.0
+    assert peak_tflops("NVIDIA A10G (cuda:0)", "bf16") is None
+    assert peak_tflops("NVIDIA V100-SXM2-16GB", "bf16") is None
+    assert peak_tflops("cpu (2 threads)", "fp32") is None
+    assert peak_tflops("Mine", "fp32", extra={"Mine": {"fp32": 2.0}}) == 2.0
+    cpu = profile.model_copy(update={"device": "cpu (2 threads)"})
+    assert simulate(cpu, plan).mfu is None
