@@ -55,6 +55,7 @@ from typing import Any, get_args
 
 from pipestudio.planner.cluster import Cluster, cluster_template
 from pipestudio.planner.errors import PlannerError
+from pipestudio.planner.peaks import peak_tflops
 from pipestudio.planner.placement import Host, shared_placement
 from pipestudio.planner.plan import Plan
 from pipestudio.planner.profile import Profile
@@ -327,7 +328,9 @@ def report(calibration: Calibration, profile: Profile, plan: Plan, cluster: Clus
     prediction's error as measured / predicted - 1. Ranks that shared their hosts' cores
     are simulated so when predicted from the profile (``Calibration.placed``); the
     calibrated prediction gives each stage replica its device, since the run's op times
-    already hold what sharing cost them."""
+    already hold what sharing cost them. ``model_flops`` (per step), ``num_devices`` and
+    ``peak_tflops`` (each device's, None when unknown) give the run's achieved TFLOP/s
+    and model FLOP utilisation over its measured step."""
     steps = set(calibration.steps)
     ops = [op for op in op_events(events) if op["step"] in steps]
     placed = calibration.placed(plan, cluster)
@@ -353,7 +356,9 @@ def report(calibration: Calibration, profile: Profile, plan: Plan, cluster: Clus
     return {**calibration.summary(), "shared_cores": placed[0] is not plan,
             "step_ms": _compared(statistics.fmean(times) if times else None,
                                  before.step_time_ms, after.step_time_ms),
-            "stage_busy_ms": stages}
+            "stage_busy_ms": stages, "model_flops": before.model_flops,
+            "num_devices": plan.num_workers,
+            "peak_tflops": peak_tflops(profile.device, plan.precision)}
 
 
 def _compared(measured: float | None, predicted: float, calibrated: float,

@@ -6,7 +6,7 @@ import pytest
 from dash import no_update
 
 from pipestudio.dashboard import monitor
-from pipestudio.dashboard.components.fidelity import fidelity_view
+from pipestudio.dashboard.components.fidelity import fidelity_view, headline
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.pages import runs_actions as actions
 from tests.dashboard.conftest import big_profile
@@ -133,6 +133,12 @@ def test_live_view_draws_measurements_and_the_migration():
     assert shown.children[0].children == (
         "Measured 160.0 samples/s · predicted 200.0 (measured -20.0%) · calibrated 166.7 "
         "(measured -4.0%) · steps 1..3")
+    counted = {**view.calibration, "model_flops": 2 * 10**11, "num_devices": 2,
+               "peak_tflops": 10.0}  # 2e11 FLOP in a 50 ms step: 4 TFLOP/s of 20
+    assert headline(counted, view.samples_per_step).endswith(
+        " · steps 1..3 · 4 TFLOP/s (MFU 20.0%)")
+    assert headline({**counted, "peak_tflops": None}, view.samples_per_step).endswith(
+        " · 4 TFLOP/s")
     rows = shown.children[1].children.children[1].children
     assert [[cell.children for cell in row.children] for row in rows] == [
         ["step", "50.00", "40.00", "+25.0%", "48.00", "+4.2%"],

@@ -153,3 +153,8 @@ class CalibratedProfilePublic(Public):
     step_ms: Compared
     stage_busy_ms: list[StageCompared] = Field(
         description="Compute per step of each stage (mean over its replicas).")
+    model_flops: int = Field(description="The model's forward and backward FLOPs per step, "
+                                         "from the profile (0: it counts none).")
+    num_devices: int = Field(description="Devices the plan uses.")
+    peak_tflops: float | None = Field(
+        description="Each device's peak TFLOP/s in the plan's precision (null: unknown).")

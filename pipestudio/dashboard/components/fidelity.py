@@ -27,7 +27,22 @@ def headline(calibration: dict[str, Any], samples_per_step: int) -> str:
     calibrated = samples_per_s(step["calibrated"], samples_per_step)
     return (f"Measured {measured:.1f} samples/s · predicted {predicted:.1f} "
             f"({_relative(measured, predicted)}) · calibrated {calibrated:.1f} "
-            f"({_relative(measured, calibrated)}) · steps {first}..{last}")
+            f"({_relative(measured, calibrated)}) · steps {first}..{last}"
+            + _utilisation(calibration))
+
+
+def _utilisation(calibration: dict[str, Any]) -> str:
+    """The run's achieved TFLOP/s over its measured step, and its model FLOP utilisation
+    where the device's peak is known; nothing when the profile counts no FLOPs."""
+    flops, step = calibration.get("model_flops"), calibration["step_ms"]["measured"]
+    if not flops or not step:
+        return ""
+    tflops = flops / step / 1e9
+    text = f" · {tflops:.3g} TFLOP/s"
+    peak, devices = calibration.get("peak_tflops"), calibration.get("num_devices") or 0
+    if peak and devices:
+        text += f" (MFU {100 * tflops / (peak * devices):.1f}%)"
+    return text
 
 
 def fidelity_view(calibration: dict[str, Any] | None, samples_per_step: int,
