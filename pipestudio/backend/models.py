@@ -69,6 +69,8 @@ class Profile(Base):
     model: Mapped[str] = mapped_column(String(200), index=True)
     num_layers: Mapped[int]
     microbatch_size: Mapped[int]
+    #: The arithmetic the profile was measured in (``Profile.precision``).
+    precision: Mapped[str] = mapped_column(String(8), default="fp32", server_default="fp32")
     source: Mapped[str] = mapped_column(String(20))
     document: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -90,6 +92,8 @@ class Plan(Base):
     profile_id: Mapped[int] = mapped_column(ForeignKey("profiles.id"), index=True)
     cluster_id: Mapped[int | None] = mapped_column(ForeignKey("clusters.id"), index=True)
     state: Mapped[str] = mapped_column(String(20), default="draft")
+    #: The arithmetic the plan trains in (``Plan.precision``, its profile's).
+    precision: Mapped[str] = mapped_column(String(8), default="fp32", server_default="fp32")
     document: Mapped[dict[str, Any]]
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     planner: Mapped[str] = mapped_column(String(200))
@@ -129,6 +133,8 @@ class Run(Base):
     state: Mapped[str] = mapped_column(String(20), default="starting", index=True)
     model: Mapped[str] = mapped_column(String(200))
     model_args: Mapped[dict[str, Any]]
+    #: The arithmetic the run trains in: its plan's.
+    precision: Mapped[str] = mapped_column(String(8), default="fp32", server_default="fp32")
     steps: Mapped[int]
     settings: Mapped[dict[str, Any]]
     store_address: Mapped[str | None] = mapped_column(String(300))

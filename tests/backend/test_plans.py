@@ -2,7 +2,7 @@
 
 from fastapi.testclient import TestClient
 
-from tests.backend.conftest import AUTH, add_plan, add_profile
+from tests.backend.conftest import AUTH, add_plan, add_profile, small_profile
 
 
 def _cluster(client: TestClient, num_devices: int = 2, memory: int | None = None) -> int:
@@ -106,3 +106,30 @@ def test_compare_runs_every_planner_and_saves(client: TestClient) -> None:
     stored = client.get("/api/plans", params={"profile_id": profile_id}).json()
     assert stored["count"] == 2
     assert {p["id"] for p in stored["data"]} == {row["plan_id"] for row in rows}
+
+
+def test_a_profiles_precision_is_its_plans_and_a_mismatch_is_refused(
+        client: TestClient) -> None:
+    """A bf16 profile's plans train in bf16, whichever way they are made; a plan document
+    in another precision is refused with a 422 naming both, and stores nothing."""
+    response = client.post("/api/profiles", headers=AUTH,
+                           json={"profile": {**small_profile(), "precision": "bf16"}})
+    assert response.status_code == 201, response.text
+    profile = response.json()
+    assert profile["precision"] == "bf16"
+    made = [client.post("/api/plans", headers=AUTH, json={"profile_id": profile["id"], **how})
+            for how in ({"planner": {"algorithm": "balance-time", "num_stages": 2,
+                                     "num_microbatches": 4, "schedule": "1f1b"}},
+                        {"manual": {"boundaries": [2], "num_microbatches": 2,
+                                    "schedule": "gpipe"}})]
+    for response in made:
+        assert response.status_code == 201, response.text
+        plan = response.json()
+        assert plan["precision"] == plan["document"]["precision"] == "bf16"
+    before = client.get("/api/plans").json()["count"]
+    document = {**made[0].json()["document"], "precision": "fp32"}
+    refused = client.post("/api/plans", headers=AUTH,
+                          json={"profile_id": profile["id"], "plan": document})
+    assert refused.status_code == 422
+    assert "asks for precision 'fp32' but the profile was measured in 'bf16'" in refused.text
+    assert client.get("/api/plans").json()["count"] == before

@@ -13,6 +13,7 @@ from pipestudio.planner.documents import (
     Integral,
     MicrobatchSize,
     NumMicrobatches,
+    Precision,
 )
 
 Schedule = Literal["gpipe", "1f1b", "pipedream"]
@@ -139,6 +140,8 @@ class PlanPublic(Public):
     profile_id: int
     cluster_id: int | None
     state: PlanState
+    precision: Precision = Field(description="The arithmetic the plan trains in, its "
+                                             "profile's.")
     planner: str
     parameters: dict[str, Any]
     created_by: str

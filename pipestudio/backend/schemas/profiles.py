@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import Public, Request, choice, one_of
 from pipestudio.planner import Profile
-from pipestudio.planner.documents import MAX_MICROBATCH_SIZE, Integral
+from pipestudio.planner.documents import MAX_MICROBATCH_SIZE, Integral, Precision
 
 
 class _ProfileSource(Request):
@@ -45,6 +45,7 @@ class ProfilePublic(Public):
     model: str
     num_layers: int
     microbatch_size: int
+    precision: Precision = Field(description="The arithmetic the profile was measured in.")
     source: str
     created_at: datetime
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import DbId, Public, Request
-from pipestudio.planner.documents import Integral
+from pipestudio.planner.documents import Integral, Precision
 
 RunState = Literal["starting", "running", "resuming", "finished", "failed", "stopped"]
 MetricKind = Literal["step", "memory", "op"]
@@ -59,6 +59,7 @@ class RunPublic(Public):
     state: RunState
     model: str
     model_args: dict[str, Any]
+    precision: Precision = Field(description="The arithmetic the run trains in, its plan's.")
     steps: int
     settings: dict[str, Any]
     store_address: str | None

@@ -40,6 +40,7 @@ def _store(session: Session, row: models.Plan, plan: Plan, profile: Profile,
     result = planning.run_simulation(profile, plan, cluster, with_timeline=False,
                                      max_ops=max_ops)
     row.document = plan.model_dump(mode="json")
+    row.precision = plan.precision
     row.summary = planning.summarize(result).model_dump()
     row.updated_at = models.utcnow()
     return Plans(session).add(row)

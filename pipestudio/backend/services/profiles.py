@@ -63,7 +63,7 @@ def create_profile(session: Session, data: AnyProfileCreate) -> models.Profile:
     profile, source = parse_profile(data)
     return Profiles(session).add(models.Profile(
         name=data.name or profile.model, model=profile.model, num_layers=profile.num_layers,
-        microbatch_size=profile.microbatch_size, source=source,
+        microbatch_size=profile.microbatch_size, precision=profile.precision, source=source,
         document=profile.model_dump(mode="json")))
 
 

@@ -100,7 +100,8 @@ def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
     assignment = _assign(session, plan, data.model, data.worker_ids, connected)
     run = Runs(session).add(models.Run(
         plan_id=plan_row.id, state="starting", model=data.model, model_args=data.model_args,
-        steps=data.steps, settings=data.model_dump(include=_SETTINGS), created_by=data.author))
+        precision=plan.precision, steps=data.steps,
+        settings=data.model_dump(include=_SETTINGS), created_by=data.author))
     if checkpoint_root is not None:
         run.settings = {**run.settings,
                         "checkpoint_dir": os.path.join(checkpoint_root, f"run-{run.id}")}

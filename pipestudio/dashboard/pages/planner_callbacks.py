@@ -133,8 +133,8 @@ def register(app: Dash, context: Context) -> None:
         except ApiError:
             return [], [], None
         ids = [p["id"] for p in profiles]
-        return ([{"label": f"{p['id']}: {p['name']} ({p['num_layers']} layers)",
-                  "value": p["id"]} for p in profiles],
+        return ([{"label": f"{p['id']}: {p['name']} ({p['num_layers']} layers) · "
+                           f"{p['precision']}", "value": p["id"]} for p in profiles],
                 [{"label": f"{c['id']}: {c['name']} ({c['num_devices']} devices)",
                   "value": c["id"]} for c in clusters],
                 profile_id if profile_id in ids else (max(ids) if ids else None))
