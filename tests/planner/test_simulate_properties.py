@@ -151,7 +151,11 @@ def test_simulation_properties(case: tuple[Profile, Plan, Cluster | None]) -> No
     assert len(placed) == len(set(placed))
 
     busiest = max(_work_per_step(profile, plan, idx) for idx in range(plan.num_stages))
-    assert result.step_time_ms >= busiest - EPS * max(1.0, busiest)
+    if plan.schedule != "pipedream":
+        # pipedream never flushes: its measured step is a window of a stream whose ops for
+        # that step may have started before it, so one step can be shorter than a stage's
+        # work per step (only the mean of many steps is bound by it)
+        assert result.step_time_ms >= busiest - EPS * max(1.0, busiest)
     assert 0.0 <= result.bubble_fraction <= 1.0
     if busiest > 0:  # some compute: some of the step is busy
         assert result.bubble_fraction < 1.0
