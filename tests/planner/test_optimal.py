@@ -51,7 +51,7 @@ def random_request(rng: random.Random, *, capped: bool, straight: bool | None = 
                        straight=rng.random() < 0.3 if straight is None else straight)
 
 
-@pytest.mark.parametrize(("capped", "count"), [(False, 400), (True, 1200)])
+@pytest.mark.parametrize(("capped", "count"), [(False, 400), (True, 700)])
 def test_program_equals_exhaustive_search(capped: bool, count: int) -> None:
     """The program's bottleneck (``details["bottleneck_ms"]``) is the least over every plan
     of the stage model. The plan ``optimal`` returns fits as simulated and has the objective
@@ -87,7 +87,7 @@ def test_program_equals_exhaustive_search(capped: bool, count: int) -> None:
         feasible += 1
         replicated += max(replicas) > 1
         assert math.isclose(output.details["bottleneck_ms"], expected, rel_tol=1e-9), request
-    assert feasible >= (count if not capped else 400)
+    assert feasible >= (count if not capped else 300)
     assert replicated >= (100 if not capped else 40)  # the search does use replicas
 
 
@@ -137,7 +137,7 @@ def test_no_planner_beats_optimal() -> None:
     replicated plans often beat the best straight pipeline, so the comparison has teeth."""
     rng = random.Random(21)
     compared = pipedream_beats_straight = 0
-    for _ in range(250):
+    for _ in range(150):
         request = random_request(rng, capped=rng.random() < 0.5, straight=False)
         best = straight = step = math.inf
         with contextlib.suppress(InfeasibleError):
@@ -159,8 +159,8 @@ def test_no_planner_beats_optimal() -> None:
             assert result.step_time_ms >= step * (1 - 1e-9), (name, request, plan)
             if name == "pipedream":
                 pipedream_beats_straight += value < straight * (1 - 1e-9)
-    assert compared >= 800
-    assert pipedream_beats_straight >= 20
+    assert compared >= 550
+    assert pipedream_beats_straight >= 15
 
 
 def test_gap_is_a_proven_bound() -> None:
@@ -174,7 +174,7 @@ def test_gap_is_a_proven_bound() -> None:
     do."""
     rng = random.Random(41)
     unproven = compared = cut = beaten = 0
-    for _ in range(150):
+    for _ in range(100):
         num_layers = rng.randint(20, 60)
         request = random_request(rng, capped=True, num_layers=num_layers,
                                  num_devices=rng.randint(2, 4))
@@ -206,8 +206,8 @@ def test_gap_is_a_proven_bound() -> None:
                 faster = other.step_time_ms < step * (1 - 1e-9)
                 assert not (faster and output.details["step_exhaustive"]), name
                 beaten += faster
-    assert unproven >= 40 and compared >= 250
-    assert cut >= 5 and beaten <= 3  # 2 of 299: one request the search was cut short on
+    assert unproven >= 30 and compared >= 160
+    assert cut >= 5 and beaten <= 3
 
 
 def test_tightened_bound_brackets_the_exact_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
