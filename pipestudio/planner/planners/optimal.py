@@ -102,6 +102,10 @@ LARGE_MAX_STATES = 256
 #: What ``_Search.tighten`` may spend in all, in layers x states: a stage costs at most its
 #: layers x ``LARGE_MAX_STATES`` to solve (and as much again for a truncated choice).
 TIGHTEN_WORK = 100_000
+#: A stage whose Pareto sets outgrow ``LARGE_MAX_STATES`` gets the program's states cut to
+#: the fastest as a choice only up to this many layers: on larger ones it costs more than
+#: the whole search and seldom beats the bounded choice.
+_TRUNCATED_MAX_LAYERS = 64
 #: How often the lower bound's program runs again after solving its plan's large stages.
 _TIGHTEN_ROUNDS = 8
 #: Capuchin's choice costs a scan of every layer per layer it changes: larger stages skip it.
@@ -175,7 +179,7 @@ class _Search:
             complete, choice = solve_if_small(problem, math.inf, LARGE_MAX_STATES)
             self.proven[key] = choice if complete else None
             self.infeasible[key] = complete and choice is None
-            if not complete and cost <= self.tighten_left:
+            if not complete and j - i <= _TRUNCATED_MAX_LAYERS and cost <= self.tighten_left:
                 self.tighten_left -= cost  # the program's states cut to the fastest
                 self.truncated[key] = solve_exact(problem, max_states=LARGE_MAX_STATES)
         return self.proven.get(key) is not None or self.infeasible.get(key, False)
