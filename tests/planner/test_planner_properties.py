@@ -20,7 +20,7 @@ from pipestudio.planner.request import PlanRequest, call_planner
 MEMORY_AWARE = ("optimal", "vpipe", "dawnpiper")
 #: Planners whose InfeasibleError is checked (pipedream raises it from its own memory check).
 RAISE_INFEASIBLE = (*MEMORY_AWARE, "pipedream")
-PROPERTY_SETTINGS = settings(max_examples=300, deadline=None,
+PROPERTY_SETTINGS = settings(max_examples=200, deadline=None,
                              suppress_health_check=[HealthCheck.too_slow])
 
 

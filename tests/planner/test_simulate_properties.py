@@ -140,7 +140,7 @@ def _check_no_overlap(result: SimResult) -> None:
             assert start >= end - EPS
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_simulation_properties(case: tuple[Profile, Plan, Cluster | None]) -> None:
     profile, plan, cluster = case
