@@ -133,3 +133,20 @@ def test_a_profiles_precision_is_its_plans_and_a_mismatch_is_refused(
     assert refused.status_code == 422
     assert "asks for precision 'fp32' but the profile was measured in 'bf16'" in refused.text
     assert client.get("/api/plans").json()["count"] == before
+
+
+def test_hostile_precision_and_flops_are_refused_naming_the_field(client: TestClient) -> None:
+    """A precision that is no precision (or hides a NUL byte) and FLOP counts that are
+    negative, past 2**53 or not numbers get a 422 naming the field; nothing is stored."""
+    before = client.get("/api/profiles").json()["count"]
+    for layer_update, top in (({}, {"precision": "fp8"}), ({}, {"precision": "bf16\x00"}),
+                              ({"fwd_flops": -1}, {}), ({"bwd_flops": 10**20}, {}),
+                              ({"fwd_flops": "NaN"}, {})):
+        profile = small_profile()
+        profile["layers"][0].update(layer_update)
+        response = client.post("/api/profiles", headers=AUTH,
+                               json={"profile": {**profile, **top}})
+        assert response.status_code == 422, (layer_update, top, response.text)
+        named = "precision" if top else next(iter(layer_update))
+        assert named in response.text
+    assert client.get("/api/profiles").json()["count"] == before
