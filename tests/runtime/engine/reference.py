@@ -23,6 +23,17 @@ from pipestudio.runtime.optimizers import make_optimizer
 
 Params = dict[str, Tensor]
 
+#: How close a bf16 pipeline must come to its single-process autocast reference. bf16 keeps
+#: 8 significant bits: one rounding of a value is up to 2^-9 = 0.2% off, and a pipeline that
+#: rounded anything differently from the single process (another order of a sum inside a
+#: 16-bit op, a tensor cast at another point, a gradient sent in another dtype) would be off
+#: by that much in the weights' updates. Both run the same autocast ops on the same float32
+#: weights and add float32 gradients in the same micro-batch order, so they agree far closer
+#: (to the bit on the test runs): the bound is 100 x fp32's rounding, far below one bf16
+#: rounding, and the tests check that the same training in float32 lies more than 100 x the
+#: bound away, so a pipeline that silently trained in fp32 fails them.
+BF16_TOLERANCE = 1e-5
+
 
 def _optimizer(plan: Plan, params: list[nn.Parameter], lr: float | None
                ) -> torch.optim.Optimizer:
@@ -41,19 +52,24 @@ def layer_params(spec: ModelSpec) -> Params:
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def autocast(plan: Plan) -> torch.autocast:
+    """CPU autocast in the plan's 16-bit dtype; disabled for fp32 and tf32."""
+    dtype = _AUTOCAST.get(plan.precision)
+    return torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
+
+
 def train_single(build: Callable[[], ModelSpec], plan: Plan, steps: int,
                  lr: float | None = None) -> Params:
     """Plain training; a bf16 or fp16 plan's forwards (loss included) run under CPU
-    autocast over the float32 weights, as mixed-precision training does."""
+    autocast over the float32 weights, as mixed-precision training does (``autocast``)."""
     spec = build()
     model = spec.as_module()
     optimizer = _optimizer(plan, list(model.parameters()), lr)
     num_mb, size = plan.num_microbatches, plan.microbatch_size
-    dtype = _AUTOCAST.get(plan.precision)
     for step in range(steps):
         for k in range(num_mb):
             data, targets = spec.sample(size, step * num_mb + k)
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            with autocast(plan):
                 loss = spec.loss(model(data), targets) / num_mb
             loss.backward()
         optimizer.step()
@@ -126,15 +142,16 @@ def _forward(spec: ModelSpec, plan: Plan, stages: list[_Stage], idx: int, mb: in
     inputs = spec.graph_inputs()
     acts: dict[str, Tensor] = {DATA: data}
     received: dict[str, Tensor] = {}
-    for name in stage.names:
-        for src in inputs[name]:
-            if src not in acts:
-                leaf = outputs[(mb, src)].detach().clone().requires_grad_(True)
-                acts[src] = received[src] = leaf
-        acts[name] = weights[name](*(acts[src] for src in inputs[name]))
-    loss = None
-    if idx == len(stages) - 1:
-        loss = spec.loss(acts[spec.layer_names[-1]], targets) / plan.num_microbatches
+    with autocast(plan):
+        for name in stage.names:
+            for src in inputs[name]:
+                if src not in acts:
+                    leaf = outputs[(mb, src)].detach().clone().requires_grad_(True)
+                    acts[src] = received[src] = leaf
+            acts[name] = weights[name](*(acts[src] for src in inputs[name]))
+        loss = None
+        if idx == len(stages) - 1:
+            loss = spec.loss(acts[spec.layer_names[-1]], targets) / plan.num_microbatches
     for name in stage.names:
         if consumers[name]:
             outputs[(mb, name)] = acts[name]

@@ -27,6 +27,7 @@ from tests.runtime.engine.helpers import (
     model_args,
     run,
 )
+from tests.runtime.engine.reference import BF16_TOLERANCE, train_single
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
@@ -46,6 +47,23 @@ def test_resume_equals_the_uninterrupted_run(schedule: str, tmp_path: Path) -> N
     got, expected = final_params(broken, plan, names), final_params(whole, plan, names)
     assert all(torch.equal(got[key], expected[key]) for key in expected)
     assert sorted(p.name for p in broken.iterdir()) == ["latest.json", "step-00000005"]
+
+
+def test_a_bf16_run_resumed_equals_the_single_process_autocast_run(tmp_path: Path) -> None:
+    """A bf16 run stopped after step 3 and resumed ends where single-process autocast
+    training does (``reference.BF16_TOLERANCE``), with a recomputed layer."""
+    plan = make_plan("gpt", [["embed", "block0"], ["block1", "head"]], "1f1b",
+                     optimizer="momentum", policies={"block1": "recompute"},
+                     precision="bf16")
+    assert run(plan, "gpt", 3, tmp_path).ok
+    result = run(plan, "gpt", 5, tmp_path, resume=True)
+    assert result.ok, result.message
+    assert result.summary is not None and result.summary["steps"] == [3, 4]
+    got = final_params(tmp_path, plan, builder("gpt")().layer_names)
+    assert max_relative_difference(got, train_single(builder("gpt"), plan, 5)
+                                   ) <= BF16_TOLERANCE
+    in_fp32 = train_single(builder("gpt"), plan.model_copy(update={"precision": "fp32"}), 5)
+    assert max_relative_difference(got, in_fp32) > 100 * BF16_TOLERANCE  # bf16 did run
 
 
 def test_a_run_repartitioned_live_resumes_on_its_checkpoint_partition(tmp_path: Path) -> None:

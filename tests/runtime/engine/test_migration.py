@@ -47,7 +47,7 @@ from pipestudio.runtime.engine.weights import WeightVersions
 from pipestudio.runtime.models import DATA, MODELS, ModelSpec
 from pipestudio.runtime.optimizers import make_optimizer
 from tests.runtime.engine.helpers import final_params, make_plan, max_relative_difference
-from tests.runtime.engine.reference import train_pipedream
+from tests.runtime.engine.reference import BF16_TOLERANCE, train_pipedream, train_single
 
 STEPS = 6
 MODEL_ARGS = {"layers": 6, "width": 16, "in_features": 8, "out_features": 4}
@@ -123,6 +123,26 @@ def test_migrations_change_nothing(num_stages: int, schedule: str, vertical_sync
     if schedule == "pipedream" and not vertical_sync:
         unmigrated = emulate_pipedream(build, [(0, plan)], plan, STEPS * plan.num_microbatches)
         assert max_relative_difference(got, unmigrated) > 1e-6  # staleness did change
+
+
+@pytest.mark.parametrize("schedule,vertical_sync", [("1f1b", False), ("pipedream", True)])
+def test_bf16_runs_that_migrate_equal_the_autocast_reference(schedule: str, vertical_sync: bool,
+                                                             tmp_path: Path) -> None:
+    """Under bf16 autocast, a run that migrates layers twice (with a swapped and a
+    recomputed layer among those moved) ends where the single-process reference does
+    (plain training for 1f1b, weight stashing with vertical sync for pipedream), to
+    ``reference.BF16_TOLERANCE``."""
+    stages, moves = CASES[3]
+    plan = make_plan("mlp", stages, schedule, vertical_sync=vertical_sync,
+                     policies={"block1": "swap", "block4": "recompute"}, precision="bf16")
+    events: list[dict[str, Any]] = []
+    _run(plan, tmp_path, [ScriptedMigration(step, m) for step, m in moves], events)
+    assert len([e for e in events if e["type"] == "migration" and e["phase"] == "done"]) > 0
+    got = final_params(tmp_path, _plans(plan, moves)[-1][1], NAMES)
+    reference = train_single if schedule == "1f1b" else train_pipedream
+    assert max_relative_difference(got, reference(build, plan, STEPS)) <= BF16_TOLERANCE
+    in_fp32 = reference(build, plan.model_copy(update={"precision": "fp32"}), STEPS)
+    assert max_relative_difference(got, in_fp32) > 100 * BF16_TOLERANCE  # bf16 did run
 
 
 def _forward_versions(plan: Plan, stage_idx: int, num_mb: int) -> dict[int, int]:

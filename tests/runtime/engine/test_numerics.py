@@ -11,7 +11,7 @@ from tests.runtime.engine.helpers import (
     max_relative_difference,
     run,
 )
-from tests.runtime.engine.reference import train_single
+from tests.runtime.engine.reference import BF16_TOLERANCE, train_single
 
 STEPS = 5
 SPLITS = {
@@ -39,16 +39,6 @@ def test_synchronous_schedules_equal_single_process(model: str, schedule: str,
     assert max_relative_difference(got, expected) <= 1e-5
     initial = {f"{n}.{k}": v.detach() for n, m in spec.layers for k, v in m.named_parameters()}
     assert max_relative_difference(got, initial) > 1e-4  # it did train
-
-
-#: bf16 keeps 8 significant bits: one rounding of a value is up to 2^-9 = 0.2% off, and a
-#: pipeline that rounded anything differently from the single process (another order of a
-#: sum inside a 16-bit op, a tensor cast at another point) would be off by that much in
-#: the weights' updates. Both run the same autocast ops on the same float32 weights and
-#: add float32 gradients in the same micro-batch order, so they agree far closer (to the bit
-#: on these runs): the bound is 100 x fp32's rounding, far below one bf16 rounding, and the
-#: same training in float32 is 0.55% away (asserted above 100 x the bound).
-BF16_TOLERANCE = 1e-5
 
 
 @pytest.mark.parametrize(("schedule", "policies"), [

@@ -11,7 +11,7 @@ from tests.runtime.engine.helpers import (
     max_relative_difference,
     run,
 )
-from tests.runtime.engine.reference import train_pipedream, train_single
+from tests.runtime.engine.reference import BF16_TOLERANCE, train_pipedream, train_single
 
 STEPS = 5
 CASES = {
@@ -43,3 +43,20 @@ def test_vertical_sync_changes_the_result(tmp_path: Path) -> None:
     synced = train_pipedream(builder("mlp"), make_plan("mlp", stages, "pipedream",
                                                        vertical_sync=True), STEPS)
     assert max_relative_difference(synced, plain) > 1e-5
+
+
+def test_bf16_pipedream_with_vertical_sync_equals_the_autocast_reference(tmp_path: Path
+                                                                          ) -> None:
+    """Weight stashing and vertical sync under bf16 autocast, with a swapped and a
+    recomputed layer (the tolerance: ``reference.BF16_TOLERANCE``)."""
+    stages, optimizer = CASES["gpt"]
+    plan = make_plan("gpt", stages, "pipedream", optimizer=optimizer, vertical_sync=True,
+                     policies={"block0": "swap", "block1": "recompute"}, precision="bf16")
+    result = run(plan, "gpt", STEPS, tmp_path)
+    assert result.ok, result.message
+    got = final_params(tmp_path, plan, builder("gpt")().layer_names)
+    assert max_relative_difference(got, train_pipedream(builder("gpt"), plan, STEPS)
+                                   ) <= BF16_TOLERANCE
+    in_fp32 = train_pipedream(builder("gpt"), plan.model_copy(update={"precision": "fp32"}),
+                              STEPS)
+    assert max_relative_difference(got, in_fp32) > 100 * BF16_TOLERANCE  # bf16 did run
