@@ -15,6 +15,9 @@ BUILTIN_MODELS: tuple[str, ...] = ("dynamic", "gpt", "mlp", "resnet", "unet")
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 GRANULARITIES: tuple[str, ...] = ("layer", "op")
 ON_NONFINITE_LOSS: tuple[str, ...] = ("fail", "continue")
+#: fp16's loss scaling defaults (``runtime/engine/scaling.py``'s, spelled out likewise).
+INIT_SCALE = 2.0 ** 16
+GROWTH_INTERVAL = 2000
 
 
 def add_commands(commands: Any) -> None:
@@ -152,6 +155,12 @@ def _add_train(commands: Any) -> None:
                         help="fail: end the job at the first step whose loss is NaN or "
                              "infinite, naming the step and stage (default); continue: "
                              "train on")
+    parser.add_argument("--loss-scale", type=float, default=INIT_SCALE, metavar="S",
+                        help="fp16 plans: the dynamic loss scale to start from (default "
+                             f"{INIT_SCALE:g}); it halves at each overflow")
+    parser.add_argument("--loss-scale-growth-interval", type=int, default=GROWTH_INTERVAL,
+                        metavar="N", help="fp16 plans: double the loss scale after N steps "
+                                          f"without an overflow (default {GROWTH_INTERVAL})")
     _add_repartition(parser)
     parser.set_defaults(handler=_train)
 
@@ -170,14 +179,18 @@ def _train(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, resume=args.resume, seed=args.seed,
         device=args.device, timeout_s=args.timeout, granularity=args.granularity,
         deferred_batchnorm=args.deferred_batchnorm, on_nonfinite_loss=args.on_nonfinite_loss,
+        loss_scale=args.loss_scale, loss_scale_growth_interval=args.loss_scale_growth_interval,
         repartition=_repartition(args))
     config.check()
     last_stage = config.plan.num_stages - 1
 
     def progress(event: dict[str, Any]) -> None:
         if event["type"] == "step" and event["stage"] == last_stage and event["replica"] == 0:
+            scale = ("" if "loss_scale" not in event else
+                     f", loss scale {event['loss_scale']:g}"
+                     + (", overflow: update skipped" if event["overflowed"] else ""))
             print(f"step {event['step']}: loss {event.get('loss', float('nan')):.4f} "
-                  f"({event['end_ms'] - event['start_ms']:.1f} ms on the last stage)",
+                  f"({event['end_ms'] - event['start_ms']:.1f} ms on the last stage{scale})",
                   file=sys.stderr)
 
     if "RANK" in os.environ:  # this process is the rank: end it as the engine's ranks end

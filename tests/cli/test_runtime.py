@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipestudio.cli import main
+from pipestudio.cli import runtime as cli_runtime
 from pipestudio.cli.runtime import BUILTIN_MODELS, ON_NONFINITE_LOSS
 from pipestudio.planner import Profile, load_document
 from pipestudio.runtime.engine import config as engine_config
@@ -72,6 +73,13 @@ def test_builtin_names_in_the_help_match_the_registry() -> None:
 
 def test_nonfinite_loss_choices_match_the_engine() -> None:
     assert ON_NONFINITE_LOSS == engine_config.ON_NONFINITE_LOSS
+
+
+def test_loss_scale_defaults_match_the_engine() -> None:
+    from pipestudio.runtime.engine import scaling
+
+    assert (cli_runtime.INIT_SCALE, cli_runtime.GROWTH_INTERVAL) == (
+        scaling.INIT_SCALE, scaling.GROWTH_INTERVAL)
 
 
 def test_help_does_not_import_torch() -> None:

@@ -7,18 +7,17 @@ Layout of ``DIR``::
 
 Each rank writes its own file (``torch.save`` to a temporary name, then an atomic rename):
 the stage's parameters and buffers, the optimizer state, the next step (the data position:
-micro-batch ``step * num_microbatches`` comes next) and the random states of torch (CPU
-and CUDA) and of Python. Rank 0 writes ``latest.json`` once every rank has written its
-file, then removes the previous step's directory, so a crash at any moment leaves a
-complete checkpoint behind. ``latest.json`` also records the plan and the model, and a
-resume that differs in either is refused, except that a plan repartitioned live (other
-layers per stage, other policies) resumes with the checkpoint's partition
-(``resume_plan``); and the live repartition's coordinator state: which migrations were
-in effect at the step and which are queued or due (``repartition``,
-``control.Coordinator.record``). Synchronous
-schedules are flushed after every step; a ``pipedream`` stream is cut at every
-checkpoint (``ops.segments``), so no micro-batch is in flight and no stashed weight
-version needs saving.
+micro-batch ``step * num_microbatches`` comes next), the random states of torch (CPU and
+CUDA) and of Python, and an fp16 run's loss scale (``scaling.py``). Rank 0 writes
+``latest.json`` once every rank has written its file, then removes the previous step's
+directory, so a crash at any moment leaves a complete checkpoint behind. ``latest.json``
+also records the plan and the model, and a resume that differs in either is refused,
+except that a plan repartitioned live (other layers per stage, other policies) resumes
+with the checkpoint's partition (``resume_plan``); and the live repartition's
+coordinator state: which migrations were in effect at the step and which are queued or due
+(``repartition``, ``control.Coordinator.record``). Synchronous schedules are flushed after
+every step; a ``pipedream`` stream is cut at every checkpoint (``ops.segments``), so no
+micro-batch is in flight and no stashed weight version needs saving.
 """
 
 import json
@@ -33,6 +32,7 @@ from torch import nn
 
 from pipestudio.planner.plan import Plan
 from pipestudio.runtime.engine.errors import EngineError
+from pipestudio.runtime.engine.scaling import LossScaler
 
 
 def _step_dir(root: Path, step: int) -> Path:
@@ -40,7 +40,8 @@ def _step_dir(root: Path, step: int) -> Path:
 
 
 def save_rank(root: str, step: int, stage_idx: int, replica: int, module: nn.Module,
-              optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:
+              optimizer: torch.optim.Optimizer | None, device: torch.device,
+              loss_scaler: LossScaler | None = None) -> None:
     folder = _step_dir(Path(root), step)
     folder.mkdir(parents=True, exist_ok=True)
     state = {
@@ -50,6 +51,7 @@ def save_rank(root: str, step: int, stage_idx: int, replica: int, module: nn.Mod
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         "python_rng": random.getstate(),
+        "loss_scaler": None if loss_scaler is None else loss_scaler.state_dict(),
     }
     path = folder / f"stage{stage_idx}-replica{replica}.pt"
     tmp = path.with_suffix(".tmp")
@@ -118,8 +120,9 @@ def check_compatible(root: str, plan: Plan, model: str, model_args: dict[str, st
 
 
 def load_rank(root: str, stage_idx: int, replica: int, module: nn.Module,
-              optimizer: torch.optim.Optimizer | None, device: torch.device) -> int:
-    """Restore this rank's state; the step to continue at."""
+              optimizer: torch.optim.Optimizer | None, device: torch.device,
+              loss_scaler: LossScaler | None = None) -> int:
+    """Restore this rank's state (and fp16's loss scale); the step to continue at."""
     meta = read_latest(root)
     assert meta is not None
     path = Path(root) / meta["path"] / f"stage{stage_idx}-replica{replica}.pt"
@@ -133,5 +136,7 @@ def load_rank(root: str, stage_idx: int, replica: int, module: nn.Module,
     if state["cuda_rng"] is not None and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
     random.setstate(state["python_rng"])
+    if loss_scaler is not None and state.get("loss_scaler") is not None:
+        loss_scaler.load_state_dict(state["loss_scaler"])
     step: int = state["step"]
     return step

@@ -10,18 +10,26 @@ BatchNorm tracks running statistics over a stage replica's micro-batches of a st
 is NaN or infinite, naming the step and the stage (``errors.NonFiniteLoss``), where a
 diverged run would otherwise train on NaN weights to the end and checkpoint them.
 ``"continue"`` trains on and reports the loss as it is.
+
+``loss_scale`` and ``loss_scale_growth_interval``: an ``fp16`` plan's dynamic loss scaling
+starts at that scale and doubles it after that many steps in a row without an overflow
+(``scaling.py``; GradScaler's defaults).
 """
 
 import inspect
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
+
+import torch
 
 from pipestudio.planner.plan import Plan
 from pipestudio.runtime.batchnorm import defer_batchnorm
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.ops import Op
 from pipestudio.runtime.engine.repartition import RepartitionConfig, check_replicas
+from pipestudio.runtime.engine.scaling import GROWTH_INTERVAL, INIT_SCALE
 from pipestudio.runtime.fx_ops import op_spec
 from pipestudio.runtime.models import MODELS, ModelSpec, load_model
 from pipestudio.runtime.models.loading import import_factory
@@ -29,6 +37,9 @@ from pipestudio.runtime.models.loading import import_factory
 #: Called by every rank before each of its ops with (rank, op); tests use it to kill or
 #: stall a rank at a chosen point. It must be picklable (a module-level function).
 OpHook = Callable[[int, Op], None]
+#: Called by every rank before each update's overflow check with (rank, step, this rank's
+#: parameters by ``layer.param``); tests use it to inject an overflowing gradient. Picklable.
+UpdateHook = Callable[[int, int, Mapping[str, torch.nn.Parameter]], None]
 DEVICES = ("auto", "cpu", "cuda")
 GRANULARITIES = ("layer", "op")
 OnNonfiniteLoss = Literal["fail", "continue"]
@@ -59,6 +70,9 @@ class EngineConfig:
     granularity: str = "layer"
     deferred_batchnorm: bool = False
     on_nonfinite_loss: OnNonfiniteLoss = "fail"
+    loss_scale: float = INIT_SCALE
+    loss_scale_growth_interval: int = GROWTH_INTERVAL
+    before_update: UpdateHook | None = None
 
     def check(self) -> None:
         """Raise ``EngineError`` naming the first bad setting."""
@@ -75,9 +89,17 @@ class EngineConfig:
         if self.device not in DEVICES:
             raise EngineError(f"device {self.device!r} is unknown; expected one of "
                               f"{', '.join(DEVICES)}")
-        if self.plan.precision == "fp16":
-            raise EngineError("the plan's precision 'fp16' needs dynamic loss scaling, which "
-                              "the engine does not run: train in bf16, tf32 or fp32")
+        if self.plan.precision == "fp16" and self.plan.schedule == "pipedream":
+            raise EngineError("the plan's precision 'fp16' needs a loss scale that all "
+                              "stages agree on once per step, which schedule 'pipedream' "
+                              "(an update per micro-batch) has not: train it in bf16, or "
+                              "fp16 with gpipe or 1f1b")
+        if not (math.isfinite(self.loss_scale) and self.loss_scale > 0):
+            raise EngineError(f"the loss scale must be a finite number > 0, got "
+                              f"{self.loss_scale}")
+        if self.loss_scale_growth_interval < 1:
+            raise EngineError(f"the loss scale's growth interval must be >= 1 step, got "
+                              f"{self.loss_scale_growth_interval}")
         if self.granularity not in GRANULARITIES:
             raise EngineError(f"granularity {self.granularity!r} is unknown; expected one of "
                               f"{', '.join(GRANULARITIES)}")

@@ -7,7 +7,9 @@ bytes) on the job's shared clock (``clock.py``). Events are plain dicts with a `
 ``op``          one measured op (the fields above);
 ``step``        a worker finished its part of a step: its span, compute (``busy_ms``),
                 recompute, swap and all-reduce time, swap bytes, samples/s over its span,
-                and on the last stage the step's loss over its micro-batches;
+                on the last stage the step's loss over its micro-batches, and under
+                fp16 the ``loss_scale`` the step ran with and whether it ``overflowed``
+                (its update skipped on every rank, ``scaling.py``);
 ``memory``      the worker's memory after the step: CUDA allocated, peak and reserved
                 bytes (the peak since the previous step), or on CPU the process's resident
                 set (``rss_bytes``) and its peak;
@@ -94,6 +96,7 @@ class Recorder:
         self.steps: list[Event] = []
         self.memory: list[Event] = []
         self.losses: dict[int, list[torch.Tensor]] = {}
+        self.scaling: dict[int, Event] = {}  # step -> loss_scale and overflowed
 
     def start(self, op: str, microbatch: int | None, step: int, **transfer: int | None
               ) -> OpRecord:
@@ -110,6 +113,9 @@ class Recorder:
 
     def add_loss(self, step: int, loss: torch.Tensor) -> None:
         self.losses.setdefault(step, []).append(loss.detach())
+
+    def add_loss_scale(self, step: int, scale: float, overflowed: bool) -> None:
+        self.scaling[step] = {"loss_scale": scale, "overflowed": overflowed}
 
     def flush(self) -> None:
         """Publish every op that has ended (on CUDA after waiting for the device)."""
@@ -159,6 +165,7 @@ class Recorder:
         }
         if step in self.losses:
             event["loss"] = float(torch.stack(self.losses.pop(step)).sum())
+        event.update(self.scaling.pop(step, {}))
         self.steps.append(event)
         self.sink(event)
         memory = {"type": "memory", "stage": self.stage_idx, "replica": self.replica,

@@ -132,7 +132,8 @@ def _resume(config: EngineConfig, worker: Worker) -> int:
                              config.model_args) == 0:
         return 0
     return ckpt.load_rank(config.checkpoint_dir, worker.stage_idx, worker.replica,
-                          worker.stage.module, worker.optimizer, worker.ctx.device)
+                          worker.stage.module, worker.optimizer, worker.ctx.device,
+                          worker.scaler)
 
 
 def _report(worker: Worker) -> dict[str, Any]:

@@ -165,9 +165,11 @@ class StageRunner:
         acts.update(zip(handed_on, results, strict=True))
 
     def backward(self, state: ForwardState, grads: Mapping[str, Tensor],
-                 hand_on_first: Callable[[dict[str, Tensor]], None] | None = None
+                 hand_on_first: Callable[[dict[str, Tensor]], None] | None = None,
+                 loss_scale: float | None = None
                  ) -> tuple[dict[str, Tensor | None], dict[str, Tensor]]:
-        """Gradients of the weights (by parameter name) and of the received inputs.
+        """Gradients of the weights (by parameter name) and of the received inputs; with
+        ``loss_scale`` (fp16, ``scaling.py``) those of ``loss_scale`` times the loss.
 
         On the live parameters (synchronous schedules) autograd adds the weights' gradients
         into their ``.grad`` itself, as each is made, and none are returned: collecting
@@ -183,7 +185,8 @@ class StageRunner:
         root_grads: list[Tensor | None] = []
         if state.loss is not None:
             roots.append(state.loss)
-            root_grads.append(None)
+            root_grads.append(None if loss_scale is None
+                              else torch.full_like(state.loss, loss_scale))
         for layer, grad in grads.items():
             if state.outputs[layer].requires_grad:
                 roots.append(state.outputs[layer])

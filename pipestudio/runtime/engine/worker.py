@@ -21,6 +21,10 @@ as the root of the job's failure (``faults.py``): this rank then leaves, the wai
 others on it fail within moments, and each of them reports this reason (and that another
 attempt would not help) instead of a timeout.
 
+Under ``fp16`` the last stage's backwards start from the loss scale, and every update
+first agrees with all ranks whether any gradient of the step overflowed: if one did, no
+rank updates and the scale halves (``scaling.py``).
+
 Live repartition (``live.py``): each micro-batch runs on the partition in effect for it, so
 the stage's layers, the tensors it receives and sends, and its optimizer may change between
 two micro-batches; before the worker first touches an op of a step it learns the
@@ -48,6 +52,7 @@ from pipestudio.runtime.engine.metrics import EventSink, Recorder
 from pipestudio.runtime.engine.ops import Op, first_stage_versions, segments, worker_ops
 from pipestudio.runtime.engine.rendezvous import RankContext
 from pipestudio.runtime.engine.replicas import allreduce_gradients
+from pipestudio.runtime.engine.scaling import LossScaler
 from pipestudio.runtime.engine.stage import ForwardState, StageRunner
 from pipestudio.runtime.engine.swap import SwapSpace
 from pipestudio.runtime.engine.transport import ACTIVATION, GRADIENT, Pending, Transport
@@ -77,6 +82,8 @@ class Worker:
                                  self.recorder, self.plan.precision)
         self.optimizer = self.make_optimizer([p for p in self.stage.params.values()
                                               if p.requires_grad])
+        self.scaler = (LossScaler(config.loss_scale, config.loss_scale_growth_interval)
+                       if self.plan.precision == "fp16" else None)
         self.transport = Transport(ctx, layout, self.recorder, watchdog)
         self.states: dict[int, ForwardState] = {}
         self.posted: dict[tuple[str, int], list[tuple[str, Pending]]] = {}
@@ -262,7 +269,8 @@ class Worker:
         first = (hand_on if self.versions is None and self.meter is None
                  and self.last_backward.get(step) == mb else None)
         record = self.recorder.start("backward", mb, step)
-        weight_grads, input_grads = part.runner.backward(state, grads, first)
+        weight_grads, input_grads = part.runner.backward(
+            state, grads, first, None if self.scaler is None else self.scaler.scale)
         self.recorder.stop(record)
         set_gradients(part.runner.params, weight_grads, accumulate=self.versions is None)
         hand_on(input_grads)
@@ -288,18 +296,39 @@ class Worker:
             assert op.microbatch is not None
             self.live.ensure_arrived(op.microbatch)
             self.versions.before_update()
-        if self.live.untrained:
+        if self.config.before_update is not None:
+            self.config.before_update(self.ctx.rank, op.step, self.live.owned)
+        skip = self._overflowed(op.step)
+        if self.live.untrained and not skip:
             # layers whose optimizer state is still on its way are not in the optimizer:
             # update the others while it travels, then those layers alone
             self._step()
         self.live.ensure_trainable()
-        self._step()
+        if not skip:
+            self._step()
         if self.versions is not None:
             self.versions.after_update()
         self.recorder.stop(record)
         num_mb = self.plan.num_microbatches
         self.live.after_update(op.microbatch + 1 if op.microbatch is not None
                                else (op.step + 1) * num_mb)
+
+    def _overflowed(self, step: int) -> bool:
+        """fp16: whether any rank's gradients of ``step`` overflowed, in which case this
+        rank drops its own; else they are unscaled (``scaling.py``)."""
+        if self.scaler is None:
+            return False
+        params = list(self.live.owned.values())
+        found = self.scaler.agree(self.scaler.overflowed(params), self.ctx.timeout_s,
+                                  self.watchdog, step)
+        if found:
+            for param in params:
+                param.grad = None
+        else:
+            self.scaler.unscale(params)
+        self.recorder.add_loss_scale(step, self.scaler.scale, found)
+        self.scaler.update(found)
+        return found
 
     def _step(self) -> None:
         """Apply the gradients there are (a parameter without one is left as it is)."""
@@ -336,7 +365,7 @@ class Worker:
         self.live.ensure_trainable()
         part = self.live.partition(first_mb)
         ckpt.save_rank(root, step, self.stage_idx, self.replica, part.runner.module,
-                       self.optimizer, self.ctx.device)
+                       self.optimizer, self.ctx.device, self.scaler)
         self.ctx.store.add(f"checkpoint/{step}", 1)
         if self.ctx.rank == 0:
             self.watchdog.doing(f"waiting for every rank's checkpoint of step {step}")

@@ -77,6 +77,41 @@ def train_single(build: Callable[[], ModelSpec], plan: Plan, steps: int,
     return layer_params(spec)
 
 
+#: Called before each update of ``train_scaled`` with (step, parameters by ``layer.param``).
+Poison = Callable[[int, dict[str, nn.Parameter]], None]
+
+
+def train_scaled(build: Callable[[], ModelSpec], plan: Plan, steps: int, init_scale: float,
+                 growth_interval: int, poison: Poison | None = None
+                 ) -> tuple[Params, list[tuple[float, bool]]]:
+    """``train_single`` for an fp16 plan with ``torch.amp.GradScaler``: the parameters and,
+    per step, the scale it ran with and whether its update was skipped (an overflow: the
+    only event that lowers the scale)."""
+    spec = build()
+    model = spec.as_module()
+    named = {f"{name}.{key}": param for name, module in spec.layers
+             for key, param in module.named_parameters()}
+    optimizer = _optimizer(plan, list(model.parameters()), None)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale,
+                                  growth_interval=growth_interval)
+    num_mb, size = plan.num_microbatches, plan.microbatch_size
+    scales = []
+    for step in range(steps):
+        for k in range(num_mb):
+            data, targets = spec.sample(size, step * num_mb + k)
+            with autocast(plan):
+                loss = spec.loss(model(data), targets) / num_mb
+            scaler.scale(loss).backward()
+        if poison is not None:
+            poison(step, named)
+        scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append((scale, scaler.get_scale() < scale))
+        optimizer.zero_grad(set_to_none=True)
+    return layer_params(spec), scales
+
+
 class _Stage:
     """One stage of the emulation: live layers, optimizer, op queue, weight history."""
 

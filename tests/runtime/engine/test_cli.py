@@ -79,10 +79,18 @@ def test_a_nonfinite_loss_fails_train_unless_told_to_continue(
         assert errors == [], err
 
 
-def test_an_fp16_plan_is_refused_until_loss_scaling_runs(
+def test_fp16_pipedream_and_bad_loss_scales_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    plan = make_plan("mlp", [["block0"], ["block1", "head"]], "1f1b", precision="fp16")
+    plan = make_plan("mlp", [["block0"], ["block1", "head"]], "pipedream", precision="fp16")
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
     assert main(["train", "--plan", str(path), *TINY_MLP, "--steps", "1"]) == 2
-    assert "precision 'fp16' needs dynamic loss scaling" in capsys.readouterr().err
+    assert "precision 'fp16' needs a loss scale that all stages agree on" in (
+        capsys.readouterr().err)
+    path.write_text(plan.model_copy(update={"schedule": "1f1b"}).to_json())
+    for flag, value, message in (("--loss-scale", "0", "loss scale must be a finite number"),
+                                 ("--loss-scale", "inf", "got inf"),
+                                 ("--loss-scale-growth-interval", "0", "got 0")):
+        assert main(["train", "--plan", str(path), *TINY_MLP, "--steps", "1", flag,
+                     value]) == 2
+        assert message in capsys.readouterr().err
