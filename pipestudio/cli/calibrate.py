@@ -10,6 +10,7 @@ from pipestudio.cli.output import format_table, write_document
 from pipestudio.planner import Cluster, Plan, Profile, load_document
 from pipestudio.planner.calibrate import (
     CalibrationError,
+    Sharing,
     calibrate,
     op_events,
     read_events,
@@ -106,7 +107,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     else:
         plan, migrated = run_plan(events, args.metrics)
         steps = _before(steps, migrated, events, args.metrics)
-    calibration = calibrate(profile, plan, events, cluster, steps)
+    calibration = calibrate(profile, plan, events, cluster, steps,
+                            sharing=Sharing.of_run(plan, events))
     write_document(calibration.profile, args.output)
     if args.cluster_out and calibration.cluster is not None:
         write_document(calibration.cluster, args.cluster_out)
@@ -142,6 +144,9 @@ def format_report(summary: dict[str, Any]) -> str:
                  f"{_error(step['predicted'], measured)}, calibrated {_ms(step['calibrated'])}"
                  f"{_error(step['calibrated'], measured)} (steps {summary['steps'][0]}.."
                  f"{summary['steps'][-1]})")
+    if summary.get("shared_cores"):
+        lines.append("predicted with the ranks that shared a host's cores or a GPU taking "
+                     "turns on it (the run's start events say where each ran)")
     return "\n".join(lines)
 
 

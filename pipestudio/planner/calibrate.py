@@ -20,8 +20,9 @@ receives, sampling data, Python. ``op_overhead_ms`` measures it where no waiting
 in it (before the first stage's forwards and the last stage's backwards) and
 calibration adds it to each measured forward and backward before taking the ratios.
 
-Ranks that shared a host's cores (more ranks than the host has cores for their threads;
-``Sharing`` says where each ran) computed slower while their core-mates computed too. The
+Ranks that shared a host's cores (more ranks than the host has cores for their threads)
+or a GPU (``Sharing`` says where each ran: the run's ``start`` events tell) computed slower
+while their mates computed too. The
 prediction from the profile places them on the host's compute slots
 (``placement.shared_placement``); the calibrated one does not, since the measured op times
 already hold what sharing cost (counting the sharing by the ops' work and simulating the
@@ -56,7 +57,7 @@ from typing import Any, get_args
 from pipestudio.planner.cluster import Cluster, cluster_template
 from pipestudio.planner.errors import PlannerError
 from pipestudio.planner.peaks import peak_tflops
-from pipestudio.planner.placement import Host, shared_placement
+from pipestudio.planner.placement import Host, shared_placement, started_hosts
 from pipestudio.planner.plan import Plan
 from pipestudio.planner.profile import Profile
 from pipestudio.planner.result import OpKind
@@ -93,6 +94,12 @@ class Sharing:
 
     hosts: Sequence[Host]
     host_of: Sequence[Sequence[int]]
+
+    @classmethod
+    def of_run(cls, plan: Plan, events: Iterable[Mapping[str, Any]]) -> "Sharing | None":
+        """Where a run of ``plan`` ran, from its ``start`` events (None: they do not say)."""
+        found = started_hosts(plan, events)
+        return None if found is None else cls(*found)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pipestudio.planner.calibrate import (
     read_events,
     report,
 )
-from pipestudio.planner.placement import Host, shared_placement
+from pipestudio.planner.placement import Host, shared_placement, started_hosts
 from pipestudio.planner.plan import Plan
 
 
@@ -249,3 +249,36 @@ def test_a_run_on_shared_cores_is_predicted_sharing_them() -> None:
     unshared = report(calibrate(base, plan, events), base, plan, None, events)
     assert unshared["shared_cores"] is False
     assert unshared["step_ms"]["predicted_error"] > 0.2
+
+
+def test_cli_predicts_ranks_that_shared_a_gpu_as_sharing_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run's start events say stages 0 and 1 ran on cuda:0 of one host: the CLI's
+    prediction from the profile puts them on one device (the run was simulated so), and
+    a run whose ranks each had a GPU is predicted as the plan places it."""
+    base = profile(random.Random(23), 6)
+    plan = plan_template(base, 3, 4, "1f1b")
+    cluster = cluster_template([3], [100.0], host_bandwidth_gbps=50.0)
+    devices = ["cuda:0", "cuda:0", "cuda:1"]
+    starts = [{"type": "start", "rank": s, "stage": s, "replica": 0, "host": "gpu-box",
+               "device": devices[s], "threads": 1} for s in range(3)]
+    placed = shared_placement(plan, cluster, *started_hosts(plan, starts) or ([], []))
+    assert placed is not None
+    events = engine_events(base, *placed, steps=3)
+    paths = {name: tmp_path / name for name in ("p.json", "c.json", "m.jsonl")}
+    paths["p.json"].write_text(base.to_json())
+    paths["c.json"].write_text(cluster.to_json())
+    header = {"type": "plan", "plan": json.loads(plan.to_json())}
+
+    def predicted(lines: list[dict]) -> dict:
+        paths["m.jsonl"].write_text("\n".join(json.dumps(e) for e in lines))
+        assert main(["calibrate", str(paths["p.json"]), str(paths["m.jsonl"]), "--cluster",
+                     str(paths["c.json"]), "--json"]) == 0
+        return json.loads(capsys.readouterr().err)
+
+    shared = predicted([header, *starts, *events])
+    assert shared["shared_cores"] is True
+    assert shared["step_ms"]["predicted_error"] == pytest.approx(0.0, abs=1e-9)
+    apart = predicted([header, *[{**s, "device": f"cuda:{s['stage']}"} for s in starts],
+                       *events])
+    assert apart["shared_cores"] is False and apart["step_ms"]["predicted_error"] > 0.2

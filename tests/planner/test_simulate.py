@@ -227,6 +227,26 @@ def test_shared_device_serializes_compute() -> None:
     assert close(shared.step_time_ms, 2 * 4 * (1.0 + 2.0))
 
 
+
+def test_stages_sharing_a_device_exchange_through_host_memory() -> None:
+    """Stages 0 and 1 on device 0, whose host links take 1 and 2 ms for the 10 MB a
+    micro-batch sends (80 and 40 Gbit/s): every activation and gradient costs out + in =
+    3 ms on the shared device's staging path. One micro-batch of GPipe: forward 0,
+    transfer, forward 1, backward 1, transfer, backward 0, in a chain."""
+    profile = chain_profile(2, output_bytes=10**7)
+    plan = even_plan(profile, 2, 1, "gpipe")
+    plan.stages[1].devices = [0]
+    cluster = _host_cluster(80.0, 40.0)
+    staged = simulate(profile, plan, cluster)
+    assert close(staged.step_time_ms, 1 + 3 + 1 + 2 + 3 + 2)
+    sends = [op for op in staged.timeline if op.op.startswith("send_")]
+    assert [round(op.end_ms - op.start_ms, 6) for op in sends] == [3.0, 3.0]
+    # free host links (CPU slots, or no cluster): the exchange costs nothing, as before
+    assert close(simulate(profile, plan).step_time_ms, 1 + 1 + 2 + 2)
+    # on two devices the link between them carries it (10 MB at 100 Gbit/s: 0.8 ms)
+    apart = simulate(profile, even_plan(profile, 2, 1, "gpipe"), single_level_cluster(2))
+    assert close(apart.step_time_ms, 1 + 0.8 + 1 + 2 + 0.8 + 2)
+
 def test_flops_per_step_and_achieved_tflops() -> None:
     """Four layers of 3 GFLOP forward and 6 backward per micro-batch, 4 micro-batches, two
     stages, the second of two replicas recomputing its layers: stage 0 does 4 x 2 x 9 = 72

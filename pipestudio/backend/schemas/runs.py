@@ -149,8 +149,8 @@ class CalibratedProfilePublic(Public):
     stages: list[StageFactors]
     link_gbps: dict[str, float]
     shared_cores: bool = Field(
-        description="Some host ran more ranks than it has cores for their threads: the "
-        "prediction from the profile places them on its cores, sharing.")
+        description="Some host ran more ranks than it has cores for their threads, or put "
+        "several on one GPU: the prediction from the profile places them there, sharing.")
     step_ms: Compared
     stage_busy_ms: list[StageCompared] = Field(
         description="Compute per step of each stage (mean over its replicas).")

@@ -75,9 +75,16 @@ def calibrated(session: Session, run_id: int, window: int, max_ops: int | None =
 
 
 def _sharing(session: Session, run: models.Run, plan: Plan) -> Sharing | None:
-    """Where the run's ranks ran, when every one ran on a CPU worker that said how many
-    cores it has (None otherwise); ``calibrate`` and ``report`` find whether any host ran
-    more of them than it has cores for their threads."""
+    """Where the run's ranks ran: as their ``start`` events of the run's latest attempt
+    say (host, device, cores, threads), else, for runs whose events do not say, when
+    every rank ran on a CPU worker that said how many cores it has (None otherwise);
+    ``calibrate`` and ``report`` find whether any host ran more of them than it has cores
+    for their threads, or put several on one GPU."""
+    starts = session.scalars(select(models.Event.data).where(
+        models.Event.run_id == run.id, models.Event.kind == "start")).all()
+    found = Sharing.of_run(plan, [data for data in starts if isinstance(data, dict)])
+    if found is not None:
+        return found
     ranks = Runs(session).ranks(run.id)
     workers = {w.id: w for w in session.scalars(select(models.Worker).where(
         models.Worker.id.in_({r.worker_id for r in ranks})))}

@@ -79,9 +79,9 @@ def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: Event
         settle_heap()  # and again after the first step (``Worker.run_segment``)
         sink({"type": "start", "rank": rank, "stage": stage_idx, "replica": replica,
               "host": socket.gethostname(), "device": str(ctx.device),
-              "threads": torch.get_num_threads(), "world_size": layout.world_size,
-              "schedule": config.plan.schedule, "start_step": start_step,
-              "steps": config.steps, "time_ms": ctx.clock.now_ms()})
+              "cores": host_cores(), "threads": torch.get_num_threads(),
+              "world_size": layout.world_size, "schedule": config.plan.schedule,
+              "start_step": start_step, "steps": config.steps, "time_ms": ctx.clock.now_ms()})
         with matmuls(config.plan.precision):
             worker.train(start_step)
         summary = _gather(config, worker, list(range(start_step, config.steps)))
