@@ -17,8 +17,21 @@ On one GPU this
    its timed steps of every round, its peak the largest CUDA ``max_memory_allocated`` of the
    stage in any timed step;
 5. prints per variant the step time and peak over keep's, with the bytes swapped per step,
-   the swap and recompute time the engine measured, and the simulator's predictions for the
-   same plan from the GPU profile (the host link as measured here).
+   the swap and recompute time the engine measured, the achieved TFLOP/s (the profile's
+   model FLOPs per step over the measured step) and the simulator's predictions for the
+   same plan from the GPU profile (the host link as measured here) with their errors;
+6. with ``--shared``, trains the model as two ``1f1b`` stages that share the one GPU (the
+   engine stages their exchanges through host memory) and prints the measured step beside
+   the simulator's prediction of the two stages on one device.
+
+7. with ``--plain``, trains the same model in one process without PipeStudio (the whole
+   model as one module, the same micro-batches, autocast, Adam, gradients accumulated over
+   the micro-batches, CUDA events around each step) and prints its step time and TFLOP/s
+   beside keep's.
+
+``--precision`` (fp32, tf32, bf16, fp16) profiles and trains in that arithmetic
+(``runtime/precision.py``); the TFLOP/s are then set beside the device's peak for it
+(``planner/peaks.py``) as the model FLOP utilisation.
 
 Target: swapping at least half of the stage's saved bytes lowers its peak by at least 40%
 (peak ratio <= 0.60) and costs at most 10% step time (time ratio <= 1.10). The verdict is
@@ -39,6 +52,8 @@ from typing import Any
 import torch
 
 from pipestudio.planner import Plan, Profile, cluster_template, simulate
+from pipestudio.planner.documents import PRECISIONS
+from pipestudio.planner.peaks import peak_tflops
 from pipestudio.runtime.engine import EngineConfig, launch
 from pipestudio.runtime.models import load_model
 from pipestudio.runtime.profiler import profile_model
@@ -104,8 +119,22 @@ def one_stage_plan(profile: Profile, policies: dict[str, str], num_microbatches:
     return Plan.model_validate({
         "model": profile.model, "schedule": "gpipe", "num_microbatches": num_microbatches,
         "microbatch_size": profile.microbatch_size, "optimizer": "adam",
+        "precision": profile.precision,
         "stages": [{"layers": [layer.name for layer in profile.layers]}],
         "policies": policies})
+
+
+def shared_plan(profile: Profile, num_microbatches: int) -> Plan:
+    """Two ``1f1b`` stages, both on device 0, split where the work halves."""
+    names = [layer.name for layer in profile.layers]
+    work = [layer.fwd_ms + layer.bwd_ms for layer in profile.layers]
+    cut = min(range(1, len(names)), key=lambda k: abs(sum(work[:k]) - sum(work[k:])))
+    return Plan.model_validate({
+        "model": profile.model, "schedule": "1f1b", "num_microbatches": num_microbatches,
+        "microbatch_size": profile.microbatch_size, "optimizer": "adam",
+        "precision": profile.precision,
+        "stages": [{"layers": names[:cut], "devices": [0]},
+                   {"layers": names[cut:], "devices": [0]}]})
 
 
 def train(plan: Plan, model: str, args: dict[str, str], warm_steps: int, num_steps: int,
@@ -152,6 +181,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    parser.add_argument("--shared", action="store_true",
+                        help="also train two 1f1b stages sharing the GPU (step 6)")
+    parser.add_argument("--plain", action="store_true",
+                        help="also train in one process without PipeStudio (step 7)")
     parser.add_argument("--out", default=".pipestudio/bench/gpu")
     return parser.parse_args(argv)
 
@@ -168,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name() if options.device == "cuda" else "cpu"
     print(f"device: {device_name}, torch {torch.__version__}; "
           f"{options.model} {args}, micro-batch size {options.microbatch_size}, "
-          f"{options.microbatches} micro-batches, gpipe, one stage", flush=True)
+          f"{options.microbatches} micro-batches, gpipe, one stage, "
+          f"{options.precision}", flush=True)
     started = time.perf_counter()
     profile = profile_model(load_model(options.model, args), options.microbatch_size,
-                            options.device, warmup=2, repeats=5)
+                            options.device, warmup=2, repeats=5,
+                            precision=options.precision)
     (out / "profile.json").write_text(profile.to_json())
     print(f"profiled in {time.perf_counter() - started:.1f} s: "
           f"{profile.device}, timer {profile.metadata.get('timer')}")
@@ -220,25 +256,44 @@ def main(argv: list[str] | None = None) -> int:
             "recompute_ms_per_step": statistics.median(
                 r["recompute_ms_per_step"] for r in runs[name]),
             "predicted_step_ms": predicted.step_time_ms,
-            "predicted_peak_bytes": predicted.stages[0].peak_bytes})
+            "predicted_peak_bytes": predicted.stages[0].peak_bytes,
+            "tflops": predicted.model_flops / step_ms / 1e9})
     keep = next(row for row in rows if row["variant"] == "keep")
     for row in rows:
         row["time_ratio"] = row["step_ms"] / keep["step_ms"]
         row["peak_ratio"] = row["peak_bytes"] / keep["peak_bytes"]
+        row["predicted_error"] = row["step_ms"] / row["predicted_step_ms"] - 1
+    peak = peak_tflops(profile.device, profile.precision)
+    shared = shared_run(profile, options, args, cluster) if options.shared else None
+    plain = plain_run(options, args) if options.plain else None
     (out / "results.json").write_text(json.dumps({
-        "device": device_name, "torch": torch.__version__,
+        "device": device_name, "torch": torch.__version__, "precision": options.precision,
         "model": options.model, "model_args": args, "host_link_gbps": link,
-        "chosen": half, "chosen_share": share, "rows": rows}, indent=1))
+        "peak_tflops": peak, "chosen": half, "chosen_share": share, "rows": rows,
+        "shared": shared, "plain": plain}, indent=1))
 
     print(f"\n{'variant':14s} {'step ms':>9s} {'x keep':>7s} {'peak GiB':>9s} {'x keep':>7s}"
-          f" {'swap GiB':>9s} {'swap ms':>8s} {'recomp ms':>9s} {'pred ms':>8s}"
-          f" {'pred GiB':>8s}")
+          f" {'swap GiB':>9s} {'swap ms':>8s} {'recomp ms':>9s} {'pred ms':>8s} {'error':>7s}"
+          f" {'pred GiB':>8s} {'TFLOP/s':>8s} {'MFU':>6s}")
     for row in rows:
+        mfu = "-" if not peak else f"{row['tflops'] / peak:.1%}"
         print(f"{row['variant']:14s} {row['step_ms']:9.1f} {row['time_ratio']:7.3f}"
               f" {row['peak_bytes'] / GIB:9.2f} {row['peak_ratio']:7.3f}"
               f" {row['swap_gib_per_step']:9.2f} {row['swap_ms_per_step']:8.1f}"
               f" {row['recompute_ms_per_step']:9.1f} {row['predicted_step_ms']:8.1f}"
-              f" {row['predicted_peak_bytes'] / GIB:8.2f}")
+              f" {row['predicted_error']:+7.1%} {row['predicted_peak_bytes'] / GIB:8.2f}"
+              f" {row['tflops']:8.1f} {mfu:>6s}")
+    if shared is not None:
+        print(f"two 1f1b stages sharing the GPU {shared['layers']}: measured "
+              f"{shared['step_ms']:.1f} ms, predicted {shared['predicted_step_ms']:.1f} ms "
+              f"({shared['predicted_error']:+.1%}); as two devices "
+              f"{shared['apart_step_ms']:.1f} ms")
+    if plain is not None:
+        tflops = keep["tflops"] * keep["step_ms"] / plain["step_ms"]
+        print(f"one process without PipeStudio: {plain['step_ms']:.1f} ms per step, "
+              f"{tflops:.1f} TFLOP/s" + ("" if not peak else f" (MFU {tflops / peak:.1%})")
+              + f"; PipeStudio's one stage (keep) takes x{keep['step_ms'] / plain['step_ms']:.3f}"
+              " its time")
     shares = {"swap": share, "swap-all": 1.0}
     verdicts = []
     for row in rows:
@@ -250,6 +305,56 @@ def main(argv: list[str] | None = None) -> int:
               f"x{row['peak_ratio']:.3f} (target <= 0.60), step time x{row['time_ratio']:.3f} "
               f"(target <= 1.10): {'PASS' if ok else 'FAIL'}")
     return 0 if any(verdicts) or not verdicts else 1
+
+
+def shared_run(profile: Profile, options: argparse.Namespace, args: dict[str, str],
+               cluster: Any) -> dict[str, Any]:
+    """Step 6 of the module docstring: measured and predicted step of two stages on the
+    GPU, and what the simulator says of the same plan on two devices."""
+    plan = shared_plan(profile, options.microbatches)
+    runs = [train(plan, options.model, args, options.warm_steps, options.steps,
+                  options.device) for _ in range(options.rounds)]
+    step_ms = statistics.median(t for run in runs for t in run["step_ms"])
+    predicted = simulate(profile, plan, cluster, num_steps=2, with_timeline=False)
+    apart = plan.model_copy(update={"stages": [
+        stage.model_copy(update={"devices": [idx]}) for idx, stage in enumerate(plan.stages)]})
+    two = cluster_template([2], [None], host_bandwidth_gbps=cluster.devices[0]
+                           .host_to_device_gbps)
+    return {"layers": [stage.layers for stage in plan.stages], "step_ms": step_ms,
+            "predicted_step_ms": predicted.step_time_ms,
+            "predicted_error": step_ms / predicted.step_time_ms - 1,
+            "apart_step_ms": simulate(profile, apart, two, num_steps=2,
+                                      with_timeline=False).step_time_ms}
+
+
+def plain_run(options: argparse.Namespace, args: dict[str, str]) -> dict[str, Any]:
+    """Step 7 of the module docstring: median step time of plain training."""
+    from pipestudio.runtime.precision import autocast_dtype, matmuls
+
+    spec = load_model(options.model, args)
+    device = torch.device(options.device)
+    model = spec.as_module().to(device)
+    optimizer = torch.optim.Adam(model.parameters())
+    dtype = autocast_dtype(options.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=options.precision == "fp16")
+    size, num_mb = options.microbatch_size, options.microbatches
+    batches = [tuple(t.to(device) for t in spec.sample(size, k)) for k in range(num_mb)]
+    times = []
+    with matmuls(options.precision):
+        for step in range(options.warm_steps + options.steps * options.rounds):
+            started = time.perf_counter()
+            for data, targets in batches:
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    loss = spec.loss(model(data), targets) / num_mb
+                scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if step >= options.warm_steps:
+                times.append((time.perf_counter() - started) * 1e3)
+    return {"step_ms": statistics.median(times), "steps_ms": times}
 
 
 if __name__ == "__main__":
