@@ -56,7 +56,7 @@ from typing import Any, get_args
 
 from pipestudio.planner.cluster import Cluster, cluster_template
 from pipestudio.planner.errors import PlannerError
-from pipestudio.planner.peaks import peak_tflops
+from pipestudio.planner.peaks import profile_peak
 from pipestudio.planner.placement import Host, shared_placement, started_hosts
 from pipestudio.planner.plan import Plan
 from pipestudio.planner.profile import Profile
@@ -365,7 +365,7 @@ def report(calibration: Calibration, profile: Profile, plan: Plan, cluster: Clus
                                  before.step_time_ms, after.step_time_ms),
             "stage_busy_ms": stages, "model_flops": before.model_flops,
             "num_devices": plan.num_workers,
-            "peak_tflops": peak_tflops(profile.device, plan.precision)}
+            "peak_tflops": profile_peak(profile)}
 
 
 def _compared(measured: float | None, predicted: float, calibrated: float,

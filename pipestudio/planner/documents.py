@@ -90,6 +90,8 @@ Milliseconds = Annotated[float, Field(ge=0, le=MAX_OP_MS, allow_inf_nan=False)]
 #: to ``MAX_OP_MS``, which bounds one operation.
 TotalMilliseconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Gbps = Annotated[float, Field(gt=0, le=MAX_GBPS, allow_inf_nan=False)]
+#: A device's peak TFLOP/s (the fastest accelerators give a few thousand).
+Tflops = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
 MicrobatchSize = Annotated[int, Field(ge=1, le=MAX_MICROBATCH_SIZE), Integral]
 NumMicrobatches = Annotated[int, Field(ge=1, le=MAX_MICROBATCHES), Integral]
 Replicas = Annotated[int, Field(ge=1, le=MAX_REPLICAS), Integral]

@@ -6,11 +6,24 @@ peaks, so more specific keys come first. The figures are the vendors' dense (no 
 tensor-core peaks for bf16, fp16 and tf32 and the plain fp32 peak (SXM boards where a board
 is not named). A user adds or corrects a device with ``peak_tflops(..., extra={name: {...}})``
 (``pipestudio simulate --peak-tflops`` gives one figure for the run's device). CPUs have no
-entry: their peak depends on the cores and vector units given to the run, so it is
-measured where it runs.
+entry: their peak depends on the cores and vector units given to the run, so the profiler
+measures it once, before the layers, on the threads it profiles with, and the profile
+carries it (``Profile.peak_tflops``, which ``profile_peak`` prefers to the table).
 """
 
 from collections.abc import Mapping
+from typing import Protocol
+
+
+class _Measured(Protocol):
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def peak_tflops(self) -> float | None: ...
 
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2},
@@ -37,6 +50,12 @@ def peak_tflops(device: str, precision: str,
             if key in device:
                 return peaks.get(precision)
     return None
+
+
+def profile_peak(profile: _Measured) -> float | None:
+    """The peak a profile was measured against: its own measured one, else the table's
+    for its device and precision."""
+    return profile.peak_tflops or peak_tflops(profile.device, profile.precision)
 
 
 def model_flop_utilisation(model_tflops: float, num_devices: int, peak: float | None

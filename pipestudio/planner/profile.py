@@ -27,6 +27,7 @@ from pipestudio.planner.documents import (
     Name,
     Precision,
     Text,
+    Tflops,
 )
 from pipestudio.planner.errors import ProfileError
 
@@ -82,6 +83,10 @@ class Profile(Document):
         "fp32", description="Arithmetic the layers were measured in: fp32, tf32 (TF32 "
         "matmuls), bf16 or fp16 (autocast over fp32 weights). Plans keep it.")
     device: Label = Field("unknown", description="Device the profile was measured on.")
+    peak_tflops: Tflops | None = Field(
+        None, description="The device's peak TFLOP/s in the profile's precision as measured "
+        "when it was profiled (a CPU: the best of a few large matmuls on the profile's "
+        "threads); null: the table of known devices gives it (planner/peaks.py).")
     input_bytes: Bytes = Field(0, description="Bytes of one micro-batch of input data.")
     layers: list[Layer] = Field(min_length=1, max_length=MAX_LAYERS)
     edges: list[Edge] | None = Field(

@@ -46,7 +46,7 @@ from pipestudio.planner.costs import StageCosts, boundary_bytes, stage_costs
 from pipestudio.planner.errors import PlanError
 from pipestudio.planner.events import NO_RESOURCE, OpGraph, Timing
 from pipestudio.planner.memory import MemoryLedger
-from pipestudio.planner.peaks import model_flop_utilisation, peak_tflops
+from pipestudio.planner.peaks import model_flop_utilisation, profile_peak
 from pipestudio.planner.plan import Plan, StageLayout, resolve_plan
 from pipestudio.planner.profile import Profile
 from pipestudio.planner.result import (
@@ -448,7 +448,7 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
         model_flops=model_flops,
         model_tflops=model_tflops,
         mfu=model_flop_utilisation(model_tflops, plan.num_workers,
-                                   peak_tflops(profile.device, plan.precision))
+                                   profile_peak(profile))
         if model_flops else None,
         step_times_ms=step_times,
         window_start_ms=window[0],

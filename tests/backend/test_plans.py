@@ -141,12 +141,13 @@ def test_hostile_precision_and_flops_are_refused_naming_the_field(client: TestCl
     before = client.get("/api/profiles").json()["count"]
     for layer_update, top in (({}, {"precision": "fp8"}), ({}, {"precision": "bf16\x00"}),
                               ({"fwd_flops": -1}, {}), ({"bwd_flops": 10**20}, {}),
-                              ({"fwd_flops": "NaN"}, {})):
+                              ({"fwd_flops": "NaN"}, {}), ({}, {"peak_tflops": 0}),
+                              ({}, {"peak_tflops": "Infinity"}), ({}, {"peak_tflops": 1e9})):
         profile = small_profile()
         profile["layers"][0].update(layer_update)
         response = client.post("/api/profiles", headers=AUTH,
                                json={"profile": {**profile, **top}})
         assert response.status_code == 422, (layer_update, top, response.text)
-        named = "precision" if top else next(iter(layer_update))
+        named = next(iter(top)) if top else next(iter(layer_update))
         assert named in response.text
     assert client.get("/api/profiles").json()["count"] == before

@@ -127,6 +127,20 @@ def test_flops_are_the_matmuls_of_each_pass(precision: str) -> None:
     assert profile.rescaled(2 * MICROBATCH).layers[1].fwd_flops == 2 * block1.fwd_flops
 
 
+def test_a_cpu_profile_carries_its_measured_peak_for_mfu() -> None:
+    """The profiler times the CPU's matmuls once, on its threads, in the precision's dtype;
+    the simulator's model FLOP utilisation divides by it (a device the table lacks has
+    none otherwise)."""
+    from pipestudio.planner import plan_template, simulate
+
+    profile = profile_model(tiny("mlp"), MICROBATCH, **QUICK)
+    assert profile.peak_tflops is not None and 0.001 < profile.peak_tflops < 100
+    result = simulate(profile, plan_template(profile, 2, 4, "1f1b"))
+    assert result.mfu == pytest.approx(result.model_tflops / (2 * profile.peak_tflops))
+    unknown = profile.model_copy(update={"peak_tflops": None})
+    assert simulate(unknown, plan_template(profile, 2, 4, "1f1b")).mfu is None
+
+
 def test_the_users_model_is_left_untouched() -> None:
     spec = tiny("resnet")
     spec.as_module().eval()
