@@ -19,10 +19,13 @@ WorkerId = Annotated[str, Field(min_length=1, max_length=64)]
 
 class RunCreate(Request):
     plan_id: DbId
-    model: str = Field(min_length=1, max_length=200, description=(
+    model: str | None = Field(None, min_length=1, max_length=200, description=(
         "A built-in model (mlp, gpt, ...) or MODULE:FACTORY; the chosen workers must allow "
-        "it (409 naming those that do not)."))
-    model_args: dict[ArgName, ArgValue] = Field(default_factory=dict, max_length=100)
+        "it (409 naming those that do not). Default: the model of the plan's profile."))
+    model_args: dict[ArgName, ArgValue] | None = Field(None, max_length=100, description=(
+        "The model's arguments. Default: those the plan's profile was measured with (its "
+        "config.* metadata), when the model is the profile's. Arguments that the profile "
+        "recorded with another value are refused (422): the plan's layers are that model's."))
     steps: Annotated[int, Field(ge=1, le=10_000_000), Integral]
     lr: float | None = Field(None, gt=0, le=1e30, allow_inf_nan=False)
     seed: Annotated[int, Field(ge=0, le=2**53), Integral] | None = None

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from pipestudio.allowlist import model_allowed
 from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError, InputError
-from pipestudio.backend.repositories import Events, Metrics, Plans, Runs, Workers
+from pipestudio.backend.repositories import Events, Metrics, Plans, Profiles, Runs, Workers
 from pipestudio.backend.schemas.runs import RunCreate, RunPublic
 from pipestudio.backend.services import messages
 from pipestudio.backend.services.plans import plan_for_launch
@@ -97,9 +97,13 @@ def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
                                     "checkpoint directory, and this server has none "
                                     "(PIPESTUDIO_CHECKPOINT_DIR)")
     plan_row, plan = plan_for_launch(session, data.plan_id)
-    assignment = _assign(session, plan, data.model, data.worker_ids, connected)
+    builtin = {name for worker in Workers(session).online()
+               for name in worker.builtin_models or [] if isinstance(name, str)}
+    model, model_args = planned_model(Profiles(session).get(plan_row.profile_id), data,
+                                      builtin)
+    assignment = _assign(session, plan, model, data.worker_ids, connected)
     run = Runs(session).add(models.Run(
-        plan_id=plan_row.id, state="starting", model=data.model, model_args=data.model_args,
+        plan_id=plan_row.id, state="starting", model=model, model_args=model_args,
         precision=plan.precision, steps=data.steps,
         settings=data.model_dump(include=_SETTINGS), created_by=data.author))
     if checkpoint_root is not None:
@@ -111,6 +115,53 @@ def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
         message=f"launched plan {plan_row.id} on {len(assignment)} ranks"))
     _start_attempt(session, run, plan, assignment, send)
     return run
+
+
+def planned_model(profile: models.Profile, data: RunCreate, builtin: set[str]
+                  ) -> tuple[str, dict[str, str]]:
+    """The model and arguments a run builds: the request's, else the plan's profile's (its
+    ``model`` and ``config.*`` metadata, which the profiler records); 422 when the request
+    gives the profile's model an argument that the profile recorded with another value,
+    or gives no model for a profile whose model is none of the online workers' ``builtin``
+    ones."""
+    document = profile.document if isinstance(profile.document, dict) else {}
+    metadata = document.get("metadata") if isinstance(document.get("metadata"), dict) else {}
+    recorded = {key.removeprefix("config."): value for key, value in metadata.items()
+                if key.startswith("config.")}
+    model = data.model or profile.model
+    if data.model is None and model not in builtin:
+        raise InputError("model", f"the plan's profile {profile.id} measured model {model!r}, "
+                         "which is not a built-in model; name the factory that builds it "
+                         "(MODULE:FACTORY)")
+    if model != profile.model:
+        return model, dict(data.model_args or {})
+    if data.model_args is None:
+        return model, {key: _text(value) for key, value in recorded.items()}
+    differing = [f"{key}={value} (the profile's {key}={_text(recorded[key])})"
+                 for key, value in sorted(data.model_args.items())
+                 if key in recorded and not _same(value, recorded[key])]
+    if differing:
+        raise InputError("model_args", f"{', '.join(differing)}: the plan's layers and times "
+                         f"are those of model {model!r} as profile {profile.id} measured it; "
+                         "leave model_args out to build that model, or profile the one you "
+                         "want to run")
+    return model, dict(data.model_args)
+
+
+def _text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _same(given: str, recorded: object) -> bool:
+    """Whether an argument given as text is the value the profile recorded."""
+    if given == _text(recorded):
+        return True
+    if isinstance(recorded, bool) or not isinstance(recorded, int | float):
+        return False
+    try:
+        return float(given) == float(recorded)
+    except ValueError:
+        return False
 
 
 def relaunch(session: Session, run: models.Run, connected: set[str], send: Send,

@@ -77,12 +77,13 @@ def launch(context: Context, plan_id: int | None, model: str | None, args: str |
            steps: int | None) -> tuple[html.Div, int | None]:
     if plan_id is None:
         return message("Pick an approved plan (approve one on the Planner page)."), None
-    if not model:
-        return message("Name the model the workers should build, e.g. gpt.", "error"), None
+    # a blank model builds the one the plan's profile measured, with its arguments
+    request: dict[str, object] = {"plan_id": plan_id, "steps": steps or 1,
+                                  "author": "dashboard"}
     try:
-        run = context.client.launch({"plan_id": plan_id, "model": model,
-                                     "model_args": parse_model_args(args),
-                                     "steps": steps or 1, "author": "dashboard"})
+        if model:
+            request.update(model=model, model_args=parse_model_args(args))
+        run = context.client.launch(request)
     except (ValueError, ApiError) as exc:
         return message(f"Not launched:\n{exc}", "error"), None
     return message(f"Launched run {run['id']} on {len(run['ranks'])} ranks.", "ok"), run["id"]
