@@ -22,6 +22,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from pipestudio import __version__
+from pipestudio.backend.apidocs import add_api_docs
 from pipestudio.backend.context import AppContext
 from pipestudio.backend.db import Database
 from pipestudio.backend.errors import add_error_handlers
@@ -72,7 +73,8 @@ def create_app(settings: Settings | None = None, *, dashboard: Any = None,
             await context.stop()
 
     app = FastAPI(title="PipeStudio", version=__version__, description=DESCRIPTION,
-                  lifespan=lifespan)
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
+    add_api_docs(app)  # /docs and /redoc with local assets
     app.state.context = context
     app.state.settings = settings
     app.openapi = openapi_builder(app)  # type: ignore[method-assign]
