@@ -329,11 +329,30 @@ def banner(url: str, token: str, lines: list[str], log_dir: Path) -> str:
             "and press Launch.\nPress Ctrl-C to stop every process the demo started.\n")
 
 
+def demo_token(path: Path) -> str:
+    """The demo's API token, kept in ``path`` (readable by its owner only), so that a
+    signed-in browser and the scripts written against one start still work after the
+    next; a file that holds no token (edited, truncated) gets a new one."""
+    try:
+        kept = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        kept = ""
+    if re.fullmatch(r"[A-Za-z0-9_-]{24,128}", kept):
+        path.chmod(0o600)  # whoever loosened it, only its owner reads it
+        return kept
+    token = secrets.token_urlsafe(18)
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="ascii") as file:
+        file.write(token + "\n")
+    return token
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log_dir = args.state_dir / "demo"
     log_dir.mkdir(parents=True, exist_ok=True)
-    token = os.environ.get("PIPESTUDIO_API_TOKEN") or secrets.token_urlsafe(18)
+    token = os.environ.get("PIPESTUDIO_API_TOKEN") or demo_token(log_dir / "api-token")
     database = (args.state_dir / "pipestudio.db").resolve()
     env = {**os.environ, "PIPESTUDIO_API_TOKEN": token, "PYTHONUNBUFFERED": "1",
            "PIPESTUDIO_DATABASE_URL": f"sqlite:///{database}",

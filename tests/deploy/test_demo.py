@@ -2,6 +2,7 @@
 the backend through the REST API, seeds nothing twice, and SIGTERM or Ctrl-C stops every
 process it started. The browser walk through it is test_demo_browser.py."""
 
+import re
 import signal
 import socket
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from pipestudio.demo import GPT_ARGS, PIPEDREAM_BATCH_SIZES
+from pipestudio.demo import GPT_ARGS, PIPEDREAM_BATCH_SIZES, demo_token
 from tests.conftest import ROOT
 from tests.deploy.demo_process import Demo
 
@@ -81,6 +82,22 @@ def test_demo_seeds_once_and_stops_everything(tmp_path: Path) -> None:
         again.wait_until_running(timeout_s=120)
         assert "measuring the gpt model" not in again.text()
         assert seeded(again.url, again.token) == (profiles, clusters, plans)
+        assert again.token == demo.token  # kept in the state directory
+        kept = tmp_path / "state" / "demo" / "api-token"
+        assert kept.read_text().strip() == demo.token and kept.stat().st_mode & 0o077 == 0
     finally:
         status, left = again.stop(signal.SIGINT)
     assert status == 0 and not left, f"status {status}; left behind: {left}"
+
+
+def test_the_demo_token_is_kept_private_and_remade_when_spoiled(tmp_path: Path) -> None:
+    path = tmp_path / "api-token"
+    first = demo_token(path)
+    assert demo_token(path) == first and path.stat().st_mode & 0o777 == 0o600
+    path.chmod(0o644)
+    assert demo_token(path) == first and path.stat().st_mode & 0o777 == 0o600
+    for spoiled in ("", "short", "has spaces in it and more than 24 chars", "\xff\xfe"):
+        path.write_bytes(spoiled.encode("latin-1"))
+        made = demo_token(path)
+        assert made != first and re.fullmatch(r"[A-Za-z0-9_-]{24}", made)
+        assert path.stat().st_mode & 0o777 == 0o600
