@@ -238,14 +238,16 @@ class Seeder:
         return int(known[CLUSTER_NAME]["id"])
 
     def approved_plan(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        """The approved plan called ``name``; made and approved when there is none (a plan
-        launched by an earlier demo is no longer offered for launch)."""
-        plans = self.call("GET", "/plans", params={"limit": 1000, "state": "approved"})
+        """The approved (or launched) plan called ``name``; made and approved when there is
+        none. Approved with ``force``: the demo's workers may not have registered yet, and
+        the plans are made for the demo's own cluster, which they fit."""
+        plans = self.call("GET", "/plans", params={"limit": 1000})
         for plan in plans["data"]:
-            if plan["name"] == name:
+            if plan["name"] == name and plan["state"] in ("approved", "launched"):
                 return dict(plan)
         plan = self.call("POST", "/plans", json={"name": name, "author": "demo", **body})
-        return dict(self.call("POST", f"/plans/{plan['id']}/approve"))
+        return dict(self.call("POST", f"/plans/{plan['id']}/approve",
+                              params={"force": "true"}))
 
     def gpt_plans(self, profile_id: int, cluster_id: int, num_layers: int
                   ) -> list[dict[str, Any]]:

@@ -127,11 +127,22 @@ def _memory_cluster(context: Context, editor: Editor, plan: Plan) -> int | None:
     return int(created["id"])
 
 
+class NeedsConfirmation(Exception):
+    """The backend approves the plan only when told to anyway: ``problems`` says why (it
+    does not fit its cluster, or needs more ranks than there are devices or slots)."""
+
+    def __init__(self, editor: Editor, problems: str) -> None:
+        super().__init__(problems)
+        self.editor, self.problems = editor, problems
+
+
 def save_plan(context: Context, editor: Editor, boundaries: list[int], name: str | None,
               approve: bool) -> tuple[Editor, str]:
     """Store the edited plan as a draft (and approve it): the new editor state and a notice.
 
-    An unchanged plan that was saved already is approved as it is, not stored twice.
+    An unchanged plan that was saved already is approved as it is, not stored twice. A
+    plan the backend approves only with ``force`` stays a draft and ``NeedsConfirmation``
+    carries why (``approve_anyway`` then approves it).
     """
     plan, _, _ = editor_documents(context, editor, boundaries)
     document = plan.model_dump(mode="json")
@@ -146,9 +157,24 @@ def save_plan(context: Context, editor: Editor, boundaries: list[int], name: str
         plan_id = created["id"]
         editor = {**editor, "plan_id": plan_id, "plan_state": "draft", "saved": fingerprint}
     if approve:
-        context.client.update_plan(plan_id, {"state": "approved", "author": "dashboard"})
+        try:
+            context.client.update_plan(plan_id, {"state": "approved", "author": "dashboard"})
+        except ApiError as exc:
+            reason = str(exc)
+            if exc.status == 422 and reason.startswith("force: "):
+                problems = reason.removeprefix("force: ").split(": approve with force")[0]
+                raise NeedsConfirmation(editor, problems) from None
+            raise
         editor = {**editor, "plan_state": "approved"}
     return editor, f"Plan {plan_id} is {editor['plan_state']}."
+
+
+def approve_anyway(context: Context, editor: Editor) -> tuple[Editor, str]:
+    """Approve the editor's saved plan though the backend named problems (confirmed)."""
+    plan_id = editor["plan_id"]
+    context.client.update_plan(plan_id, {"state": "approved", "force": True,
+                                         "author": "dashboard"})
+    return {**editor, "plan_state": "approved"}, f"Plan {plan_id} is approved."
 
 
 def export_plan(context: Context, editor: Editor, boundaries: list[int]) -> tuple[str, str]:

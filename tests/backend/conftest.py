@@ -111,7 +111,8 @@ def add_plan(client: TestClient, profile_id: int, boundaries: list[int], *,
     assert response.status_code == 201, response.text
     plan: dict[str, Any] = response.json()
     if approve:
-        response = client.post(f"/api/plans/{plan['id']}/approve", headers=AUTH)
+        # with force: tests of other things approve before their workers connect
+        response = client.post(f"/api/plans/{plan['id']}/approve?force=true", headers=AUTH)
         assert response.status_code == 200, response.text
         plan = response.json()
     return plan

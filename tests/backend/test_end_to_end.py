@@ -55,7 +55,8 @@ def _launch(url: str, steps: int, **request: Any) -> int:
     plan = httpx.post(f"{url}/api/plans", headers=AUTH, json={
         "profile_id": profile["id"], "manual": {"boundaries": [2], "num_microbatches": 4,
                                                 "schedule": "1f1b"}}).json()
-    httpx.post(f"{url}/api/plans/{plan['id']}/approve", headers=AUTH).raise_for_status()
+    httpx.post(f"{url}/api/plans/{plan['id']}/approve?force=true", headers=AUTH
+               ).raise_for_status()
     response = httpx.post(f"{url}/api/runs", headers=AUTH, json={
         "plan_id": plan["id"], "model": "mlp", "model_args": TINY_MLP, "steps": steps,
         "device": "cpu", "threads_per_rank": 1, "seed": 0, **request})

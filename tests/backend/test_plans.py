@@ -1,5 +1,7 @@
 """/api/plans: every way of making a plan, simulate, compare, edit, states, provenance."""
 
+from typing import Any
+
 from fastapi.testclient import TestClient
 
 from tests.backend.conftest import AUTH, add_plan, add_profile, small_profile
@@ -45,7 +47,7 @@ def test_manual_plan_edit_and_states(client: TestClient) -> None:
     assert [len(s["layers"]) for s in edited["document"]["stages"]] == [3, 1]
     assert edited["document"]["policies"]["layer0"] == "recompute"
     assert edited["summary"]["step_time_ms"] != plan["summary"]["step_time_ms"]
-    approved = client.post(f"/api/plans/{plan['id']}/approve", headers=AUTH).json()
+    approved = client.post(f"/api/plans/{plan['id']}/approve?force=true", headers=AUTH).json()
     assert approved["state"] == "approved" and approved["approved_at"]
     refused = client.patch(f"/api/plans/{plan['id']}", headers=AUTH, json={"boundaries": [2]})
     assert refused.status_code == 409
@@ -151,3 +153,42 @@ def test_hostile_precision_and_flops_are_refused_naming_the_field(client: TestCl
         named = next(iter(top)) if top else next(iter(layer_update))
         assert named in response.text
     assert client.get("/api/profiles").json()["count"] == before
+
+
+def _manual(client: TestClient, profile_id: int, cluster_id: int | None,
+            boundaries: list[int]) -> int:
+    response = client.post("/api/plans", headers=AUTH, json={
+        "profile_id": profile_id, "cluster_id": cluster_id,
+        "manual": {"boundaries": boundaries, "num_microbatches": 4, "schedule": "gpipe"}})
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def test_approving_a_plan_that_cannot_run_as_planned_needs_force(
+        client: TestClient, fake: Any) -> None:
+    """A plan over its cluster's memory, or with more ranks than the cluster's devices or
+    the online workers' slots, is approved only with ``force``; the 422 names each problem
+    and the plan stays a draft."""
+    profile_id = add_profile(client)
+    tight = _manual(client, profile_id, _cluster(client, memory=4000), [2])
+    three = _manual(client, profile_id, None, [1, 2])
+    response = client.post(f"/api/plans/{tight}/approve", headers=AUTH)
+    assert response.status_code == 422, response.text
+    error = response.json()["detail"][0]
+    assert error["loc"] == ["body", "force"]
+    assert "does not fit its cluster's memory (over: stage 0 by " in error["msg"]
+    assert "needs 2 ranks but the online workers offer 0 slots" in error["msg"]
+    assert client.get(f"/api/plans/{tight}").json()["state"] == "draft"
+    fake("a"), fake("b", slots=1)
+    response = client.patch(f"/api/plans/{three}", headers=AUTH, json={"state": "approved"})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["msg"] == (
+        f"plan {three} needs 3 ranks but the online workers offer 2 slots: approve with "
+        "force to run it anyway")
+    for forced in (client.post(f"/api/plans/{tight}/approve?force=true", headers=AUTH),
+                   client.patch(f"/api/plans/{three}", headers=AUTH,
+                                json={"state": "approved", "force": True})):
+        assert forced.status_code == 200 and forced.json()["state"] == "approved"
+    fits = _manual(client, profile_id, _cluster(client), [2])
+    response = client.post(f"/api/plans/{fits}/approve", headers=AUTH)
+    assert response.status_code == 200 and response.json()["state"] == "approved"

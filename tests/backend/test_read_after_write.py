@@ -49,7 +49,7 @@ def test_a_slow_commit_still_comes_before_the_answer(settings: Settings) -> None
             "profile_id": client.post("/api/profiles", json={"profile": small_profile()},
                                       headers=AUTH).json()["id"],
             "manual": {"boundaries": [2], "num_microbatches": 2, "schedule": "1f1b"}}).json()
-        approved = client.post(f"/api/plans/{plan['id']}/approve", headers=AUTH)
+        approved = client.post(f"/api/plans/{plan['id']}/approve?force=true", headers=AUTH)
         read = client.get(f"/api/plans/{plan['id']}").json()
     assert statuses == [200] * 10
     assert approved.status_code == 200 and read["state"] == "approved", "an update too"

@@ -205,7 +205,7 @@ def test_launch_needs_an_approved_plan_and_enough_workers(client: TestClient,
     draft = add_plan(client, profile_id, [2])
     body = {"plan_id": draft["id"], "model": "mlp", "steps": 1}
     assert client.post("/api/runs", headers=AUTH, json=body).status_code == 409
-    client.post(f"/api/plans/{draft['id']}/approve", headers=AUTH)
+    client.post(f"/api/plans/{draft['id']}/approve?force=true", headers=AUTH)
     fake(slots=1)
     refused = client.post("/api/runs", headers=AUTH, json=body)
     assert refused.status_code == 409 and "needs 2 ranks" in refused.json()["detail"]

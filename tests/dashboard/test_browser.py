@@ -10,6 +10,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -169,6 +170,14 @@ def test_upload_plan_drag_and_approve(page: object, stack: LiveStack) -> None:
     choose(page, "planner-side-b", "optimal")
     page.wait_for_selector("#planner-side-b-graph .ytick")
     page.fill("#planner-name", "vgg16 by hand")
+    # four stages and at most two workers' slots: the approval asks first, naming why
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.click("#planner-approve")
+    page.wait_for_selector("text=saved as a draft, not approved")
+    assert asked and "ranks but the online workers offer" in asked[0], asked
+    shot(page, "planner-approve-asks")
+    page.once("dialog", lambda dialog: dialog.accept())
     page.click("#planner-approve")
     page.wait_for_selector("text=is approved")
     shot(page, "planner")
@@ -245,8 +254,17 @@ def approve_gpt_plan(page: object, stack: LiveStack) -> None:
     set_number(page, "planner-microbatches", 4)
     wait_prediction(page)
     drag_handle(page, 0, 300)  # an unbalanced plan: the online planner should rebalance it
+    asked: list[str] = []  # two workers are online and the plan fits: nothing to confirm
+
+    def answer(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", answer)
     page.click("#planner-approve")
     page.wait_for_selector("text=is approved")
+    page.remove_listener("dialog", answer)
+    assert not asked, asked
 
 
 def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
@@ -310,7 +328,7 @@ def test_a_diverged_run_says_why(page: object, stack: LiveStack) -> None:
     gpt = next(p for p in api.get("/api/profiles").json()["data"] if p["model"] == "gpt")
     plan = api.post("/api/plans", json={"profile_id": gpt["id"], "name": "diverging", "manual": {
         "boundaries": [13], "num_microbatches": 2, "schedule": "1f1b"}}).json()
-    api.post(f"/api/plans/{plan['id']}/approve").raise_for_status()
+    api.post(f"/api/plans/{plan['id']}/approve?force=true").raise_for_status()
     stack.wait_for_workers(2)
     launched = api.post("/api/runs", json={
         "plan_id": plan["id"], "model": "gpt", "steps": 50, "lr": 1e15, "device": "cpu",

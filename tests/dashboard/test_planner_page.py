@@ -116,7 +116,13 @@ def test_save_and_approve_store_the_edited_plan(context, vgg_id):
     # the memory per device went with it, as a cluster of free links
     cluster = context.client.cluster(stored["cluster_id"])
     assert cluster["document"]["devices"][0]["memory_bytes"] == 48 * 2**30
-    approved, notice = planning.save_plan(context, saved, [5, 21, 31], None, approve=True)
+    # no worker is online: the backend asks for a confirmation naming why, and the plan
+    # stays a draft until it is given
+    with pytest.raises(planning.NeedsConfirmation) as asked:
+        planning.save_plan(context, saved, [5, 21, 31], None, approve=True)
+    assert "needs 4 ranks but the online workers offer 0 slots" in asked.value.problems
+    assert context.client.plan(saved["plan_id"])["state"] == "draft"
+    approved, notice = planning.approve_anyway(context, asked.value.editor)
     assert approved["plan_id"] == saved["plan_id"] and notice.endswith("is approved.")
     assert context.client.plan(saved["plan_id"])["state"] == "approved"
     moved, _ = planning.save_plan(context, approved, [6, 21, 31], None, approve=False)

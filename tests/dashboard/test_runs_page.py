@@ -15,7 +15,7 @@ from tests.dashboard.conftest import big_profile
 def approved_plan(context, vgg_id):
     plan = context.client.create_plan({"profile_id": vgg_id, "manual": {
         "boundaries": [20], "num_microbatches": 2, "schedule": "1f1b"}})
-    return context.client.update_plan(plan["id"], {"state": "approved"})
+    return context.client.update_plan(plan["id"], {"state": "approved", "force": True})
 
 
 def test_options_offer_approved_plans_only(context, vgg_id):

@@ -87,9 +87,13 @@ def update_plan(session: SessionDep, context: ContextDep, principal: Writer,
 
 
 @router.post("/{plan_id:int}/approve", dependencies=[Authorized])
-def approve_plan(session: SessionDep, context: ContextDep, plan_id: PathId) -> PlanPublic:
+def approve_plan(session: SessionDep, context: ContextDep, plan_id: PathId,
+                 force: Annotated[bool, Query()] = False) -> PlanPublic:
+    """Approve a plan for launching; 422 naming why when it does not fit its cluster's
+    memory or needs more ranks than its cluster or the online workers offer, unless
+    ``force``."""
     return PlanPublic.model_validate(service.update_plan(
-        session, plan_id, PlanUpdate(state="approved"), _budget(context)))
+        session, plan_id, PlanUpdate(state="approved", force=force), _budget(context)))
 
 
 @router.post("/{plan_id:int}/simulate", dependencies=[Readable])

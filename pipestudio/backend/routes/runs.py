@@ -30,7 +30,7 @@ def launch_run(session: SessionDep, context: ContextDep, principal: Writer, data
                ) -> RunPublic:
     """Launch an approved plan: ranks go to online workers with free slots that allow its
     model (409 when there are too few), and the workers start the engine. The model and
-    its arguments default to the plan's profile's; arguments contradicting it get 422."""
+    its arguments default to the plan's profile's."""
     data = data.model_copy(update={"author": author(principal, data.author)})
     run = service.launch(session, data, set(context.hub.links), context.hub.send_from_thread,
                          context.settings.checkpoint_dir)

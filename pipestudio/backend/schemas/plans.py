@@ -119,6 +119,9 @@ class PlanUpdate(Request):
     microbatch_size: MicrobatchSize | None = None
     plan: Plan | None = Field(None, description="A whole Plan document.")
     state: Literal["draft", "approved"] | None = None
+    force: bool = Field(False, description=(
+        "Approve even when the plan does not fit its cluster's memory or needs more ranks "
+        "than its cluster's devices or the online workers' slots (else 422 naming why)."))
     author: str = Field("api", max_length=200)
 
 

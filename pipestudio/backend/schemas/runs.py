@@ -25,7 +25,8 @@ class RunCreate(Request):
     model_args: dict[ArgName, ArgValue] | None = Field(None, max_length=100, description=(
         "The model's arguments. Default: those the plan's profile was measured with (its "
         "config.* metadata), when the model is the profile's. Arguments that the profile "
-        "recorded with another value are refused (422): the plan's layers are that model's."))
+        "recorded with another value are named in the launch event: the plan's predictions "
+        "are for the profiled model."))
     steps: Annotated[int, Field(ge=1, le=10_000_000), Integral]
     lr: float | None = Field(None, gt=0, le=1e30, allow_inf_nan=False)
     seed: Annotated[int, Field(ge=0, le=2**53), Integral] | None = None

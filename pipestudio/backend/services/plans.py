@@ -3,6 +3,11 @@
 States: ``draft`` (editable) -> ``approved`` (may be launched; back to draft to edit) ->
 ``launched`` (a run used it; frozen). Provenance: the planner, its parameters, who.
 
+Approving checks that the plan can run as planned: that it fits its cluster's memory (its
+simulation's peaks), and that its ranks are no more than its cluster's devices and the
+slots of the online workers; any of these fails the approval with a 422 that names every
+problem, unless ``force`` says the person saw them.
+
 Every call that simulates or plans takes ``max_ops``, the work budget of one request
 (``PIPESTUDIO_MAX_SIMULATED_OPS``): beyond it, a 422 names the field and the limit.
 """
@@ -11,8 +16,8 @@ Every call that simulates or plans takes ``max_ops``, the work budget of one req
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
-from pipestudio.backend.errors import ConflictError
-from pipestudio.backend.repositories import Clusters, Plans, Profiles, Runs
+from pipestudio.backend.errors import ConflictError, InputError
+from pipestudio.backend.repositories import Clusters, Plans, Profiles, Runs, Workers
 from pipestudio.backend.schemas.plans import (
     AnyPlanCreate,
     AnyPreviewRequest,
@@ -96,11 +101,44 @@ def update_plan(session: Session, plan_id: int, data: PlanUpdate, max_ops: int |
     if data.name is not None:
         row.name = data.name
     if data.state is not None and data.state != row.state:
+        if data.state == "approved" and not data.force:
+            problems = approval_problems(session, row, cluster)
+            if problems:
+                raise InputError("force", f"plan {plan_id} {'; '.join(problems)}: approve "
+                                 "with force to run it anyway")
         row.state = data.state
         row.approved_at = models.utcnow() if data.state == "approved" else None
     row.updated_at = models.utcnow()
     session.flush()
     return row
+
+def approval_problems(session: Session, row: models.Plan, cluster: Cluster | None
+                      ) -> list[str]:
+    """Why plan ``row`` would not run as planned (module docstring); empty when it would."""
+    plan = Plan.model_validate(row.document)
+    problems = []
+    summary = row.summary or {}
+    limits = summary.get("stage_device_memory_bytes") or []
+    peaks = summary.get("stage_peak_bytes") or []
+    over = [f"stage {idx} by {_mib(peak - limit)}" for idx, (peak, limit)
+            in enumerate(zip(peaks, limits, strict=False))
+            if limit is not None and peak > limit]
+    if over or summary.get("fits") is False:
+        problems.append("does not fit its cluster's memory" + (
+            f" (over: {', '.join(over)})" if over else ""))
+    ranks = plan.num_workers
+    if cluster is not None and ranks > cluster.num_devices:
+        problems.append(f"needs {ranks} ranks but its cluster has {cluster.num_devices} "
+                        "devices")
+    slots = sum(worker.slots for worker in Workers(session).online())
+    if ranks > slots:
+        problems.append(f"needs {ranks} ranks but the online workers offer {slots} slots")
+    return problems
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.2f} MiB"
+
 
 def delete_plan(session: Session, plan_id: int) -> None:
     row = Plans(session).get(plan_id, for_update=True)

@@ -99,8 +99,8 @@ def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
     plan_row, plan = plan_for_launch(session, data.plan_id)
     builtin = {name for worker in Workers(session).online()
                for name in worker.builtin_models or [] if isinstance(name, str)}
-    model, model_args = planned_model(Profiles(session).get(plan_row.profile_id), data,
-                                      builtin)
+    model, model_args, differing = planned_model(
+        Profiles(session).get(plan_row.profile_id), data, builtin)
     assignment = _assign(session, plan, model, data.worker_ids, connected)
     run = Runs(session).add(models.Run(
         plan_id=plan_row.id, state="starting", model=model, model_args=model_args,
@@ -111,19 +111,24 @@ def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
                         "checkpoint_dir": os.path.join(checkpoint_root, f"run-{run.id}")}
     plan_row.state = "launched"
     session.add(models.Event(run_id=run.id, kind="launch", data={
-        "plan_id": plan_row.id, "ranks": [list(a) for a in assignment]},
-        message=f"launched plan {plan_row.id} on {len(assignment)} ranks"))
+        "plan_id": plan_row.id, "ranks": [list(a) for a in assignment],
+        **({"differs_from_profile": differing} if differing else {})},
+        message=f"launched plan {plan_row.id} on {len(assignment)} ranks" + (
+            f"; model_args {', '.join(differing)}: the plan's predictions are for the "
+            "profiled model" if differing else "")))
     _start_attempt(session, run, plan, assignment, send)
     return run
 
 
 def planned_model(profile: models.Profile, data: RunCreate, builtin: set[str]
-                  ) -> tuple[str, dict[str, str]]:
+                  ) -> tuple[str, dict[str, str], list[str]]:
     """The model and arguments a run builds: the request's, else the plan's profile's (its
-    ``model`` and ``config.*`` metadata, which the profiler records); 422 when the request
-    gives the profile's model an argument that the profile recorded with another value,
-    or gives no model for a profile whose model is none of the online workers' ``builtin``
-    ones."""
+    ``model`` and ``config.*`` metadata, which the profiler records), and the arguments
+    given to the profile's model that the profile recorded with another value (a smaller
+    model to try the plan on is fine, but its predictions are not the run's: the launch
+    event says so; whether the model still has the plan's layers only a build can tell,
+    which the workers do before they train). 422 when no model is given for a profile
+    whose model is none of the online workers' ``builtin`` ones."""
     document = profile.document if isinstance(profile.document, dict) else {}
     metadata = document.get("metadata") if isinstance(document.get("metadata"), dict) else {}
     recorded = {key.removeprefix("config."): value for key, value in metadata.items()
@@ -134,18 +139,13 @@ def planned_model(profile: models.Profile, data: RunCreate, builtin: set[str]
                          "which is not a built-in model; name the factory that builds it "
                          "(MODULE:FACTORY)")
     if model != profile.model:
-        return model, dict(data.model_args or {})
+        return model, dict(data.model_args or {}), []
     if data.model_args is None:
-        return model, {key: _text(value) for key, value in recorded.items()}
+        return model, {key: _text(value) for key, value in recorded.items()}, []
     differing = [f"{key}={value} (the profile's {key}={_text(recorded[key])})"
                  for key, value in sorted(data.model_args.items())
                  if key in recorded and not _same(value, recorded[key])]
-    if differing:
-        raise InputError("model_args", f"{', '.join(differing)}: the plan's layers and times "
-                         f"are those of model {model!r} as profile {profile.id} measured it; "
-                         "leave model_args out to build that model, or profile the one you "
-                         "want to run")
-    return model, dict(data.model_args)
+    return model, dict(data.model_args), differing
 
 
 def _text(value: object) -> str:

@@ -91,6 +91,8 @@ def _save_controls() -> html.Div:
         _button("Export Chrome trace (predicted)", "planner-export-trace", secondary=True),
         html.Span("PNG: the camera icon above each chart.", className="ps-hint"),
         dcc.Download(id="planner-download"),
+        # approving a plan that would not run as planned asks first (``planning.save_plan``)
+        dcc.ConfirmDialog(id="planner-approve-confirm"),
     ], className="ps-row")
 
 

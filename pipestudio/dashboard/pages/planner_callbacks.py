@@ -229,20 +229,40 @@ def _register_compare(app: Dash, context: Context, form_states: list[State]) -> 
 def _register_save(app: Dash, context: Context) -> None:
     @app.callback(Output("planner-editor", "data", allow_duplicate=True),
                   Output("planner-save-status", "children"),
+                  Output("planner-approve-confirm", "message"),
+                  Output("planner-approve-confirm", "displayed"),
                   Input("planner-save", "n_clicks"), Input("planner-approve", "n_clicks"),
                   State("planner-editor", "data"), State("planner-boundaries", "value"),
                   State("planner-name", "value"), prevent_initial_call=True)
     def _save(_: int, __: int, editor: Editor | None, boundaries: list[int] | None,
               name: str | None) -> Any:
         if not editor or boundaries is None:
-            return no_update, message("Make a plan first.")
+            return no_update, message("Make a plan first."), no_update, False
         try:
             saved, notice = planning.save_plan(context, editor, boundaries, name,
                                                approve=ctx.triggered_id == "planner-approve")
+        except planning.NeedsConfirmation as asked:
+            plan_id = asked.editor["plan_id"]
+            return (asked.editor, message(f"Plan {plan_id} is saved as a draft, not approved:"
+                                          f"\n{asked.problems}", "error"),
+                    f"{asked.problems}.\n\nApprove plan {plan_id} anyway?", True)
         except (PlannerError, ApiError) as exc:
-            return no_update, message(f"Not saved:\n{exc}", "error")
+            return no_update, message(f"Not saved:\n{exc}", "error"), no_update, False
         return saved, message(notice + (" Launch it on the Runs page." if saved[
-            "plan_state"] == "approved" else ""), "ok")
+            "plan_state"] == "approved" else ""), "ok"), no_update, False
+
+    @app.callback(Output("planner-editor", "data", allow_duplicate=True),
+                  Output("planner-save-status", "children", allow_duplicate=True),
+                  Input("planner-approve-confirm", "submit_n_clicks"),
+                  State("planner-editor", "data"), prevent_initial_call=True)
+    def _approve_anyway(_: int, editor: Editor | None) -> Any:
+        if not editor or editor.get("plan_id") is None:
+            return no_update, no_update
+        try:
+            approved, notice = planning.approve_anyway(context, editor)
+        except ApiError as exc:
+            return no_update, message(f"Not approved:\n{exc}", "error")
+        return approved, message(notice + " Launch it on the Runs page.", "ok")
 
     @app.callback(Output("planner-download", "data"),
                   Input("planner-export-plan", "n_clicks"),

@@ -19,13 +19,16 @@ _TITLES = ("Measured schedule", "Throughput", "Compute per stage", "Peak memory 
 
 def options(context: Context, selected: int | None
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None]:
-    """Approved plans to launch, runs to watch (newest first), and the run to show."""
+    """Plans to launch (approved, or launched before: a plan runs any number of times),
+    runs to watch (newest first), and the run to show."""
     try:
         plans, runs = context.client.plans(), context.client.runs()
     except ApiError:
         return [], [], None
-    plan_options = [{"label": f"{p['id']}: {p['name']}", "value": p["id"]}
-                    for p in plans if p["state"] == "approved"]
+    ran = {r["plan_id"] for r in runs}
+    plan_options = [{"label": f"{p['id']}: {p['name']}"
+                     + (" (launched before)" if p["id"] in ran else ""), "value": p["id"]}
+                    for p in plans if p["state"] in ("approved", "launched")]
     runs = sorted(runs, key=lambda r: r["id"], reverse=True)
     run_options = [{"label": run_label(r), "value": r["id"]} for r in runs]
     ids = [r["id"] for r in runs]
