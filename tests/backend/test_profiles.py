@@ -43,12 +43,23 @@ def test_bad_uploads_name_the_field(client: TestClient) -> None:
     error = response.json()["detail"][0]
     assert error["loc"] == ["body", "profile", "layers", 1, "fwd_ms"]
     assert error["input"] == -1 and "greater than or equal to 0" in error["msg"]
-    garbage = client.post("/api/profiles/upload", headers=AUTH,
+    garbage = client.post("/api/profiles/upload", headers=AUTH, data={"batch_size": "4"},
                           files={"file": ("graph.txt", b"node1 -- what")})
     assert garbage.status_code == 422 and garbage.json()["detail"][0]["loc"] == ["body", "graph"]
     missing = client.post("/api/profiles", headers=AUTH, json={"format": "pipedream"})
     assert missing.status_code == 422
     assert missing.json()["detail"][0]["loc"] == ["body", "graph"]  # the union's tag left out
+    # graph.txt does not say its batch size: a graph without one is refused, not taken as 1
+    unsized = client.post("/api/profiles", headers=AUTH, json={
+        "format": "pipedream", "graph": vgg_graph(), "model": "vgg16"})
+    assert unsized.status_code == 422
+    assert unsized.json()["detail"][0]["loc"] == ["body", "batch_size"]
+    unsized = client.post("/api/profiles/upload", headers=AUTH,
+                          files={"file": ("vgg16/graph.txt", vgg_graph().encode())})
+    assert unsized.status_code == 422
+    error = unsized.json()["detail"][0]
+    assert error["loc"] == ["body", "batch_size"] and "does not say the minibatch size" in (
+        error["msg"])
 
 
 def test_mutations_need_the_token(client: TestClient) -> None:

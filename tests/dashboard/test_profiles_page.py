@@ -64,3 +64,17 @@ def test_delete_is_refused_while_a_plan_uses_the_profile(context, vgg_id):
     refused = profiles.delete_profile(context, vgg_id)
     assert "ps-error" in refused.className and "used by plan" in refused.children
     assert "Deleted profile" in profiles.delete_profile(context, other).children
+
+
+def test_a_pipedream_graph_needs_its_batch_size_and_model(context):
+    """graph.txt says neither the batch size it was profiled at nor its model: the page
+    asks for both instead of taking one sample per micro-batch."""
+    graph = upload_contents(PIPEDREAM_DIR / "alexnet" / "graph.txt")
+    notice, made = profiles.upload_profile(context, graph, "graph.txt", None, None, "alexnet")
+    assert made is None and "fill in \"PipeDream batch size\"" in notice.children
+    notice, made = profiles.upload_profile(context, graph, "graph.txt", None, 64, None)
+    assert made is None and "fill in \"PipeDream model name\"" in notice.children
+    notice, made = profiles.upload_profile(context, graph, "alexnet.txt", None, 64, None)
+    assert made is not None
+    assert context.client.profile(made)["microbatch_size"] == 64
+    assert context.client.profile(made)["model"] == "alexnet"

@@ -29,9 +29,10 @@ def create_profile(session: SessionDep, data: ProfileCreate) -> ProfilePublic:
 @router.post("/upload", status_code=201, dependencies=[Authorized])
 def upload_profile(session: SessionDep, file: Annotated[UploadFile, File()],
                    name: Annotated[str | None, Form(max_length=200)] = None,
-                   batch_size: Annotated[int, Form(ge=1, le=MAX_MICROBATCH_SIZE)] = 1,
+                   batch_size: Annotated[int | None, Form(ge=1, le=MAX_MICROBATCH_SIZE)] = None,
                    model: Annotated[str | None, Form(max_length=200)] = None) -> ProfilePublic:
-    """Store an uploaded file: a Profile JSON, or a PipeDream graph.txt (anything else)."""
+    """Store an uploaded file: a Profile JSON, or a PipeDream graph.txt (anything else),
+    which needs the ``batch_size`` it was profiled at."""
     data = service.parse_upload(file.file.read(), file.filename or "upload", name=name,
                                 batch_size=batch_size, model=model)
     return ProfilePublic.model_validate(service.create_profile(session, data))

@@ -27,7 +27,8 @@ class PipeDreamGraph(_ProfileSource):
     format: Literal["pipedream"]
     graph: str = Field(min_length=1, description="PipeDream graph.txt text.")
     batch_size: Annotated[int, Field(ge=1, le=MAX_MICROBATCH_SIZE), Integral] = Field(
-        1, description="The profiled minibatch size.")
+        description="The minibatch size the graph was profiled at (graph.txt does not say "
+        "it, and every activation size and time scales with it).")
     model: str | None = Field(None, min_length=1, max_length=200,
                               description="The model name (default: the profile's name).")
 

@@ -28,7 +28,7 @@ def parse_profile(data: AnyProfileCreate) -> tuple[Profile, str]:
         raise InputError("graph", str(exc)) from None
 
 
-def parse_upload(content: bytes, filename: str, *, name: str | None, batch_size: int,
+def parse_upload(content: bytes, filename: str, *, name: str | None, batch_size: int | None,
                  model: str | None) -> AnyProfileCreate:
     """A multipart upload: JSON when it parses as a JSON object, else PipeDream text."""
     try:
@@ -55,6 +55,9 @@ def parse_upload(content: bytes, filename: str, *, name: str | None, batch_size:
     stem = filename.rsplit("/", 1)[-1].removesuffix(".txt")
     if not text.strip():
         raise InputError("file", f"{filename!r} is empty")
+    if batch_size is None:
+        raise InputError("batch_size", f"{filename!r} is a PipeDream graph, which does not "
+                         "say the minibatch size it was profiled at: give it as batch_size")
     return PipeDreamGraph(name=name, format="pipedream", graph=text, batch_size=batch_size,
                           model=model or (stem[:200] if stem and stem != "graph" else None))
 

@@ -28,7 +28,8 @@ def layout(**_: Any) -> html.Div:
         field("Name (optional)", dcc.Input(id="profiles-name", className="ps-input",
                                            placeholder="default: the model's name")),
         field("PipeDream batch size", dcc.Input(id="profiles-batch-size", type="number",
-                                                min=1, step=1, value=1, className="ps-input"),
+                                                min=1, step=1, className="ps-input",
+                                                placeholder="required for graph.txt"),
               "samples in the profiled minibatch (graph.txt does not say)"),
         field("PipeDream model name", dcc.Input(id="profiles-model", className="ps-input",
                                                 placeholder="e.g. vgg16"),
@@ -75,9 +76,16 @@ def upload_body(text: str, filename: str, name: str | None, batch_size: int | No
                              "profile object")
         return {"name": name or None, "format": "pipestudio", "profile": document}
     stem = filename.rsplit("/", 1)[-1].removesuffix(".txt")
+    if not batch_size:
+        raise ValueError(f"{filename!r} is a PipeDream graph, which does not say the batch "
+                         "size it was profiled at: fill in \"PipeDream batch size\" (every "
+                         "activation size and time scales with it)")
+    model = model or (stem if stem not in ("", "graph") else None) or name
+    if not model:
+        raise ValueError(f"{filename!r} does not name its model: fill in \"PipeDream model "
+                         "name\" (or a profile name)")
     return {"name": name or None, "format": "pipedream", "graph": text,
-            "batch_size": batch_size or 1,
-            "model": model or (stem if stem not in ("", "graph") else None)}
+            "batch_size": batch_size, "model": model}
 
 
 def upload_profile(context: Context, contents: str | None, filename: str | None,
