@@ -19,7 +19,7 @@ from pipestudio.backend.settings import Settings
 from tests.backend.conftest import API_TOKEN, AUTH, small_profile
 from tests.backend.live import live_backend
 
-MAX_EXAMPLES = 10
+MAX_EXAMPLES = 6
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 
