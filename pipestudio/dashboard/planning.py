@@ -45,15 +45,19 @@ def candidate(row: dict[str, Any]) -> Candidate:
     error = row.get("error")
     if row.get("min_memory_bytes"):
         error = f"{error} (fits from {format_bytes(row['min_memory_bytes'])} per device)"
+    stages = (row.get("plan") or {}).get("stages") or []
+    replicas = tuple(int(stage.get("replicas", 1)) for stage in stages)
     if summary is None:
-        return Candidate(row["algorithm"], None, error, row.get("planner_ms"))
+        return Candidate(row["algorithm"], None, error, row.get("planner_ms"),
+                         replicas=replicas)
     limits = [m for m in summary["stage_device_memory_bytes"] if m]
     return Candidate(row["algorithm"], summary["step_time_ms"], error, row.get("planner_ms"),
                      samples_per_s=summary["samples_per_s"],
                      bubble_fraction=summary["bubble_fraction"], fits=summary["fits"],
                      peak_bytes=max(summary["stage_peak_bytes"]),
                      device_memory_bytes=min(limits) if limits else None,
-                     claim=step_claim((row.get("plan") or {}).get("provenance") or {}))
+                     claim=step_claim((row.get("plan") or {}).get("provenance") or {}),
+                     replicas=replicas)
 
 
 def editor_documents(context: Context, editor: Editor, boundaries: list[int]

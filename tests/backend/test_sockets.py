@@ -95,6 +95,11 @@ def test_run_streams_to_store_and_dashboard(client: TestClient, fake: Workers) -
                                        "state": "finished"}))
     run = client.get(f"/api/runs/{run_id}").json()
     assert run["state"] == "finished" and run["ended_at"]
+    # a finished run takes no proposal: nothing would ever apply it
+    refused = client.post("/api/proposals", headers=AUTH, json={
+        "run_id": run_id, "observed_profile": small_profile()})
+    assert refused.status_code == 409 and "run 1 is finished" in refused.json()["detail"]
+    assert client.get("/api/proposals", params={"run_id": run_id}).json()["count"] == 0
 
 
 def test_metrics_time_range_and_downsampling(client: TestClient, fake: Workers) -> None:

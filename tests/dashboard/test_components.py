@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from pipestudio.dashboard import planning
 from pipestudio.dashboard.components import (
     compare,
     gantt,
@@ -16,6 +17,7 @@ from pipestudio.dashboard.components import (
     stage_charts,
 )
 from pipestudio.dashboard.components.style import OP_COLORS, byte_unit, format_bytes
+from pipestudio.dashboard.pages import planner_callbacks
 from pipestudio.planner import cluster_template, plan_template, simulate
 from pipestudio.planner.planners.optimal import step_claim
 from tests.dashboard.conftest import big_profile
@@ -166,6 +168,28 @@ def test_compare_rows_say_what_optimal_proved(tight_result):
                       "not proven optimal", None]
     candidate = replace(compare.Candidate.of("optimal", tight_result), claim=claims[1])
     assert compare.compare_rows([candidate])[0]["proven"] == claims[1]
+
+
+def test_compare_counts_plans_that_do_not_fit_apart_and_shows_replicas(tight_result):
+    """A plan that does not fit is not a plan found; a planner that trades stages for
+    replicas says so in the stages and replicas columns."""
+    rows = [{"algorithm": "uniform", "summary": {
+                "step_time_ms": 9.0, "samples_per_s": 1.0, "bubble_fraction": 0.1,
+                "fits": False, "stage_peak_bytes": [9], "stage_device_memory_bytes": [8]},
+             "plan": {"stages": [{"replicas": 1}, {"replicas": 1}]}},
+            {"algorithm": "optimal", "summary": {
+                "step_time_ms": 5.0, "samples_per_s": 2.0, "bubble_fraction": 0.0,
+                "fits": True, "stage_peak_bytes": [7], "stage_device_memory_bytes": [8]},
+             "plan": {"stages": [{"replicas": 4}], "provenance": {}}},
+            {"algorithm": "vpipe", "summary": None, "plan": None, "error": "none fits"}]
+    notice = planner_callbacks.compare_notice(rows)
+    assert notice.children == ("1 of 3 planners found a plan that fits; 1 found one that "
+                               "does NOT fit; 1 found none.")
+    assert "ps-ok" in notice.className
+    table_rows = compare.compare_rows([planning.candidate(row) for row in rows])
+    assert [(r["stages"], r["replicas"]) for r in table_rows] == [
+        ("2", "1 each"), ("1", "4"), ("—", "—")]
+    assert "ps-error" in planner_callbacks.compare_notice(rows[:1]).className
 
 
 def step_event(stage, step, busy, start, end, **extra):

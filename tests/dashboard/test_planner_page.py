@@ -76,6 +76,13 @@ def test_infeasible_planner_says_so(context, vgg_id):
                                                              algorithm="optimal"))
     assert slider is None and "ps-error" in notice.className
     assert "optimal found no plan" in notice.children
+    # with a plan in the editor, the notice says that the plan shown is the earlier one
+    editor, _, _ = act(context, "planner-profile", form(vgg_id))
+    kept, slider, notice = act(context, "planner-run", form(vgg_id, memory="1GiB",
+                                                          algorithm="optimal"), editor)
+    assert kept == editor and slider is None
+    assert "The plan below is the one you had before" in notice.children
+    assert "not optimal's" in notice.children
 
 
 def test_policies_apply_and_change_memory(context, vgg_id):

@@ -16,6 +16,7 @@ from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError, InputError
 from pipestudio.backend.repositories import Plans, Proposals, Runs
 from pipestudio.backend.schemas.proposals import AnyProposalCreate, ProposalDocument
+from pipestudio.backend.services.messages import TERMINAL_RUN_STATES
 from pipestudio.backend.services.plans import documents
 from pipestudio.backend.services.runs import Send, command
 from pipestudio.planner import Plan, PlannerError
@@ -43,6 +44,9 @@ def _evaluate(session: Session, run: models.Run, data: AnyProposalCreate) -> Pro
 
 def create_proposal(session: Session, data: AnyProposalCreate) -> models.Proposal:
     run = Runs(session).get(data.run_id)
+    if run.state in TERMINAL_RUN_STATES:
+        raise ConflictError(f"run {run.id} is {run.state}: a proposal moves layers of a "
+                            "running job, and this one will not run again")
     proposal = _evaluate(session, run, data)
     return Proposals(session).add(models.Proposal(
         run_id=run.id, state="pending", document=proposal.model_dump(mode="json"),

@@ -29,6 +29,8 @@ class Candidate:
     peak_bytes: int = 0
     device_memory_bytes: int | None = None
     claim: str | None = None  # what the planner proved of the step (``step_claim``)
+    #: The plan's replicas per stage (its length is the number of stages); empty: no plan.
+    replicas: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, name: str, result: SimResult, planner_ms: float | None = None
@@ -40,8 +42,22 @@ class Candidate:
                    min(limits) if limits else None)
 
 
-COMPARE_COLUMNS = ("plan", "step time (ms)", "samples/s", "bubble", "peak memory",
-                   "device limit", "fits", "proven", "planner time (ms)")
+COMPARE_COLUMNS = ("plan", "stages", "replicas", "step time (ms)", "samples/s", "bubble",
+                   "peak memory", "device limit", "fits", "proven", "planner time (ms)")
+
+
+def replicas_text(replicas: Sequence[int]) -> str:
+    """``1`` each, or every stage's count: a planner may trade stages for replicas."""
+    if not replicas:
+        return "—"
+    return "1 each" if set(replicas) == {1} else " · ".join(map(str, replicas))
+
+
+def outcome_counts(candidates: Sequence[Candidate]) -> tuple[int, int, int]:
+    """How many candidates fit, how many have a plan that does not fit, how many none."""
+    fitting = sum(1 for c in candidates if c.step_time_ms is not None and c.fits)
+    unfit = sum(1 for c in candidates if c.step_time_ms is not None and not c.fits)
+    return fitting, unfit, len(candidates) - fitting - unfit
 
 
 def compare_rows(candidates: Sequence[Candidate]) -> list[dict[str, str]]:
@@ -50,6 +66,9 @@ def compare_rows(candidates: Sequence[Candidate]) -> list[dict[str, str]]:
     for c in candidates:
         row = dict.fromkeys(COMPARE_COLUMNS, "—")
         row["plan"] = c.name
+        if c.replicas:
+            row["stages"] = str(len(c.replicas))
+            row["replicas"] = replicas_text(c.replicas)
         if c.planner_ms is not None:
             row["planner time (ms)"] = f"{c.planner_ms:.0f}"
         if c.step_time_ms is None:

@@ -6,7 +6,12 @@ from dash import Dash, Input, Output, State, ctx, dcc, no_update
 
 from pipestudio.dashboard import planning
 from pipestudio.dashboard.api import ApiError
-from pipestudio.dashboard.components.compare import COMPARE_COLUMNS, compare_figure, compare_rows
+from pipestudio.dashboard.components.compare import (
+    COMPARE_COLUMNS,
+    compare_figure,
+    compare_rows,
+    outcome_counts,
+)
 from pipestudio.dashboard.components.gantt import schedule_gantt
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.editor import Editor, editor_from_plan, equal_boundaries, new_editor
@@ -77,8 +82,12 @@ def editor_action(context: Context, trigger: str | None, form: dict[str, Any],
             rows = planning.run_planners(context, fresh, int(form["stages"]),
                                          [form["algorithm"]])
             if rows[0]["plan"] is None:
+                shown = ("" if not editor else "\nThe plan below is the one you had before "
+                         f"(from {editor.get('source') or 'the editor'}), not "
+                         f"{form['algorithm']}'s.")
                 return editor, None, message(f"{form['algorithm']} found no plan:\n"
-                                             f"{planning.candidate(rows[0]).error}", "error")
+                                             f"{planning.candidate(rows[0]).error}{shown}",
+                                             "error")
             loaded, cuts = editor_from_plan(fresh, profile, rows[0]["plan"], form["algorithm"])
             devices = sum(loaded["replicas"])
             return loaded, slider_props(profile.num_layers, cuts), message(
@@ -191,6 +200,18 @@ def register(app: Dash, context: Context) -> None:
     _register_save(app, context)
 
 
+def compare_notice(rows: list[dict[str, Any]]) -> Any:
+    """What the comparison found, the plans that fit counted apart from those that do not
+    and from the planners that found none; green only when some plan fits."""
+    fitting, unfit, none = outcome_counts([planning.candidate(row) for row in rows])
+    parts = [f"{fitting} of {len(rows)} planners found a plan that fits"]
+    if unfit:
+        parts.append(f"{unfit} found one that does NOT fit")
+    if none:
+        parts.append(f"{none} found none")
+    return message("; ".join(parts) + ".", "ok" if fitting else "error")
+
+
 def _register_compare(app: Dash, context: Context, form_states: list[State]) -> None:
     @app.callback(Output("planner-candidates", "data"),
                   Output("planner-status", "children", allow_duplicate=True),
@@ -202,8 +223,7 @@ def _register_compare(app: Dash, context: Context, form_states: list[State]) -> 
             rows = planning.run_planners(context, form_editor(form), int(form["stages"]), None)
         except (ValueError, ApiError) as exc:
             return no_update, message(str(exc), "error")
-        found = sum(1 for row in rows if row["plan"] is not None)
-        return rows, message(f"{found} of {len(rows)} planners found a plan.", "ok")
+        return rows, compare_notice(rows)
 
     @app.callback(Output("planner-compare-table", "children"),
                   Output("planner-compare-graph", "figure"),
