@@ -70,10 +70,13 @@ def flatten(metric: dict[str, Any]) -> dict[str, Any]:
 
 def migration_markers(events: list[dict[str, Any]], steps: list[dict[str, Any]]
                       ) -> list[Marker]:
-    """A marker per migration, at the last step received before it was recorded."""
+    """A marker per migration: where it was requested (the last step received before the
+    request was recorded) and where it took effect (the engine's step, once that step was
+    measured: a migration scheduled for a later step is not drawn before it comes)."""
     received = sorted((str(e.get("received_at")), e["step"]) for e in steps
                       if e.get("received_at"))
     times = [time for time, _ in received]
+    last = max((e["step"] for e in steps), default=-1)
     markers = []
     for event in events:
         if event["kind"] not in MIGRATION_KINDS:
@@ -82,13 +85,17 @@ def migration_markers(events: list[dict[str, Any]], steps: list[dict[str, Any]]
         if step is None:
             idx = bisect.bisect_right(times, str(event["created_at"])) - 1
             step = max((s for _, s in received[:idx + 1]), default=0)
+        elif step > last:
+            continue  # not reached yet
         data = event.get("data") or {}
         verb = ("migration requested" if event["kind"] == "migration_requested"
                 else "migrated" if data.get("ok", True) else "migration failed")
         moves = data.get("moves") or (data.get("payload") or {}).get("moves") or []
         text = f"{verb}: " + (", ".join(f"{m['layer']} {m['from_stage']}→{m['to_stage']}"
                                          for m in moves[:3]) or event.get("message") or "")
-        markers.append(Marker(step + 0.5, text[:80]))
+        label = {"migration requested": "requested", "migrated": "migrated"}.get(
+            verb, "failed")
+        markers.append(Marker(step + 0.5, text[:200], f"⇄ {label} (step {step})"))
     return merge_markers(markers)
 
 
@@ -96,10 +103,14 @@ def merge_markers(markers: list[Marker]) -> list[Marker]:
     """One marker per step: every worker reports a migration's outcome, and a request and
     its outcome often land on the same step."""
     texts: dict[float, list[str]] = {}
+    labels: dict[float, list[str]] = {}
     for marker in markers:
         if marker.text not in texts.setdefault(marker.step, []):
             texts[marker.step].append(marker.text)
-    return [Marker(step, " / ".join(found)) for step, found in texts.items()]
+        if marker.label and marker.label not in labels.setdefault(marker.step, []):
+            labels[marker.step].append(marker.label)
+    return [Marker(step, "<br>".join(found), ", ".join(labels.get(step, [])))
+            for step, found in texts.items()]
 
 
 def latest_attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -199,14 +210,46 @@ def _calibrated_rate(view: RunView) -> float | None:
     return samples_per_s(view.calibration["step_ms"]["calibrated"], view.samples_per_step)
 
 
+def progress(view: RunView) -> tuple[int, float | None]:
+    """Steps done (steps count from 0, so ``last_step + 1``) and the measured steps per
+    second over the latest steps (None before two steps were measured)."""
+    run = view.run
+    done = 0 if run.get("last_step") is None else int(run["last_step"]) + 1
+    if run["state"] == "finished":
+        done = int(run["steps"])
+    spans: dict[int, float] = {}
+    for event in view.steps:
+        spans[event["step"]] = max(spans.get(event["step"], 0.0), event["end_ms"])
+    ends = [spans[step] for step in sorted(spans)][-11:]
+    rate = ((len(ends) - 1) / (ends[-1] - ends[0]) * 1e3
+            if len(ends) > 1 and ends[-1] > ends[0] else None)
+    return min(done, int(run["steps"])), rate
+
+
+def progress_text(view: RunView) -> str:
+    """``37 of 50 steps (74%) · 2.1 steps/s · about 6 s left`` (as far as it is known)."""
+    done, rate = progress(view)
+    total = int(view.run["steps"])
+    text = f"{done} of {total} steps ({done / total:.0%})"
+    if rate and view.run["state"] in ("running", "starting"):
+        text += f" · {rate:.2g} steps/s · about {_duration((total - done) / rate)} left"
+    return text
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def status_text(view: RunView) -> str:
     """The run's state and why it ended; and how many worker messages the backend
     rejected (it could not store them: a stranger's, or malformed), with the latest."""
     run = view.run
-    steps = f"step {run['last_step']} of {run['steps']}" if run.get("last_step") is not None \
-        else f"{run['steps']} steps"
     text = (f"Run {run['id']} of plan {run['plan_id']} ({run['model']}): {run['state']}, "
-            f"{steps}, {len(run.get('ranks') or [])} ranks")
+            f"{progress_text(view)}, {len(run.get('ranks') or [])} ranks")
     text += f" — {run['message']}" if run.get("message") else ""
     rejected = [e for e in view.events if e["kind"] == "rejected"]
     if rejected:

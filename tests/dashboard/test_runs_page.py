@@ -113,14 +113,19 @@ class RecordedBackend:
 
 def test_live_view_draws_measurements_and_the_migration():
     view = monitor.fetch_view(RecordedBackend(), 5)
-    assert view.markers == [monitor.Marker(2.5, "migrated: block1 0→1")]
+    assert view.markers == [monitor.Marker(2.5, "migrated: block1 0→1",
+                                           "⇄ migrated (step 2)")]
     assert {op["step"] for op in view.ops} == {3}
     gantt, throughput, _busy, memory, _swap, loss = monitor.figures(view)
     assert gantt["layout"]["title"]["text"] == "Measured schedule of step 3"
-    assert "migrated: block1 0→1" in [a["text"] for a in throughput["layout"]["annotations"]]
+    label = next(a for a in throughput["layout"]["annotations"]
+                 if a["text"] == "⇄ migrated (step 2)")
+    assert label["hovertext"] == "migrated: block1 0→1"  # the whole text on hover
+    assert throughput["layout"]["xaxis"]["rangemode"] == "nonnegative"
     assert loss["data"][0]["y"] == pytest.approx([2.0, 1.9, 1.8, 1.7])
     assert memory["data"][0]["y"] == [0.25] * 4  # GiB, the unit of the 1 GiB limit
-    assert monitor.status_text(view).startswith("Run 5 of plan 7 (mlp): running, step 3 of 10")
+    assert monitor.status_text(view).startswith(
+        "Run 5 of plan 7 (mlp): running, 4 of 10 steps (40%)")
     card = actions.proposal_card(view.proposals[0])
     assert "gain 10.00 ms, 20.0%" in card.children[0].children
     assert card.children[-1].children[0].id == {"type": "runs-proposal-approve", "index": 3}
@@ -205,7 +210,26 @@ def test_migrations_on_one_step_share_a_marker():
               for kind in ("migration_requested", "migration", "migration")]
     events[0]["data"] = {"moves": events[1]["data"]["payload"]["moves"]}
     assert monitor.migration_markers(events, steps) == [monitor.Marker(
-        4.5, "migration requested: b1 0→1 / migration failed: b1 0→1")]
+        4.5, "migration requested: b1 0→1<br>migration failed: b1 0→1",
+        "⇄ requested (step 4), ⇄ failed (step 4)")]
+    # the engine's report of a migration at a step not measured yet waits for that step
+    later = {"kind": "migration", "step": 9, "created_at": "2026-01-01T00:00:05",
+             "data": {"moves": [{"layer": "b1", "from_stage": 0, "to_stage": 1}]}}
+    assert [m.step for m in monitor.migration_markers([later], steps)] == []
+    assert [m.step for m in monitor.migration_markers(
+        [later], [*steps, {"step": 9, "received_at": "2026-01-01T00:00:09"}])] == [9.5]
+
+
+def test_progress_counts_steps_done_and_the_time_left():
+    """Steps count from 0: a run whose last step is 49 of 50 has done all 50; a running
+    one says its pace over its latest steps and the time left at that pace."""
+    steps = [{"step": k, "stage": 0, "end_ms": 500.0 * (k + 1)} for k in range(20)]
+    running = monitor.RunView(run={"state": "running", "last_step": 19, "steps": 100},
+                              plan={}, steps=steps)
+    assert monitor.progress(running) == (20, pytest.approx(2.0))
+    assert monitor.progress_text(running) == "20 of 100 steps (20%) · 2 steps/s · about 40 s left"
+    done = monitor.RunView(run={"state": "finished", "last_step": 49, "steps": 50}, plan={})
+    assert monitor.progress_text(done) == "50 of 50 steps (100%)"
 
 
 class DivergedBackend(RecordedBackend):
@@ -235,7 +259,7 @@ def test_a_diverged_loss_is_a_gap_and_the_reason_is_shown():
     assert loss["data"][0]["y"] == [2.0, 1.9, None, None]  # gaps, not points at 0
     assert loss["layout"]["title"]["text"] == "Training loss (NaN from step 2)"
     status = monitor.status_text(view)
-    assert "failed, step 3 of 10" in status and "loss is NaN at step 2 (stage 1)" in status
+    assert "failed, 4 of 10 steps (40%)" in status and "loss is NaN at step 2 (stage 1)" in status
     assert "1 worker message(s) rejected, the latest: message 9 (run_state)" in status
 
 

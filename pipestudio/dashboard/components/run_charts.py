@@ -29,10 +29,12 @@ WAITING = "Waiting for the first measured step…"
 
 @dataclass(frozen=True)
 class Marker:
-    """A migration (or another event) at a step: drawn as a labelled vertical line."""
+    """A migration (or another event) at a step: drawn as a vertical line with a short
+    ``label``; the whole ``text`` shows when the pointer is on the label."""
 
     step: float
     text: str
+    label: str = ""
 
 
 #: Labels of successive markers step down the plot so that neighbours do not overlap.
@@ -40,11 +42,16 @@ LABEL_ROWS = 4
 
 
 def _mark(figure: Figure, markers: Sequence[Marker], xrefs: Sequence[str] = ("x",)) -> None:
+    """Draw ``markers``; the step axes start at step 0 (labels never stretch them)."""
     for idx, marker in enumerate(sorted(markers, key=lambda m: m.step)):
         label_y = 1.0 - 0.1 * (idx % LABEL_ROWS)
         for xref in xrefs:
-            add_vline(figure, marker.step, marker.text if xref == xrefs[0] else "",
-                      MIGRATION_COLOR, xref=xref, label_y=label_y)
+            add_vline(figure, marker.step, (marker.label or marker.text)
+                      if xref == xrefs[0] else "", MIGRATION_COLOR, xref=xref,
+                      label_y=label_y, hovertext=marker.text)
+    for xref in xrefs:
+        axis = "xaxis" + xref.removeprefix("x")
+        figure["layout"].setdefault(axis, {})["rangemode"] = "nonnegative"
 
 
 def stage_series(events: Sequence[Event]) -> dict[str, list[Event]]:

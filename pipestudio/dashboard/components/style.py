@@ -106,9 +106,9 @@ def empty_figure(message: str, title: str = "") -> Figure:
 
 
 def add_vline(figure: Figure, x: float, text: str, color: str, xref: str = "x",
-              label_y: float = 1.0) -> None:
+              label_y: float = 1.0, hovertext: str | None = None) -> None:
     """A dotted vertical line across the plot at ``x``, labelled at ``label_y`` (a fraction
-    of the plot's height; the top by default)."""
+    of the plot's height; the top by default); ``hovertext`` shows over the label."""
     layout = figure["layout"]
     layout.setdefault("shapes", []).append({
         "type": "line", "xref": xref, "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
@@ -116,7 +116,8 @@ def add_vline(figure: Figure, x: float, text: str, color: str, xref: str = "x",
     layout.setdefault("annotations", []).append({
         "x": x, "xref": xref, "y": label_y, "yref": "paper", "text": text,
         "showarrow": False, "xanchor": "right", "yanchor": "top",
-        "font": {"color": color, "size": 11}, "bgcolor": "rgba(255,255,255,0.8)"})
+        "font": {"color": color, "size": 11}, "bgcolor": "rgba(255,255,255,0.8)",
+        **({"hovertext": hovertext} if hovertext else {})})
 
 
 def add_hline(figure: Figure, y: float, text: str, color: str, yref: str = "y") -> None:

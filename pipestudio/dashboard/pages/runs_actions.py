@@ -172,8 +172,16 @@ def tick(context: Context, run_id: int | None,
     fidelity = fidelity_view(view.calibration, view.samples_per_step,
                              "Predictions are compared with the run once it has measured "
                              "a step past its first.")
-    return [*monitor.figures(view), monitor.status_text(view), fidelity, shown,
+    return [*monitor.figures(view), status_view(view), fidelity, shown,
             view.run["state"] in ENDED, no_update if relabelled is None else relabelled]
+
+
+def status_view(view: monitor.RunView) -> list[Any]:
+    """The run's status line over a bar of its steps done."""
+    done, _ = monitor.progress(view)
+    return [html.Div(monitor.status_text(view), id="runs-status-text"),
+            html.Progress(id="runs-progress", value=str(done), max=str(view.run["steps"]),
+                          className="ps-progress")]
 
 
 def decide(context: Context, proposal_id: int, approve: bool) -> html.Div:
