@@ -88,13 +88,16 @@ def migration_markers(events: list[dict[str, Any]], steps: list[dict[str, Any]]
         elif step > last:
             continue  # not reached yet
         data = event.get("data") or {}
-        verb = ("migration requested" if event["kind"] == "migration_requested"
-                else "migrated" if data.get("ok", True) else "migration failed")
+        # the backend's request, a worker's answer to it (before the switch: scheduled),
+        # or the engine's report of the switch at its step
+        verb = ("requested" if event["kind"] == "migration_requested"
+                else "failed" if not data.get("ok", True)
+                else "scheduled" if event.get("step") is None else "migrated")
         moves = data.get("moves") or (data.get("payload") or {}).get("moves") or []
-        text = f"{verb}: " + (", ".join(f"{m['layer']} {m['from_stage']}→{m['to_stage']}"
-                                         for m in moves[:3]) or event.get("message") or "")
-        label = {"migration requested": "requested", "migrated": "migrated"}.get(
-            verb, "failed")
+        text = (f"migration {verb}" if verb != "migrated" else verb) + ": " + (
+            ", ".join(f"{m['layer']} {m['from_stage']}→{m['to_stage']}" for m in moves[:3])
+            or event.get("message") or "")
+        label = verb
         markers.append(Marker(step + 0.5, text[:200], f"⇄ {label} (step {step})"))
     return merge_markers(markers)
 

@@ -197,7 +197,9 @@ def test_approved_proposal_migrates_and_records_the_outcome(client: TestClient,
     workers[0].expect_ack(workers[0].send({
         "type": "command_result", "run_id": run_id, "command": "migrate", "ok": True,
         "message": "moved", "payload": {"proposal_id": proposal["id"]}}))
-    assert client.get(f"/api/proposals/{proposal['id']}").json()["state"] == "applied"
+    decided = client.get(f"/api/proposals/{proposal['id']}").json()
+    assert decided["state"] == "applied"
+    assert decided["outcome"].startswith("worker a on "), decided["outcome"]  # its name
     events = client.get(f"/api/runs/{run_id}/events", params={"kind": "migration"}).json()
     assert events["count"] == 1 and events["data"][0]["message"] == "moved"
     again = client.post(f"/api/proposals/{proposal['id']}/reject", headers=AUTH)

@@ -309,7 +309,7 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     outcome = json.dumps([(p["state"], p["outcome"]) for p in proposals])
     assert any(p["state"] == "applied" for p in proposals), outcome
     page.wait_for_function("() => document.querySelector('#runs-throughput-graph')"
-                           ".textContent.includes('migrated:')", timeout=60_000)
+                           ".textContent.includes('migrated (step')", timeout=60_000)
     # ten steps after the migration the card sets the measured gain beside the predicted
     measured = page.wait_for_selector("[id$=-measured]", timeout=90_000).inner_text()
     assert re.match(r"Measured step [\d.]+ → [\d.]+ ms \(gain -?[\d.]+ ms, -?[\d.]+%\) "

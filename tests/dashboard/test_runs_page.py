@@ -113,14 +113,14 @@ class RecordedBackend:
 
 def test_live_view_draws_measurements_and_the_migration():
     view = monitor.fetch_view(RecordedBackend(), 5)
-    assert view.markers == [monitor.Marker(2.5, "migrated: block1 0→1",
-                                           "⇄ migrated (step 2)")]
+    assert view.markers == [monitor.Marker(2.5, "migration scheduled: block1 0→1",
+                                           "⇄ scheduled (step 2)")]
     assert {op["step"] for op in view.ops} == {3}
     gantt, throughput, _busy, memory, _swap, loss = monitor.figures(view)
     assert gantt["layout"]["title"]["text"] == "Measured schedule of step 3"
     label = next(a for a in throughput["layout"]["annotations"]
-                 if a["text"] == "⇄ migrated (step 2)")
-    assert label["hovertext"] == "migrated: block1 0→1"  # the whole text on hover
+                 if a["text"] == "⇄ scheduled (step 2)")
+    assert label["hovertext"] == "migration scheduled: block1 0→1"  # the whole text on hover
     assert throughput["layout"]["xaxis"]["rangemode"] == "nonnegative"
     assert loss["data"][0]["y"] == pytest.approx([2.0, 1.9, 1.8, 1.7])
     assert memory["data"][0]["y"] == [0.25] * 4  # GiB, the unit of the 1 GiB limit
@@ -216,8 +216,9 @@ def test_migrations_on_one_step_share_a_marker():
     later = {"kind": "migration", "step": 9, "created_at": "2026-01-01T00:00:05",
              "data": {"moves": [{"layer": "b1", "from_stage": 0, "to_stage": 1}]}}
     assert [m.step for m in monitor.migration_markers([later], steps)] == []
-    assert [m.step for m in monitor.migration_markers(
-        [later], [*steps, {"step": 9, "received_at": "2026-01-01T00:00:09"}])] == [9.5]
+    reached = monitor.migration_markers(
+        [later], [*steps, {"step": 9, "received_at": "2026-01-01T00:00:09"}])
+    assert reached == [monitor.Marker(9.5, "migrated: b1 0→1", "⇄ migrated (step 9)")]
 
 
 def test_progress_counts_steps_done_and_the_time_left():

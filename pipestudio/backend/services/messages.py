@@ -185,6 +185,13 @@ def apply_run_state(session: Session, worker_id: str, run: models.Run, state: st
     return actions
 
 
+def worker_label(session: Session, worker_id: str) -> str:
+    """A worker as a person knows it: its name (and host), with its id only when there is
+    no such worker."""
+    worker = session.get(models.Worker, worker_id)
+    return worker_id if worker is None else f"{worker.name} on {worker.host}"
+
+
 def apply_command_result(session: Session, worker_id: str, run: models.Run,
                          message: dict[str, Any]) -> Actions:
     """Record a command's outcome; a migration's decides its proposal."""
@@ -197,7 +204,7 @@ def apply_command_result(session: Session, worker_id: str, run: models.Run,
         proposal = session.get(models.Proposal, proposal_id)
         if proposal is not None and proposal.state == "approved":
             proposal.state = "applied" if ok else "failed"
-            proposal.outcome = f"{worker_id}: {text}"
+            proposal.outcome = f"worker {worker_label(session, worker_id)}: {text}"
             actions.to_watchers.append((run.id, {"type": "proposal", "run_id": run.id,
                                                  "proposal_id": proposal.id,
                                                  "state": proposal.state,

@@ -16,7 +16,7 @@ from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError, InputError
 from pipestudio.backend.repositories import Plans, Proposals, Runs
 from pipestudio.backend.schemas.proposals import AnyProposalCreate, ProposalDocument
-from pipestudio.backend.services.messages import TERMINAL_RUN_STATES
+from pipestudio.backend.services.messages import TERMINAL_RUN_STATES, worker_label
 from pipestudio.backend.services.plans import documents
 from pipestudio.backend.services.runs import Send, command
 from pipestudio.planner import Plan, PlannerError
@@ -84,6 +84,7 @@ def approve(session: Session, proposal_id: int, author: str, send: Send) -> mode
     coordinator = Runs(session).ranks(run.id)[0].worker_id
     if not send(coordinator, command(run, "migrate", payload)):
         row.state = "failed"
-        row.outcome = f"worker {coordinator} (rank 0) could not be reached"
+        row.outcome = (f"worker {worker_label(session, coordinator)} (rank 0) could not be "
+                       "reached")
         session.commit()
     return row
