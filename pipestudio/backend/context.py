@@ -13,7 +13,7 @@ from pipestudio.backend.db import Database
 from pipestudio.backend.hub import Hub
 from pipestudio.backend.ingest import Ingestor
 from pipestudio.backend.repositories import Runs
-from pipestudio.backend.services import runs, workers
+from pipestudio.backend.services import proposals, runs, workers
 from pipestudio.backend.services.messages import Actions
 from pipestudio.backend.settings import Settings
 from pipestudio.backend.users import parse_users
@@ -42,6 +42,9 @@ class AppContext:
         self.ingestor = Ingestor(self.db, self.hub)
         self.ingestor.start()
         self.tasks.append(asyncio.create_task(self._watch(), name="pipestudio-watchdog"))
+        if self.settings.auto_propose_every_s > 0:
+            self.tasks.append(asyncio.create_task(self._propose(),
+                                                  name="pipestudio-auto-propose"))
 
     async def stop(self) -> None:
         if self.ingestor is not None:
@@ -73,6 +76,32 @@ class AppContext:
                 log.exception("the worker watchdog failed; retrying")
                 continue
             await self.perform(actions)
+
+    async def _propose(self) -> None:
+        """Every ``auto_propose_every_s``: proposals that come by themselves
+        (``proposals.auto_propose``), told to each run's dashboards."""
+        while True:
+            await asyncio.sleep(self.settings.auto_propose_every_s)
+            try:
+                actions = await to_thread.run_sync(self._auto_propose)
+            except Exception:
+                log.exception("proposing repartitions failed; retrying")
+                continue
+            await self.perform(actions)
+
+    def _auto_propose(self) -> Actions:
+        actions = Actions()
+        with self.db.session() as session:
+            for run in Runs(session).in_states(("running",)):
+                made = proposals.auto_propose(session, run, self.settings.auto_propose_drift,
+                                              self.settings.max_simulated_ops)
+                if made is not None:
+                    session.commit()
+                    log.info("proposed repartition %d for run %d by itself", made.id, run.id)
+                    actions.to_watchers.append((run.id, {
+                        "type": "proposal", "run_id": run.id, "proposal_id": made.id,
+                        "state": made.state, "outcome": None}))
+        return actions
 
     def _check(self, seen: dict[str, float], timeout_s: float) -> Actions:
         with self.db.session() as session:

@@ -60,6 +60,13 @@ class Settings(BaseSettings):
     worker_retention_s: float = Field(
         86400.0, gt=0, description="Offline workers last heard from longer ago than this "
         "are left out of worker lists (their records stay, for the runs that used them).")
+    auto_propose_drift: float = Field(
+        0.15, ge=0, le=100, description="Propose a repartition by itself when a running "
+        "job's measured step is off its plan's prediction by more than this fraction (and "
+        "the online planner finds one worth making).")
+    auto_propose_every_s: float = Field(
+        10.0, ge=0, le=86400, description="How often running jobs are checked for such a "
+        "proposal; 0 turns proposals that come by themselves off.")
     max_simulated_ops: int = Field(
         DEFAULT_MAX_SIMULATED_OPS, ge=1_000, le=100_000_000, description="Work budget of "
         "one simulation or planner request: the schedule operations its simulation may "

@@ -6,20 +6,33 @@ new plan and the moves to the worker holding rank 0, whose engine coordinates ev
 repartition (``runtime/engine/control.py``); its answer decides whether the proposal was
 ``applied`` or ``failed`` (``messages.apply_command_result``), and the engine's own
 ``migration`` events record each rank's part.
+
+Proposals also come by themselves (``auto_propose``, run by the backend every
+``PIPESTUDIO_AUTO_PROPOSE_EVERY_S``): when a running job's measured step drifts from its
+plan's prediction by more than ``PIPESTUDIO_AUTO_PROPOSE_DRIFT``, the online planner is
+given the run's calibrated profile, and a repartition worth making is stored as a pending
+proposal by ``auto`` for a person to approve; never while another waits, and never the
+same moves again once a person rejected them.
 """
 
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError, InputError
 from pipestudio.backend.repositories import Plans, Proposals, Runs
-from pipestudio.backend.schemas.proposals import AnyProposalCreate, ProposalDocument
+from pipestudio.backend.schemas.proposals import (
+    AnyProposalCreate,
+    ObservedProfile,
+    ProposalDocument,
+)
+from pipestudio.backend.services.calibration import calibrated
 from pipestudio.backend.services.messages import TERMINAL_RUN_STATES, worker_label
 from pipestudio.backend.services.plans import documents
 from pipestudio.backend.services.runs import Send, command
-from pipestudio.planner import Plan, PlannerError
+from pipestudio.planner import Plan, PlannerError, Profile
 from pipestudio.planner.proposal import Proposal
 from pipestudio.planner.replan import evaluate_replan
 
@@ -40,6 +53,42 @@ def _evaluate(session: Session, run: models.Run, data: AnyProposalCreate) -> Pro
                                min_gain_fraction=data.min_gain_fraction)
     except PlannerError as exc:
         raise InputError("observed_profile", str(exc)) from None
+
+
+#: Steps a drift is measured over (the calibration's window).
+AUTO_WINDOW = 20
+
+
+def auto_propose(session: Session, run: models.Run, drift: float,
+                 max_ops: int | None = None) -> models.Proposal | None:
+    """A proposal for running job ``run`` when its step drifted from the prediction (module
+    docstring); None when none is due or none is worth making."""
+    if run.state != "running":
+        return None
+    earlier = session.scalars(select(models.Proposal).where(
+        models.Proposal.run_id == run.id)).all()
+    if any(row.state in ("pending", "approved") for row in earlier):
+        return None
+    try:
+        report = calibrated(session, run.id, AUTO_WINDOW, max_ops)
+    except (ConflictError, InputError, ValueError):
+        return None  # not enough measured yet
+    measured, predicted = report["step_ms"]["measured"], report["step_ms"]["predicted"]
+    if not measured or not predicted or abs(measured / predicted - 1) <= drift:
+        return None
+    observed = ObservedProfile(run_id=run.id, observed_profile=Profile.model_validate(
+        report["profile"]), author="auto")
+    try:
+        proposal = _evaluate(session, run, observed)
+    except InputError:
+        return None
+    rejected = [row.document.get("moves") for row in earlier if row.state == "rejected"]
+    moves = proposal.model_dump(mode="json")["moves"]
+    if not proposal.worthwhile or not moves or moves in rejected:
+        return None
+    return Proposals(session).add(models.Proposal(
+        run_id=run.id, state="pending", document=proposal.model_dump(mode="json"),
+        worthwhile=True, gain_ms=proposal.gain_ms, created_by="auto"))
 
 
 def create_proposal(session: Session, data: AnyProposalCreate) -> models.Proposal:

@@ -129,7 +129,10 @@ def proposal_card(proposal: dict[str, Any],
             f"predicted step {doc['step_time_now_ms']:.2f} → {doc['step_time_after_ms']:.2f} "
             f"ms (gain {doc['gain_ms']:.2f} ms, {doc['gain_fraction']:.1%}) · migration "
             f"{format_bytes(doc['migration_bytes'])}, {doc['migration_ms']:.2f} ms")
-    children: list[Any] = [html.B(head), html.Div(doc.get("reason", ""), className="ps-hint"),
+    origin = ("came by itself: the measured step drifted from the prediction · "
+              if proposal.get("created_by") == "auto" else "")
+    children: list[Any] = [html.B(head), html.Div(origin + doc.get("reason", ""),
+                                                  className="ps-hint"),
                            html.Ul([html.Li(line) for line in lines] or [html.Li("no moves")])]
     if proposal.get("outcome"):
         children.append(html.Div(f"Outcome: {proposal['outcome']}", className="ps-hint"))

@@ -1,0 +1,58 @@
+"""Proposals that come by themselves (``proposals.auto_propose``): a running job whose
+measured step drifts from its plan's prediction gets a repartition proposal without anyone
+pressing Propose; none while one waits, none that a person already rejected, none for a
+run that runs as predicted."""
+
+from fastapi.testclient import TestClient
+
+from pipestudio.backend.context import AppContext
+from pipestudio.planner import Plan, Profile
+from tests.backend.conftest import AUTH, small_profile
+from tests.backend.fakes import FakeWorker
+from tests.backend.test_sockets import Workers, _start
+from tests.planner.test_calibrate import engine_events, truth
+
+
+def _measure(client: TestClient, workers: list[FakeWorker], run_id: int,
+             factors: list[tuple[float, float, float]]) -> None:
+    """The run's workers report 6 steps of ops, each stage ``factors`` slower."""
+    run = client.get(f"/api/runs/{run_id}", headers=AUTH).json()
+    plan = Plan.model_validate(client.get(f"/api/plans/{run['plan_id']}",
+                                          headers=AUTH).json()["document"])
+    real = truth(Profile.model_validate(small_profile()), plan, factors)
+    events = engine_events(real, plan, None, steps=6)
+    for worker, stage in zip(workers, (0, 1), strict=True):
+        mine = [e for e in events if e["stage"] == stage]
+        worker.expect_ack(worker.send({"type": "events", "run_id": run_id, "events": mine}))
+
+
+def _proposals(client: TestClient) -> list[dict]:  # type: ignore[type-arg]
+    return client.get("/api/proposals", headers=AUTH).json()["data"]
+
+
+def test_a_drifting_run_gets_a_proposal_by_itself(client: TestClient, fake: Workers) -> None:
+    context: AppContext = client.app.state.context  # type: ignore[attr-defined]
+    workers = [fake("a"), fake("b")]
+    run_id = _start(client, workers)
+    context._auto_propose()
+    assert _proposals(client) == []  # nothing measured yet
+    _measure(client, workers, run_id, [(1.0, 1.0, 1.0), (4.0, 4.0, 1.0)])
+    context._auto_propose()
+    [made] = _proposals(client)
+    assert (made["run_id"], made["state"], made["created_by"]) == (run_id, "pending", "auto")
+    assert made["worthwhile"] and made["document"]["moves"]
+    context._auto_propose()
+    assert len(_proposals(client)) == 1  # one waits: no second
+    rejected = client.post(f"/api/proposals/{made['id']}/reject", headers=AUTH)
+    assert rejected.status_code == 200, rejected.text
+    context._auto_propose()
+    assert len(_proposals(client)) == 1  # the same moves are not offered again
+
+
+def test_a_run_as_predicted_gets_none(client: TestClient, fake: Workers) -> None:
+    context: AppContext = client.app.state.context  # type: ignore[attr-defined]
+    workers = [fake("a"), fake("b")]
+    run_id = _start(client, workers)
+    _measure(client, workers, run_id, [(1.0, 1.0, 1.0), (1.0, 1.0, 1.0)])
+    context._auto_propose()
+    assert _proposals(client) == []
