@@ -273,9 +273,12 @@ def seed_gpt(seeder: Seeder, profile_path: Path, cluster_id: int) -> list[str]:
 
 
 def dashboard_served(url: str) -> bool:
+    """Whether ``url`` serves the dashboard: its pages, or (signed out, as the demo is)
+    the dashboard's sign-in page that ``/`` sends a newcomer to."""
     with contextlib.suppress(httpx.HTTPError):
-        page = httpx.get(f"{url}/", timeout=10)
-        return page.status_code == 200 and "_dash-config" in page.text
+        page = httpx.get(f"{url}/", timeout=10, follow_redirects=True)
+        return page.status_code == 200 and ("_dash-config" in page.text
+                                            or "PipeStudio · Sign in" in page.text)
     return False
 
 

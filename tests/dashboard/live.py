@@ -27,7 +27,10 @@ class LiveStack:
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         dashboard = create_dashboard(self.url)
-        app = create_app(Settings(database_url=f"sqlite:///{database_path}", api_token=TOKEN),
+        # proposals come by themselves at any drift, checked every 2 s: an unbalanced plan
+        # gets one within seconds of its first measured steps
+        app = create_app(Settings(database_url=f"sqlite:///{database_path}", api_token=TOKEN,
+                                  auto_propose_drift=0.0, auto_propose_every_s=2.0),
                          dashboard=dashboard.server)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},

@@ -291,10 +291,11 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     assert page.inner_text("#runs-fidelity-table").count("stage") == 2
     shot(page, "runs-live")
 
-    page.click("#runs-propose")
-    page.wait_for_selector("#runs-decision-status .ps-ok", timeout=60_000)
-    page.wait_for_selector("[id^=runs-proposal-] button:has-text('Approve')")
-    page.locator("[id^=runs-proposal-] button:has-text('Approve')").first.click()
+    # the plan is unbalanced: a proposal comes by itself, nobody pressed Propose
+    page.wait_for_selector(".ps-proposal:has-text('came by itself')", timeout=60_000)
+    shot(page, "runs-proposal-by-itself")
+    page.locator(".ps-proposal:has-text('came by itself') button:has-text('Approve')"
+                 ).first.click()
     page.wait_for_selector("#runs-decision-status :text('is approved')")
     # The migration: the proposal is applied by the workers and marked on the charts.
     page.wait_for_function("() => document.querySelector('#runs-throughput-graph')"
@@ -315,6 +316,8 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     assert re.match(r"Measured step [\d.]+ → [\d.]+ ms \(gain -?[\d.]+ ms, -?[\d.]+%\) "
                     r"against the predicted [\d.]+ ms", measured), measured
     shot(page, "runs-migration")
+    page.click("#runs-propose")  # asking by hand answers too
+    page.wait_for_selector("#runs-decision-status :text('Proposal ')", timeout=60_000)
 
 
 def test_a_diverged_run_says_why(page: object, stack: LiveStack) -> None:

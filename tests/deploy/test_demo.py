@@ -54,6 +54,7 @@ def test_demo_seeds_once_and_stops_everything(tmp_path: Path) -> None:
         status, left = demo.stop(signal.SIGTERM)
     assert status == 0 and not left, f"status {status}; left behind: {left}"
     assert "0 of 0 CPU workers online" in banner
+    assert "WARNING" not in banner, banner  # the dashboard is served
     assert "sign in: leave Name empty and paste the API token" in banner, banner
     assert f"({demo.url}/login)" in banner
     by_name = {p["name"]: p for p in profiles}
