@@ -139,6 +139,9 @@ class ApiClient:
     def update_plan(self, plan_id: int, body: dict[str, Any]) -> dict[str, Any]:
         return self.request("PATCH", f"/api/plans/{plan_id}", json=body)
 
+    def delete_plan(self, plan_id: int) -> None:
+        self.request("DELETE", f"/api/plans/{plan_id}")
+
     def compare(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         return self.post("/api/plans/compare", body)["rows"]
 

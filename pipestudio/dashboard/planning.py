@@ -140,6 +140,15 @@ class NeedsConfirmation(Exception):
         self.editor, self.problems = editor, problems
 
 
+def fingerprint(document: dict[str, Any]) -> str:
+    """What makes two plans the same plan to store (not their provenance or name)."""
+    stages = [{"layers": list(s["layers"]), "replicas": s.get("replicas", 1),
+               "devices": s.get("devices")} for s in document["stages"]]
+    policies = {k: v for k, v in (document.get("policies") or {}).items() if v != "keep"}
+    return json.dumps([stages, policies, document["schedule"], document["num_microbatches"],
+                       document["microbatch_size"]], sort_keys=True)
+
+
 def save_plan(context: Context, editor: Editor, boundaries: list[int], name: str | None,
               approve: bool) -> tuple[Editor, str]:
     """Store the edited plan as a draft (and approve it): the new editor state and a notice.
@@ -150,16 +159,15 @@ def save_plan(context: Context, editor: Editor, boundaries: list[int], name: str
     """
     plan, _, _ = editor_documents(context, editor, boundaries)
     document = plan.model_dump(mode="json")
-    fingerprint = json.dumps([document["stages"], document["policies"], document["schedule"],
-                              document["num_microbatches"], document["microbatch_size"]])
+    saved_as = fingerprint(document)
     plan_id = editor.get("plan_id")
-    if plan_id is None or editor.get("saved") != fingerprint:
+    if plan_id is None or editor.get("saved") != saved_as:
         cluster_id = _memory_cluster(context, editor, plan)
         created = context.client.create_plan({
             "profile_id": editor["profile_id"], "cluster_id": cluster_id,
             "name": name or None, "author": "dashboard", "plan": document})
         plan_id = created["id"]
-        editor = {**editor, "plan_id": plan_id, "plan_state": "draft", "saved": fingerprint}
+        editor = {**editor, "plan_id": plan_id, "plan_state": "draft", "saved": saved_as}
     if approve:
         try:
             context.client.update_plan(plan_id, {"state": "approved", "author": "dashboard"})

@@ -183,6 +183,34 @@ def test_upload_plan_drag_and_approve(page: object, stack: LiveStack) -> None:
     shot(page, "planner")
 
 
+def test_plans_are_managed_on_their_page(page: object, stack: LiveStack) -> None:
+    """The plan approved above is listed with its prediction; a copy is made, renamed and
+    deleted; the plan goes back to draft and opens in the Planner as it was saved."""
+    page.click("#nav-plans")
+    page.wait_for_selector("#plans-table")
+    assert "vgg16 by hand" in page.inner_text("#plans-table")
+    choose(page, "plans-select", "vgg16 by hand (approved)")
+    page.click("#plans-duplicate")
+    page.wait_for_selector("#plans-status :text('draft copy of plan')")
+    page.wait_for_selector("#plans-table :text('vgg16 by hand (copy)')")
+    choose(page, "plans-select", "vgg16 by hand (copy) (draft)")
+    page.fill("#plans-name", "vgg16 second try")
+    page.click("#plans-rename")
+    page.wait_for_selector("#plans-table :text('vgg16 second try')")
+    shot(page, "plans")
+    page.click("#plans-delete")
+    page.wait_for_selector("#plans-status :text('Deleted plan')")
+    page.wait_for_function("() => !document.querySelector('#plans-table').innerText"
+                           ".includes('vgg16 second try')")
+    choose(page, "plans-select", "vgg16 by hand (approved)")
+    page.click("#plans-draft")
+    page.wait_for_selector("#plans-status :text('is a draft again')")
+    page.click("#plans-open")
+    page.wait_for_selector("#planner-status :text('Opened plan')")
+    assert "vgg16 by hand, draft" in page.inner_text("#planner-status")
+    assert prediction(page).startswith("Predicted step")
+
+
 def test_plan_view_of_1000_layers_is_fast(page: object, stack: LiveStack) -> None:
     document = big_profile(1000).model_dump(mode="json")
     created = httpx.post(f"{stack.url}/api/profiles", json={"profile": document},

@@ -1,6 +1,7 @@
 """The planner page's callbacks: plain functions that tests call, and their Dash wiring."""
 
 from typing import Any
+from urllib.parse import parse_qs
 
 from dash import Dash, Input, Output, State, ctx, dcc, no_update
 
@@ -47,14 +48,47 @@ def slider_props(num_layers: int, boundaries: list[int]) -> dict[str, Any]:
             "marks": {str(t): f"layer {t}" for t in ticks}}
 
 
+def opened_plan(search: str | None) -> int | None:
+    """The stored plan a link asks the Planner to open (``/planner?plan=ID``)."""
+    values = parse_qs((search or "").lstrip("?")).get("plan") or []
+    return int(values[0]) if values and values[0].isdigit() else None
+
+
+def open_stored(context: Context, plan_id: int) -> tuple[Editor, dict[str, Any], Any]:
+    """A stored plan in the editor, as it was saved: its profile, cluster, shape, cuts,
+    replicas and policies, still tied to its id and state (saving it unchanged stores
+    nothing new)."""
+    row = context.client.plan(plan_id)
+    document = row["document"]
+    profile = context.profile(row["profile_id"])
+    fresh = new_editor(row["profile_id"], row["cluster_id"], schedule=document["schedule"],
+                       num_microbatches=document["num_microbatches"],
+                       microbatch_size=document["microbatch_size"], device_memory_bytes=None,
+                       optimizer=document.get("optimizer", "adam"))
+    loaded, cuts = editor_from_plan(fresh, profile, document, f"plan {plan_id}")
+    loaded = {**loaded, "plan_id": plan_id, "plan_state": row["state"],
+              "saved": planning.fingerprint(document)}
+    return loaded, slider_props(profile.num_layers, cuts), message(
+        f"Opened plan {plan_id} ({row['name']}, {row['state']}). Edits make a new draft.",
+        "ok")
+
+
 def editor_action(context: Context, trigger: str | None, form: dict[str, Any],
                   editor: Editor | None, boundaries: list[int] | None,
                   candidates: list[dict[str, Any]], pick: str | None,
-                  policy_layers: list[str] | None, policy: str
+                  policy_layers: list[str] | None, policy: str, search: str | None = None
                   ) -> tuple[Editor | None, dict[str, Any] | None, Any]:
     """What a button or a form change does to the edited plan:
-    (the new editor state, the slider's props or None, the notice)."""
+    (the new editor state, the slider's props or None, the notice). On the page's first
+    draw (no editor yet: the page's first call, or the one after its profile options came),
+    ``search`` may ask for a stored plan (``?plan=ID``), which is opened."""
     try:
+        stored = opened_plan(search)
+        if stored is not None and editor is None and trigger in (None, "planner-profile"):
+            return open_stored(context, stored)
+        if (trigger == "planner-profile" and editor and form.get("profile") is not None
+                and editor["profile_id"] == int(form["profile"])):
+            return editor, None, no_update  # the same profile again: keep what is edited
         if trigger == "planner-policy-apply":
             if not editor or not policy_layers:
                 return editor, None, message("Pick one or more layers, then a policy.")
@@ -135,10 +169,13 @@ def register(app: Dash, context: Context) -> None:
 
     @app.callback(Output("planner-profile", "options"), Output("planner-cluster", "options"),
                   Output("planner-profile", "value"), Input("url", "pathname"),
-                  State("planner-profile", "value"))
-    def _options(_: str, profile_id: int | None) -> Any:
+                  State("planner-profile", "value"), State("url", "search"))
+    def _options(_: str, profile_id: int | None, search: str | None) -> Any:
         try:
             profiles, clusters = context.client.profiles(), context.client.clusters()
+            stored = opened_plan(search)
+            if stored is not None:  # the profile of the plan the page opens
+                profile_id = context.client.plan(stored)["profile_id"]
         except ApiError:
             return [], [], None
         ids = [p["id"] for p in profiles]
@@ -159,13 +196,13 @@ def register(app: Dash, context: Context) -> None:
                   *form_states, State("planner-editor", "data"),
                   State("planner-boundaries", "value"), State("planner-candidates", "data"),
                   State("planner-compare-pick", "value"), State("planner-policy-layers", "value"),
-                  State("planner-policy-choice", "value"))
+                  State("planner-policy-choice", "value"), State("url", "search"))
     def _edit(*args: Any) -> Any:
         first = len(triggers) + 2 + len(RESHAPE)
         form = dict(zip(FORM, args[first:first + len(FORM)], strict=True))
-        editor, boundaries, candidates, pick, layers, policy = args[first + len(FORM):]
+        editor, boundaries, candidates, pick, layers, policy, search = args[first + len(FORM):]
         new, slider, notice = editor_action(context, ctx.triggered_id, form, editor, boundaries,
-                                            candidates or [], pick, layers, policy)
+                                            candidates or [], pick, layers, policy, search)
         if slider is None:
             return new, no_update, no_update, no_update, no_update, notice
         return new, slider["min"], slider["max"], slider["value"], slider["marks"], notice
