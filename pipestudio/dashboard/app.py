@@ -1,4 +1,4 @@
-"""The dashboard's shell: the Dash app, its navigation, sign-in, and the four pages.
+"""The dashboard's shell: the Dash app, its navigation, sign-in, and its pages.
 
 ``create_dashboard(api_url)`` returns a Dash app that talks to the backend at ``api_url``
 over HTTP, as the signed-in person (``signin.py``). Its Flask server (``app.server``) is a
@@ -18,9 +18,9 @@ from werkzeug.exceptions import HTTPException
 from pipestudio.dashboard import signin
 from pipestudio.dashboard.api import ApiClient, ApiError
 from pipestudio.dashboard.context import Context
-from pipestudio.dashboard.pages import planner, plans, profiles, runs
+from pipestudio.dashboard.pages import machines, planner, plans, profiles, runs
 
-PAGES = (profiles, planner, plans, runs)
+PAGES = (profiles, planner, plans, runs, machines)
 log = logging.getLogger("pipestudio.dashboard")
 
 

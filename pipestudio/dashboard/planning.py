@@ -161,8 +161,12 @@ def save_plan(context: Context, editor: Editor, boundaries: list[int], name: str
     document = plan.model_dump(mode="json")
     saved_as = fingerprint(document)
     plan_id = editor.get("plan_id")
+    made = ""
     if plan_id is None or editor.get("saved") != saved_as:
         cluster_id = _memory_cluster(context, editor, plan)
+        if cluster_id is not None and editor["cluster_id"] is None:
+            made = (f" It is judged on cluster {cluster_id}, made for its memory per device "
+                    "(listed on the Workers & clusters page).")
         created = context.client.create_plan({
             "profile_id": editor["profile_id"], "cluster_id": cluster_id,
             "name": name or None, "author": "dashboard", "plan": document})
@@ -178,7 +182,7 @@ def save_plan(context: Context, editor: Editor, boundaries: list[int], name: str
                 raise NeedsConfirmation(editor, problems) from None
             raise
         editor = {**editor, "plan_state": "approved"}
-    return editor, f"Plan {plan_id} is {editor['plan_state']}."
+    return editor, f"Plan {plan_id} is {editor['plan_state']}.{made}"
 
 
 def approve_anyway(context: Context, editor: Editor) -> tuple[Editor, str]:

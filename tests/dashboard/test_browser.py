@@ -348,6 +348,24 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     page.wait_for_selector("#runs-decision-status :text('Proposal ')", timeout=60_000)
 
 
+def test_workers_and_clusters_are_listed_and_made(page: object, stack: LiveStack) -> None:
+    """The two workers show with their cores and state; a cluster is made on the page and
+    listed beside the one a save made for its memory per device."""
+    stack.wait_for_workers(2)
+    page.click("#nav-machines")
+    page.wait_for_selector("#machines-workers-table")
+    workers = page.inner_text("#machines-workers-table")
+    assert workers.count("online") == 2 and "cores" in workers
+    page.fill("#machines-cluster-name", "two hosts of four")
+    page.fill("#machines-sizes", "4,2")
+    page.fill("#machines-bandwidths", "300,100")
+    page.fill("#machines-memory", "80GiB")
+    page.click("#machines-create")
+    page.wait_for_selector("#machines-status :text('Created cluster')")
+    page.wait_for_selector("#machines-clusters-table :text('two hosts of four')")
+    shot(page, "workers-and-clusters")
+
+
 def test_a_diverged_run_says_why(page: object, stack: LiveStack) -> None:
     """A run at a learning rate of 1e15: the monitor says it failed because its loss became
     NaN, at which step and stage, and the loss chart has a gap from there."""
