@@ -117,7 +117,7 @@ def test_compare_all_then_open_and_side_by_side(context, vgg_id):
 def test_save_and_approve_store_the_edited_plan(context, vgg_id):
     editor, _, _ = act(context, "planner-profile", form(vgg_id))
     saved, notice = planning.save_plan(context, editor, [5, 21, 31], "edited", approve=False)
-    assert notice == f"Plan {saved['plan_id']} is draft."
+    assert notice.startswith(f"Plan {saved['plan_id']} is draft. It is judged on cluster ")
     stored = context.client.plan(saved["plan_id"])
     assert [len(s["layers"]) for s in stored["document"]["stages"]] == [5, 16, 10, 10]
     # the memory per device went with it, as a cluster of free links
