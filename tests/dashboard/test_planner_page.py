@@ -159,3 +159,13 @@ def test_policy_picker_lists_the_profiles_layers(context, vgg_id):
     assert len(names) == 41 and names[0] == context.profile(vgg_id).layers[0].name
     assert callbacks.layer_names(context, None) == []
     assert callbacks.layer_names(context, 999) == []  # not stored: nothing to pick
+
+
+def test_a_drag_says_the_plan_is_edited_by_hand(context, vgg_id):
+    editor, slider, notice = act(context, "planner-run", form(vgg_id))  # balance-time
+    editor = {**editor, "cuts": slider["value"]}  # what the page keeps beside the editor
+    assert callbacks.drag_notice(slider["value"], editor) is callbacks.no_update
+    moved = [slider["value"][0] + 1, *slider["value"][1:]]
+    notice = callbacks.drag_notice(moved, editor)
+    assert notice.children.startswith("Edited by hand from balance-time's plan: stages "
+                                      "begin at")

@@ -138,6 +138,16 @@ def editor_action(context: Context, trigger: str | None, form: dict[str, Any],
         return editor, None, message(str(exc), "error")
 
 
+def drag_notice(boundaries: list[int] | None, editor: Editor | None) -> Any:
+    """After a drag the status says the plan is edited by hand, not what a planner made."""
+    if not editor or boundaries is None or list(boundaries) == editor.get("cuts"):
+        return no_update
+    source = editor.get("source") or "manual"
+    origin = "" if source == "manual" else f" from {source}'s plan"
+    return message(f"Edited by hand{origin}: stages begin at layers "
+                   f"{', '.join(map(str, boundaries))}.")
+
+
 def policy_summary(editor: Editor | None) -> str:
     policies = (editor or {}).get("policies") or {}
     counts = {kind: sum(1 for p in policies.values() if p == kind)
@@ -205,7 +215,15 @@ def register(app: Dash, context: Context) -> None:
                                             candidates or [], pick, layers, policy, search)
         if slider is None:
             return new, no_update, no_update, no_update, no_update, notice
+        if new is not None:  # the cuts it drew, to tell a drag from them (``_dragged``)
+            new = {**new, "cuts": list(slider["value"])}
         return new, slider["min"], slider["max"], slider["value"], slider["marks"], notice
+
+    @app.callback(Output("planner-status", "children", allow_duplicate=True),
+                  Input("planner-boundaries", "value"), State("planner-editor", "data"),
+                  prevent_initial_call=True)
+    def _dragged(boundaries: list[int] | None, editor: Editor | None) -> Any:
+        return drag_notice(boundaries, editor)
 
     @app.callback(Output("planner-prediction", "children"),
                   Output("planner-prediction", "className"),
