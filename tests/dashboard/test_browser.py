@@ -149,10 +149,25 @@ def test_upload_plan_drag_and_approve(page: object, stack: LiveStack) -> None:
     page.wait_for_selector("text=Uploaded graph.txt")
     page.wait_for_selector("#profiles-time-graph .bars")
     shot(page, "profiles")
-    page.set_input_files("#profiles-upload input[type=file]", str(ROOT / "pyproject.toml"))
-    page.wait_for_selector("#profiles-status .ps-error")
-    assert "Could not read pyproject.toml" in page.inner_text("#profiles-status")
-    shot(page, "profiles-bad-upload")
+    # four bad files, each refused in words: TOML, an image, JSON that does not parse, and
+    # a graph.txt without the batch size it was profiled at
+    page.fill("#profiles-batch-size", "")
+    bad = [("pyproject.toml", (ROOT / "pyproject.toml").read_bytes(),
+            "is neither a PipeStudio profile"),
+           ("photo.png", b"\x89PNG\r\n\x1a\n\x00\xff", "is not a text file"),
+           ("broken.json", b'{"model": "x",', "which does not parse"),
+           ("graph.txt", (PIPEDREAM_DIR / "alexnet" / "graph.txt").read_bytes(),
+            "fill in \"PipeDream batch size\"")]
+    for name, data, words in bad:
+        page.set_input_files("#profiles-upload input[type=file]",
+                             files=[{"name": name, "mimeType": "application/octet-stream",
+                                     "buffer": data}])
+        page.wait_for_function(
+            "name => document.querySelector('#profiles-status .ps-error')?.innerText"
+            ".startsWith('Could not read ' + name)", arg=name)
+        assert words in page.inner_text("#profiles-status"), name
+        if name == "pyproject.toml":
+            shot(page, "profiles-bad-upload")
 
     page.click("#nav-planner")
     page.fill("#planner-memory", "40GiB")
