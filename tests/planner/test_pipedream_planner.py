@@ -21,6 +21,7 @@ layer; see ``test_irregular_and_empty_stages_as_in_pipedream``.)
 import json
 import math
 import random
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,12 @@ from pipestudio.planner.pipedream_dp import HierarchicalDP, Level, StateCosts
 from pipestudio.planner.pipedream_import import import_pipedream
 from pipestudio.planner.plan import resolve_plan
 from pipestudio.planner.planners.pipedream import dp_graph, pipedream, state_costs
-from pipestudio.planner.request import InfeasibleError, PlannerOutput, PlanRequest
+from pipestudio.planner.request import (
+    InfeasibleError,
+    PlannerOutput,
+    PlanRequest,
+    memory_only_cluster,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((Path(__file__).parent / "data" / "pipedream_reference.json").read_text())
@@ -284,10 +290,15 @@ def test_search_equals_the_full_tables() -> None:
 # --- errors ----------------------------------------------------------------------------------
 
 
-def test_needs_a_cluster() -> None:
+def test_needs_a_cluster_or_a_number_of_stages() -> None:
+    """Without a cluster, a number of stages is planned on free links with unlimited memory
+    (as every other planner does), exactly as on a one-level cluster of free links."""
     bare = PlanRequest(profile=chain3(), num_microbatches=4, schedule="pipedream")
-    with pytest.raises(PlannerError, match="needs a cluster"):
+    with pytest.raises(PlannerError, match="needs a cluster, or a number of stages"):
         pipedream(bare)
+    staged = pipedream(replace(bare, num_stages=2))
+    free = pipedream(replace(bare, cluster=memory_only_cluster(2, None)))
+    assert staged.plan.stages == free.plan.stages and staged.objective_ms == free.objective_ms
 
 
 def test_straight_needs_a_stage_per_device() -> None:

@@ -33,7 +33,7 @@ lists the irregular stages, and the empty ones, which the plan leaves out (their
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipestudio.planner.antichains import AntichainDag, antichain_dag, bits
@@ -41,7 +41,12 @@ from pipestudio.planner.cluster import Cluster
 from pipestudio.planner.errors import PlannerError
 from pipestudio.planner.pipedream_dp import HierarchicalDP, Level, StageSpan, StateCosts
 from pipestudio.planner.profile import Layer, Profile
-from pipestudio.planner.request import InfeasibleError, PlannerOutput, PlanRequest
+from pipestudio.planner.request import (
+    InfeasibleError,
+    PlannerOutput,
+    PlanRequest,
+    memory_only_cluster,
+)
 
 #: PipeDream's communication switch; 1 means activations travel uncompressed.
 ACTIVATION_COMPRESSION_RATIO = 1.0
@@ -216,12 +221,18 @@ def _infeasible(request: PlanRequest, dag: AntichainDag, memory: int | None) -> 
 
 
 def pipedream(request: PlanRequest) -> PlannerOutput:
-    """PipeDream's optimum for ``request`` (see the module docstring)."""
+    """PipeDream's optimum for ``request`` (see the module docstring). Without a cluster it
+    plans the request's ``num_stages`` devices with free links and unlimited memory, as the
+    other planners do."""
     if request.cluster is None:
-        raise PlannerError(
-            "the pipedream planner needs a cluster: PipeDream's optimizer takes the devices "
-            "per level and each level's bandwidth (e.g. cluster-template --devices 4,2 "
-            "--bandwidth-gbps 100,10)")
+        if request.num_stages is None:
+            raise PlannerError(
+                "the pipedream planner needs a cluster, or a number of stages to plan on "
+                "free links: PipeDream's optimizer takes the devices per level and each "
+                "level's bandwidth (e.g. cluster-template --devices 4,2 --bandwidth-gbps "
+                "100,10)")
+        request = replace(request, cluster=memory_only_cluster(request.num_stages, None))
+    assert request.cluster is not None
     profile = request.scaled
     graph = dp_graph(profile)
     dag = antichain_dag(graph.succs, graph.preds)
