@@ -28,7 +28,7 @@ def planner_body(editor: Editor, num_stages: int | None, algorithms: list[str] |
             "optimizer": editor.get("optimizer", "adam"),
             "device_memory_bytes": (None if editor["cluster_id"] is not None
                                     else editor["device_memory_bytes"]),
-            "algorithms": algorithms, "save": False}
+            "straight": bool(editor.get("straight")), "algorithms": algorithms, "save": False}
 
 
 def run_planners(context: Context, editor: Editor, num_stages: int | None,

@@ -169,3 +169,15 @@ def test_a_drag_says_the_plan_is_edited_by_hand(context, vgg_id):
     notice = callbacks.drag_notice(moved, editor)
     assert notice.children.startswith("Edited by hand from balance-time's plan: stages "
                                       "begin at")
+
+
+def test_one_device_per_stage_keeps_optimal_from_replicating(context, vgg_id):
+    """Asked for 4 stages, optimal may answer with replicated stages; with the switch on
+    every stage has one device, and the compare table says how many stages each plan has."""
+    editor = callbacks.form_editor(form(vgg_id, straight=["straight"]))
+    assert planning.planner_body(editor, 4, None)["straight"] is True
+    rows = planning.run_planners(context, editor, 4, ["optimal", "pipedream"])
+    for row in rows:
+        assert all(stage.get("replicas", 1) == 1 for stage in row["plan"]["stages"])
+    assert planning.planner_body(callbacks.form_editor(form(vgg_id)), 4, None)[
+        "straight"] is False

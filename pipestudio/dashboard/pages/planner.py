@@ -56,6 +56,9 @@ def _make_controls() -> html.Div:
                                       style={"width": "170px"})),
         _button("Run this planner", "planner-run"),
         _button("Run all planners and compare", "planner-run-all", secondary=True),
+        dcc.Checklist(id="planner-straight", className="ps-check",
+                      options=[{"label": " one device per stage (no replicated stages)",
+                                "value": "straight"}], value=[]),
     ], className="ps-row")
 
 

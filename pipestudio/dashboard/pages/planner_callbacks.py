@@ -21,7 +21,7 @@ from pipestudio.planner import PlannerError
 from pipestudio.planner.units import parse_size
 
 FORM = ("profile", "cluster", "memory", "stages", "microbatches", "microbatch-size",
-        "schedule", "optimizer", "algorithm")
+        "schedule", "optimizer", "algorithm", "straight")
 #: Form fields that reshape the plan being edited without replacing it.
 RESHAPE = ("cluster", "memory", "microbatches", "microbatch-size", "schedule", "optimizer")
 
@@ -35,11 +35,15 @@ def form_editor(form: dict[str, Any]) -> Editor:
         if not form.get(name) or int(form[name]) < 1:
             raise ValueError(f"'{name}' must be a whole number of at least 1, got "
                              f"{form.get(name)!r}")
-    return new_editor(int(form["profile"]), form.get("cluster"), schedule=form["schedule"],
-                      num_microbatches=int(form["microbatches"]),
-                      microbatch_size=form.get("microbatch-size") or None,
-                      device_memory_bytes=parse_size(memory) if memory else None,
-                      optimizer=form.get("optimizer") or "adam")
+    editor = new_editor(int(form["profile"]), form.get("cluster"), schedule=form["schedule"],
+                        num_microbatches=int(form["microbatches"]),
+                        microbatch_size=form.get("microbatch-size") or None,
+                        device_memory_bytes=parse_size(memory) if memory else None,
+                        optimizer=form.get("optimizer") or "adam")
+    # "one device per stage": the planners that replicate stages (optimal, pipedream) may not
+    if form.get("straight"):
+        editor["straight"] = True
+    return editor
 
 
 def slider_props(num_layers: int, boundaries: list[int]) -> dict[str, Any]:
