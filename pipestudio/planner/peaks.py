@@ -12,18 +12,8 @@ carries it (``Profile.peak_tflops``, which ``profile_peak`` prefers to the table
 """
 
 from collections.abc import Mapping
-from typing import Protocol
 
-
-class _Measured(Protocol):
-    @property
-    def device(self) -> str: ...
-
-    @property
-    def precision(self) -> str: ...
-
-    @property
-    def peak_tflops(self) -> float | None: ...
+from pipestudio.planner.profile import Profile
 
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2},
@@ -52,7 +42,7 @@ def peak_tflops(device: str, precision: str,
     return None
 
 
-def profile_peak(profile: _Measured) -> float | None:
+def profile_peak(profile: Profile) -> float | None:
     """The peak a profile was measured against: its own measured one, else the table's
     for its device and precision."""
     return profile.peak_tflops or peak_tflops(profile.device, profile.precision)

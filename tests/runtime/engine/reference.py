@@ -62,19 +62,8 @@ def train_single(build: Callable[[], ModelSpec], plan: Plan, steps: int,
                  lr: float | None = None) -> Params:
     """Plain training; a bf16 or fp16 plan's forwards (loss included) run under CPU
     autocast over the float32 weights, as mixed-precision training does (``autocast``)."""
-    spec = build()
-    model = spec.as_module()
-    optimizer = _optimizer(plan, list(model.parameters()), lr)
-    num_mb, size = plan.num_microbatches, plan.microbatch_size
-    for step in range(steps):
-        for k in range(num_mb):
-            data, targets = spec.sample(size, step * num_mb + k)
-            with autocast(plan):
-                loss = spec.loss(model(data), targets) / num_mb
-            loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return layer_params(spec)
+    params, _ = _train(build, plan, steps, lr, torch.amp.GradScaler("cpu", enabled=False))
+    return params
 
 
 #: Called before each update of ``train_scaled`` with (step, parameters by ``layer.param``).
@@ -87,13 +76,21 @@ def train_scaled(build: Callable[[], ModelSpec], plan: Plan, steps: int, init_sc
     """``train_single`` for an fp16 plan with ``torch.amp.GradScaler``: the parameters and,
     per step, the scale it ran with and whether its update was skipped (an overflow: the
     only event that lowers the scale)."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale,
+                                  growth_interval=growth_interval)
+    return _train(build, plan, steps, None, scaler, poison)
+
+
+def _train(build: Callable[[], ModelSpec], plan: Plan, steps: int, lr: float | None,
+           scaler: torch.amp.GradScaler, poison: Poison | None = None
+           ) -> tuple[Params, list[tuple[float, bool]]]:
+    """Micro-batch by micro-batch with accumulated gradients and one update per step,
+    through ``scaler`` (a disabled one scales nothing and always steps)."""
     spec = build()
     model = spec.as_module()
     named = {f"{name}.{key}": param for name, module in spec.layers
              for key, param in module.named_parameters()}
-    optimizer = _optimizer(plan, list(model.parameters()), None)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale,
-                                  growth_interval=growth_interval)
+    optimizer = _optimizer(plan, list(model.parameters()), lr)
     num_mb, size = plan.num_microbatches, plan.microbatch_size
     scales = []
     for step in range(steps):
