@@ -49,6 +49,30 @@ def test_a_drifting_run_gets_a_proposal_by_itself(client: TestClient, fake: Work
     assert len(_proposals(client)) == 1  # the same moves are not offered again
 
 
+def test_a_persons_proposal_or_a_stopped_run_gets_none(client: TestClient,
+                                                      fake: Workers) -> None:
+    """Racing a person: a proposal someone made, pending or approved and on its way, keeps
+    the backend from adding its own; and a run stopped before the check gets none."""
+    context: AppContext = client.app.state.context  # type: ignore[attr-defined]
+    workers = [fake("a"), fake("b")]
+    run_id = _start(client, workers)
+    _measure(client, workers, run_id, [(1.0, 1.0, 1.0), (4.0, 4.0, 1.0)])
+    observed = client.get(f"/api/runs/{run_id}/calibrated-profile", headers=AUTH).json()
+    made = client.post("/api/proposals", headers=AUTH, json={
+        "run_id": run_id, "observed_profile": observed["profile"], "author": "ada"})
+    assert made.status_code == 201, made.text
+    context._auto_propose()
+    assert [p["created_by"] for p in _proposals(client)] == ["ada"]
+    approved = client.post(f"/api/proposals/{made.json()['id']}/approve", headers=AUTH,
+                           json={})
+    assert approved.status_code == 200, approved.text
+    context._auto_propose()
+    assert len(_proposals(client)) == 1  # approved, not yet applied: still none
+    assert client.post(f"/api/runs/{run_id}/stop", headers=AUTH).status_code == 200
+    context._auto_propose()
+    assert len(_proposals(client)) == 1
+
+
 def test_a_run_as_predicted_gets_none(client: TestClient, fake: Workers) -> None:
     context: AppContext = client.app.state.context  # type: ignore[attr-defined]
     workers = [fake("a"), fake("b")]

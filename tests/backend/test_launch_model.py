@@ -60,6 +60,21 @@ def test_arguments_other_than_the_profiles_are_named_in_the_launch_event(
     assert "differs_from_profile" not in launch["data"]
 
 
+def test_hostile_models_and_arguments_are_refused_and_nothing_starts(
+        client: TestClient, fake: Callable[..., FakeWorker]) -> None:
+    workers = [fake("a"), fake("b")]
+    plan_id = _plan(client)
+    for body, where in (({"model": "mlp\x00"}, ["body", "model"]),
+                        ({"model": "x" * 300}, ["body", "model"]),
+                        ({"model_args": {"layers": "1\x00"}}, ["body", "model_args", "layers"])):
+        response = client.post("/api/runs", headers=AUTH,
+                               json={"plan_id": plan_id, "steps": 1, **body})
+        assert response.status_code == 422, (body, response.text)
+        assert response.json()["detail"][0]["loc"] == where
+    assert client.get("/api/runs", headers=AUTH).json()["count"] == 0
+    assert all(not w.inbox for w in workers)
+
+
 def test_a_profile_of_no_built_in_model_needs_the_model_named(
         client: TestClient, fake: Callable[..., FakeWorker]) -> None:
     fake("a"), fake("b")

@@ -4,7 +4,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.backend.conftest import AUTH, add_plan, add_profile, small_profile
+from tests.backend.conftest import ANONYMOUS, AUTH, add_plan, add_profile, small_profile
 
 
 def _cluster(client: TestClient, num_devices: int = 2, memory: int | None = None) -> int:
@@ -192,3 +192,20 @@ def test_approving_a_plan_that_cannot_run_as_planned_needs_force(
     fits = _manual(client, profile_id, _cluster(client), [2])
     response = client.post(f"/api/plans/{fits}/approve", headers=AUTH)
     assert response.status_code == 200 and response.json()["state"] == "approved"
+
+
+def test_force_takes_a_credential_and_a_boolean_only(client: TestClient) -> None:
+    """Approving with force needs a credential (401) and a real boolean: NaN, a NUL byte,
+    10^13 or words answer 422 naming ``force``; the plan stays a draft throughout."""
+    plan = add_plan(client, add_profile(client), [2])
+    url = f"/api/plans/{plan['id']}/approve"
+    assert client.post(f"{url}?force=true", headers=ANONYMOUS).status_code == 401
+    for value in ("NaN", "%00", "10000000000000", "yes please"):
+        response = client.post(f"{url}?force={value}", headers=AUTH)
+        assert response.status_code == 422, (value, response.text)
+        assert response.json()["detail"][0]["loc"] == ["query", "force"]
+    response = client.patch(f"/api/plans/{plan['id']}", headers=AUTH,
+                            json={"state": "approved", "force": "NaN"})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == [
+        "body", "force"]
+    assert client.get(f"/api/plans/{plan['id']}").json()["state"] == "draft"

@@ -60,6 +60,13 @@ def test_bad_uploads_name_the_field(client: TestClient) -> None:
     error = unsized.json()["detail"][0]
     assert error["loc"] == ["body", "batch_size"] and "does not say the minibatch size" in (
         error["msg"])
+    before = client.get("/api/profiles").json()["count"]
+    for hostile in ("0", "10000000000000", "NaN", "1\x00"):
+        refused = client.post("/api/profiles/upload", headers=AUTH, data={"batch_size": hostile},
+                              files={"file": ("graph.txt", vgg_graph().encode())})
+        assert refused.status_code == 422, (hostile, refused.text)
+        assert refused.json()["detail"][0]["loc"] == ["body", "batch_size"]
+    assert client.get("/api/profiles").json()["count"] == before
 
 
 def test_mutations_need_the_token(client: TestClient) -> None:
