@@ -120,7 +120,7 @@ class StageRunner:
                 name = self.names[positions[0]]
                 args = [acts[src] for src in self.inputs[name]]
                 if policy == "swap":
-                    with self.swap.saving(microbatch, static):
+                    with self.swap.saving(microbatch, static, tuple(args)):
                         acts[name] = self._call(positions[0], args, weights)
                 else:
                     acts[name] = self._call(positions[0], args, weights)

@@ -347,11 +347,10 @@ class Worker:
 
     def _swap_in(self, mb: int, step: int) -> None:
         num_bytes = self.swap.num_bytes(mb)
-        if not num_bytes or mb not in self.states:
-            return
+        if not num_bytes or mb not in self.states or (self.swap.moves
+                                                      and not self.swap.on_host(mb)):
+            return  # nothing swapped, or already fetched
         events = self.swap.swap_in(mb)
-        if events is None and self.swap.moves:
-            return  # already fetched
         now = self.recorder.marker.mark()
         start, end = events if events is not None else (now, now)
         self.recorder.span("swap_in", mb, step, start, end, num_bytes)
