@@ -21,7 +21,9 @@ On one GPU this
    model FLOPs per step over the measured step) and the simulator's predictions for the
    same plan from the GPU profile (the host link as measured here) with their errors;
 6. with ``--shared``, trains the model as two ``1f1b`` stages that share the one GPU (the
-   engine stages their exchanges through host memory) and prints the measured step beside
+   engine stages their exchanges through pinned host memory and gloo, whose rate between
+   two processes is measured at the boundary tensor's size and given the simulator as the
+   device's ``staging_gbps``) and prints the measured step beside
    the simulator's prediction of the two stages on one device.
 
 7. with ``--plain``, trains the same model in one process without PipeStudio (the whole
@@ -50,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from runtime_fidelity import measure_gloo_gbps
 
 from pipestudio.planner import Plan, Profile, cluster_template, simulate
 from pipestudio.planner.documents import PRECISIONS
@@ -284,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
               f" {row['predicted_error']:+7.1%} {row['predicted_peak_bytes'] / GIB:8.2f}"
               f" {row['tflops']:8.1f} {mfu:>6s}")
     if shared is not None:
-        print(f"two 1f1b stages sharing the GPU {shared['layers']}: measured "
+        print(f"two 1f1b stages sharing the GPU {shared['layers']} (gloo between them "
+              f"{shared['staging_gbps']:.1f} Gbit/s at {shared['boundary_bytes']} B): measured "
               f"{shared['step_ms']:.1f} ms, predicted {shared['predicted_step_ms']:.1f} ms "
               f"({shared['predicted_error']:+.1%}); as two devices "
               f"{shared['apart_step_ms']:.1f} ms")
@@ -312,6 +316,11 @@ def shared_run(profile: Profile, options: argparse.Namespace, args: dict[str, st
     """Step 6 of the module docstring: measured and predicted step of two stages on the
     GPU, and what the simulator says of the same plan on two devices."""
     plan = shared_plan(profile, options.microbatches)
+    # the hop between the two processes: gloo on the host at the boundary tensor's size
+    boundary = profile.layers[len(plan.stages[0].layers) - 1].output_bytes
+    staging = measure_gloo_gbps(boundary)
+    cluster = cluster.model_copy(update={"devices": [
+        device.model_copy(update={"staging_gbps": staging}) for device in cluster.devices]})
     runs = [train(plan, options.model, args, options.warm_steps, options.steps,
                   options.device) for _ in range(options.rounds)]
     step_ms = statistics.median(t for run in runs for t in run["step_ms"])
@@ -321,6 +330,7 @@ def shared_run(profile: Profile, options: argparse.Namespace, args: dict[str, st
     two = cluster_template([2], [None], host_bandwidth_gbps=cluster.devices[0]
                            .host_to_device_gbps)
     return {"layers": [stage.layers for stage in plan.stages], "step_ms": step_ms,
+            "boundary_bytes": boundary, "staging_gbps": staging,
             "predicted_step_ms": predicted.step_time_ms,
             "predicted_error": step_ms / predicted.step_time_ms - 1,
             "apart_step_ms": simulate(profile, apart, two, num_steps=2,

@@ -49,6 +49,9 @@ class Device(BaseModel):
     memory_bytes: Bytes | None = Field(None, ge=1, description="Device memory; null = unlimited.")
     host_to_device_gbps: Gbps | None = Field(None, description="Swap-in bandwidth; null = free.")
     device_to_host_gbps: Gbps | None = Field(None, description="Swap-out bandwidth; null = free.")
+    staging_gbps: Gbps | None = Field(
+        None, description="Between two processes that share this device: the hop through "
+        "host memory from one to the other (gloo on the host); null = free.")
 
 
 class Cluster(Document):

@@ -7,7 +7,8 @@ order of its schedule (``schedule.py``) on its device's compute stream. Beside i
   level that holds both (``Cluster``), one transfer at a time per direction, overlapped
   with compute. Between two workers on one device they go through host memory, as the
   engine sends them (NCCL cannot connect a GPU to itself): out over the device's
-  device-to-host link, back over its host-to-device link, one such transfer at a time per
+  device-to-host link, from one process to the other at the device's ``staging_gbps``
+  (gloo on the host), back over its host-to-device link, one such transfer at a time per
   device; a device whose host links are free (a CPU, or no cluster) passes them for
   nothing;
 - a stage with swapped layers sends their saved tensors to the host right after each
@@ -346,9 +347,9 @@ def _link(build: _Build, sender: int, receiver: int, num_bytes: int) -> tuple[fl
     """Duration and resource of a transfer between two workers' devices."""
     device_a, device_b = build.device(sender), build.device(receiver)
     if device_a == device_b:  # staged through host memory (module docstring)
-        staged_ms = (transfer_ms(num_bytes, _host_gbps(build, device_a, "device_to_host_gbps"))
-                     + transfer_ms(num_bytes, _host_gbps(build, device_a,
-                                                         "host_to_device_gbps")))
+        staged_ms = sum(transfer_ms(num_bytes, _host_gbps(build, device_a, attribute))
+                        for attribute in ("device_to_host_gbps", "staging_gbps",
+                                          "host_to_device_gbps"))
         return staged_ms, build.resource("staged", device_a) if staged_ms else NO_RESOURCE
     bandwidth = None if build.cluster is None else build.cluster.bandwidth_gbps(
         device_a, device_b)

@@ -231,7 +231,8 @@ def test_shared_device_serializes_compute() -> None:
 def test_stages_sharing_a_device_exchange_through_host_memory() -> None:
     """Stages 0 and 1 on device 0, whose host links take 1 and 2 ms for the 10 MB a
     micro-batch sends (80 and 40 Gbit/s): every activation and gradient costs out + in =
-    3 ms on the shared device's staging path. One micro-batch of GPipe: forward 0,
+    3 ms on the shared device's staging path, plus the hop between the processes when the
+    device's ``staging_gbps`` is set. One micro-batch of GPipe: forward 0,
     transfer, forward 1, backward 1, transfer, backward 0, in a chain."""
     profile = chain_profile(2, output_bytes=10**7)
     plan = even_plan(profile, 2, 1, "gpipe")
@@ -246,6 +247,10 @@ def test_stages_sharing_a_device_exchange_through_host_memory() -> None:
     # on two devices the link between them carries it (10 MB at 100 Gbit/s: 0.8 ms)
     apart = simulate(profile, even_plan(profile, 2, 1, "gpipe"), single_level_cluster(2))
     assert close(apart.step_time_ms, 1 + 0.8 + 1 + 2 + 0.8 + 2)
+    # the hop from one process to the other (gloo on the host, 20 Gbit/s: 4 ms) adds up
+    device = cluster.devices[0].model_copy(update={"staging_gbps": 20.0})
+    hopped = simulate(profile, plan, cluster.model_copy(update={"devices": [device]}))
+    assert close(hopped.step_time_ms, 1 + 7 + 1 + 2 + 7 + 2)
 
 def test_flops_per_step_and_achieved_tflops() -> None:
     """Four layers of 3 GFLOP forward and 6 backward per micro-batch, 4 micro-batches, two

@@ -100,7 +100,7 @@ class Transport:
         dtype, shape = self.shape(transfer.layer)
         group, staged = self._route(peer, direction)
         device = torch.device("cpu") if staged else self.ctx.device
-        buffer = torch.empty(shape, dtype=dtype, device=device)
+        buffer = torch.empty(shape, dtype=dtype, device=device, pin_memory=staged)
         work = dist.irecv(buffer, peer, group=group, tag=self._tag(direction, transfer,
                                                                    microbatch))
         what = (f"receiving the {direction} of {transfer.layer!r} for micro-batch "
@@ -113,7 +113,9 @@ class Transport:
             pending.work.wait(self.timeout)
         except Exception as exc:
             raise self.watchdog.failure(pending.what, pending.peer, exc) from exc
-        return pending.buffer.to(self.ctx.device)
+        # from pinned memory the copy to the GPU is asynchronous (the host allocator keeps
+        # the buffer until it has ended)
+        return pending.buffer.to(self.ctx.device, non_blocking=True)
 
     def send(self, direction: str, transfer: Transfer, microbatch: int, tensor: Tensor,
              step: int) -> None:
@@ -122,7 +124,11 @@ class Transport:
         if direction == ACTIVATION:
             self._publish(transfer.layer, tensor, microbatch)
         group, staged = self._route(peer, direction)
-        buffer = tensor.detach().to("cpu") if staged else tensor.detach().contiguous()
+        if staged:  # through pinned host memory: a fast copy out, then gloo
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            buffer.copy_(tensor.detach())
+        else:
+            buffer = tensor.detach().contiguous()
         record = self.recorder.start(
             f"send_{direction}", microbatch, step, peer_stage=peer_stage,
             peer_replica=self.layout.worker(peer)[1],
