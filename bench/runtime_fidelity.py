@@ -14,13 +14,14 @@ For each model (``gpt``, ``resnet``) and stage count (2, 4) this
    median layer output over gloo; one-way bytes over one-way time), unlimited memory;
 3. plans with ``balance-time`` (``--algorithm``) and predicts the step time with
    ``pipestudio.planner.simulate``, the code ``pipestudio simulate`` runs;
-4. trains the plan with the engine for ``--warm-steps`` + ``--steps`` steps and takes the
-   mean of the timed steps' times (``summary.step_times_ms``, cut as the simulator cuts
-   steps), and prints measured, predicted and the relative error (target: within 15%),
-   with the stages' compute measured in the run over the compute the profile predicts
-   (``busy_ms``): a ratio far from 1 says the error comes from compute that ran slower or
-   faster than profiled (cores shared with other ranks or other work), not from the
-   schedule or the links.
+4. trains the plan with the engine, warming up for ``--warm-seconds`` (at least
+   ``--warm-steps``) and timing at least ``--half-seconds`` per half (at least ``--steps`` steps in
+   all) at the predicted pace, and takes the mean of the timed steps' times
+   (``summary.step_times_ms``, cut as the simulator cuts steps), and prints measured,
+   predicted and the relative error (target: within 15%), with the stages' compute measured
+   in the run over the compute the profile predicts (``busy_ms``): a ratio far from 1 says
+   the error comes from compute that ran slower or faster than profiled (cores shared with
+   other ranks or other work), not from the schedule or the links.
 
 With more stages than cores (4 stages on 2 cores), ranks share cores: each gets 1 thread,
 the profile is measured with 1 thread, and the prediction is made twice: on a cluster with
@@ -41,6 +42,7 @@ calibrate``.
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -72,6 +74,7 @@ MODELS: dict[str, tuple[dict[str, str], int]] = {
 TIMEOUT_S = 120.0
 TARGET = 0.15  # uncalibrated
 CALIBRATED_TARGET = 0.10
+MAX_STEPS = 400
 
 
 def _pingpong_rank(rank: int, port: int, num_bytes: int, repeats: int, conn: Any) -> None:
@@ -172,6 +175,17 @@ def measured_run(plan: Plan, model: str, args: dict[str, str], warm_steps: int,
             [statistics.mean(busy[stage]) for stage in sorted(busy)], ops)
 
 
+def step_counts(options: argparse.Namespace, predicted_ms: float) -> tuple[int, int]:
+    """Warm-up and timed steps: at least ``--warm-steps`` and ``--steps``, and enough that
+    the warm-up lasts ``--warm-seconds`` and each half of the timed steps ``--half-seconds``
+    at the predicted pace (a run of short steps otherwise calibrates on a few steps still
+    warming up: a 4-stage mlp's first timed steps on 16 cores took 101, 46 and 32 ms, its
+    last 26 to 29). At most ``MAX_STEPS`` timed steps."""
+    warm = max(options.warm_steps, math.ceil(options.warm_seconds * 1000 / predicted_ms))
+    half = max(options.steps // 2, math.ceil(options.half_seconds * 1000 / predicted_ms))
+    return warm, min(2 * half, MAX_STEPS)
+
+
 def _save(out: Path, name: str, document: Any) -> None:
     (out / f"{name}.json").write_text(document.to_json() if hasattr(document, "to_json")
                                       else json.dumps(document, indent=1))
@@ -195,12 +209,14 @@ def run_case(model: str, stages: int, options: argparse.Namespace,
     placed = shared_placement(plan, own, sharing.hosts, sharing.host_of)
     if placed is not None:  # more ranks than cores: as the backend predicts such a run
         predictions["shared"] = placed
-    steps_ms, busy_ms, ops = measured_run(plan, model, args, options.warm_steps,
-                                          options.steps, threads)
+    warm_steps, num_steps = step_counts(options, min(
+        simulate(profile, *placed_plan, num_steps=1, with_timeline=False).step_time_ms
+        for placed_plan in predictions.values()))
+    steps_ms, busy_ms, ops = measured_run(plan, model, args, warm_steps, num_steps, threads)
     measured = statistics.mean(steps_ms)
     # calibrated from the first half of the timed steps, judged on the second half
-    half = options.steps // 2
-    first_half = range(options.warm_steps, options.warm_steps + half)
+    half = num_steps // 2
+    first_half = range(warm_steps, warm_steps + half)
     judged = statistics.mean(steps_ms[half:])
     out = Path(options.out) / f"{model}-{stages}"
     out.mkdir(parents=True, exist_ok=True)
@@ -223,6 +239,7 @@ def run_case(model: str, stages: int, options: argparse.Namespace,
         rows.append({"model": model, "stages": stages, "threads": threads, "cluster": label,
                      "stage_layers": [len(s.layers) for s in plan.stages],
                      "measured_ms": measured, "measured_steps_ms": steps_ms,
+                     "warm_steps": warm_steps,
                      "predicted_ms": result.step_time_ms,
                      "measured_busy_ms": busy_ms, "predicted_busy_ms": predicted_busy,
                      "compute_ratio": sum(busy_ms) / sum(predicted_busy),
@@ -246,6 +263,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-steps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10,
                         help="timed steps: the first half calibrates, the second judges")
+    parser.add_argument("--warm-seconds", type=float, default=1.0,
+                        help="warm up for at least this long at the predicted pace")
+    parser.add_argument("--half-seconds", type=float, default=2.0,
+                        help="time each half of the timed steps for at least this long")
     parser.add_argument("--repeats", type=int, default=15,
                         help="profiler repeats per layer (median)")
     parser.add_argument("--profile-together", action=argparse.BooleanOptionalAction,
