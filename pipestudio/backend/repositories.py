@@ -65,14 +65,15 @@ class Clusters(Repository[models.Cluster]):
 class Plans(Repository[models.Plan]):
     model, kind = models.Plan, "plan"
 
-    def refuse_if_used(self, column: Any, item_id: int, what: str) -> None:
+    def refuse_if_used(self, column: Any, item_id: int, what: str,
+                       remedy: str = "delete them first") -> None:
         """Raise a conflict naming the plans whose ``column`` is ``item_id`` (``what``, e.g.
-        "cluster 3", is about to be deleted)."""
+        "cluster 3", is about to be deleted or changed; ``remedy`` says what to do)."""
         users = list(self.session.scalars(select(models.Plan.id).where(column == item_id)
                                           .order_by(models.Plan.id)))
         if users:
             raise ConflictError(f"{what} is used by plan(s) {', '.join(map(str, users))}; "
-                                "delete them first")
+                                + remedy)
 
 
 def retained(retention_s: float) -> ColumnElement[bool]:

@@ -126,6 +126,14 @@ class ApiClient:
                        ) -> dict[str, Any]:
         return self.post("/api/clusters", {"name": name, "cluster": document})
 
+    def replace_cluster(self, cluster_id: int, document: dict[str, Any],
+                        name: str | None = None) -> dict[str, Any]:
+        return self.request("PUT", f"/api/clusters/{cluster_id}",
+                            json={"name": name, "cluster": document})
+
+    def delete_cluster(self, cluster_id: int) -> None:
+        self.request("DELETE", f"/api/clusters/{cluster_id}")
+
     # -- plans ------------------------------------------------------------------------
     def plans(self) -> list[dict[str, Any]]:
         return self.get("/api/plans", limit=1000)["data"]

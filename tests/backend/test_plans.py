@@ -209,3 +209,37 @@ def test_force_takes_a_credential_and_a_boolean_only(client: TestClient) -> None
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == [
         "body", "force"]
     assert client.get(f"/api/plans/{plan['id']}").json()["state"] == "draft"
+
+
+def test_a_cluster_is_replaced_until_a_plan_uses_it(client: TestClient) -> None:
+    """PUT replaces name and document; refused (409, naming the plans) once a plan was
+    predicted on it; bad documents are 422 and change nothing; no credential, no change."""
+    cluster_id = _cluster(client)
+    wider = {"levels": [{"name": "node", "size": 4, "bandwidth_gbps": 25.0}],
+             "devices": [{"name": f"d{i}", "memory_bytes": 2**30} for i in range(4)]}
+    replaced = client.put(f"/api/clusters/{cluster_id}", headers=AUTH,
+                          json={"name": "four", "cluster": wider})
+    assert replaced.status_code == 200, replaced.text
+    assert (replaced.json()["name"], replaced.json()["num_devices"]) == ("four", 4)
+    assert client.get(f"/api/clusters/{cluster_id}").json()["document"]["levels"][0][
+        "bandwidth_gbps"] == 25.0
+    bad = client.put(f"/api/clusters/{cluster_id}", headers=AUTH, json={
+        "cluster": {"levels": [{"name": "node", "size": 3, "bandwidth_gbps": 1.0}],
+                    "devices": [{"name": "d0"}]}})
+    assert bad.status_code == 422 and "3" in bad.text
+    anonymous = client.put(f"/api/clusters/{cluster_id}", headers=ANONYMOUS,
+                           json={"cluster": wider})
+    assert anonymous.status_code == 401
+    assert client.put("/api/clusters/999999", headers=AUTH,
+                      json={"cluster": wider}).status_code == 404
+    assert client.get(f"/api/clusters/{cluster_id}").json()["num_devices"] == 4
+    profile_id = add_profile(client)
+    plan = client.post("/api/plans", headers=AUTH, json={
+        "profile_id": profile_id, "cluster_id": cluster_id,
+        "planner": {"algorithm": "balance-time", "num_stages": 2, "num_microbatches": 4,
+                    "schedule": "1f1b"}}).json()
+    used = client.put(f"/api/clusters/{cluster_id}", headers=AUTH,
+                      json={"name": "two", "cluster": wider})
+    assert used.status_code == 409
+    assert f"plan(s) {plan['id']}" in used.text and "new cluster" in used.text
+    assert client.get(f"/api/clusters/{cluster_id}").json()["name"] == "four"

@@ -363,9 +363,9 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     page.wait_for_selector("#runs-decision-status :text('Proposal ')", timeout=60_000)
 
 
-def test_workers_and_clusters_are_listed_and_made(page: object, stack: LiveStack) -> None:
-    """The two workers show with their cores and state; a cluster is made on the page and
-    listed beside the one a save made for its memory per device."""
+def test_workers_and_clusters_are_listed_made_and_edited(page: object, stack: LiveStack) -> None:
+    """The two workers show with their cores and state; a cluster is made on the page,
+    listed beside the one a save made for its memory per device, and edited."""
     stack.wait_for_workers(2)
     page.click("#nav-machines")
     page.wait_for_selector("#machines-workers-table")
@@ -378,6 +378,15 @@ def test_workers_and_clusters_are_listed_and_made(page: object, stack: LiveStack
     page.click("#machines-create")
     page.wait_for_selector("#machines-status :text('Created cluster')")
     page.wait_for_selector("#machines-clusters-table :text('two hosts of four')")
+    # picked from the list, it fills the form; a change is saved in place
+    choose(page, "machines-cluster-pick", "two hosts of four")
+    page.wait_for_selector("#machines-status :text('is in the form')")
+    assert page.input_value("#machines-sizes") == "4,2"
+    assert page.input_value("#machines-memory") == "80GiB"
+    page.fill("#machines-bandwidths", "400,100")
+    page.click("#machines-save")
+    page.wait_for_selector("#machines-status :text('Saved cluster')")
+    page.wait_for_selector("#machines-clusters-table :text('4 @ 400.0 · 2 @ 100.0')")
     shot(page, "workers-and-clusters")
 
 

@@ -2,6 +2,8 @@
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from pipestudio.dashboard import planning
 from pipestudio.dashboard.pages import machines
 from tests.dashboard.test_planner_page import act, form
@@ -52,3 +54,41 @@ def test_the_cluster_a_save_makes_is_named_in_its_notice(context, vgg_id) -> Non
     assert f"judged on cluster {cluster_id}, made for its memory per device" in notice
     [row] = machines.cluster_rows(context.client.clusters(), context.client.plans())
     assert row["plans"] == f"plan {saved['plan_id']}"
+
+
+def test_a_cluster_is_edited_on_the_page_until_a_plan_uses_it(context, vgg_id) -> None:
+    notice, made = machines.create_cluster(context, "two hosts", "4,2", "300,free",
+                                           "1536MiB", "200")
+    assert made, notice.children
+    [stored] = context.client.clusters()
+    # the form shows the stored cluster exactly, and saving it unchanged changes nothing
+    assert machines.form_values(stored) == ("two hosts", "4,2", "300,free", "1536MiB", "200")
+    notice, saved = machines.save_cluster(context, stored["id"], "two hosts", "4,2",
+                                          "300,free", "1536MiB", "200")
+    assert saved and context.client.cluster(stored["id"])["document"] == stored["document"]
+    notice, saved = machines.save_cluster(context, stored["id"], "wide", "8", "50", "", "")
+    assert saved and f"Saved cluster {stored['id']} (8 devices)" in notice.children
+    assert machines.form_values(context.client.cluster(stored["id"])) == (
+        "wide", "8", "50", "", "")
+    notice, saved = machines.save_cluster(context, None, "x", "2", "1", "", "")
+    assert not saved and "Pick the cluster" in notice.children
+    notice, saved = machines.save_cluster(context, stored["id"], "x", "2,2", "1", "", "")
+    assert not saved and "one bandwidth per level" in notice.children
+    # a plan predicted on it holds it: the page names the plan and keeps the cluster
+    editor, _, _ = act(context, "planner-profile", form(vgg_id))
+    planned, _ = planning.save_plan(context, editor, [5, 21, 31], None, approve=False)
+    cluster_id = context.client.plan(planned["plan_id"])["cluster_id"]
+    notice, saved = machines.save_cluster(context, cluster_id, "x", "2", "1", "", "")
+    assert not saved and f"plan(s) {planned['plan_id']}" in notice.children
+    notice, deleted = machines.delete_cluster(context, cluster_id)
+    assert not deleted and f"plan(s) {planned['plan_id']}" in notice.children
+    notice, deleted = machines.delete_cluster(context, stored["id"])
+    assert deleted and stored["id"] not in [c["id"] for c in context.client.clusters()]
+
+
+def test_clusters_the_form_cannot_describe_are_said_so() -> None:
+    cluster = {"id": 7, "name": "mixed", "document": {
+        "levels": [{"name": "l0", "size": 2, "bandwidth_gbps": 1.0}],
+        "devices": [{"name": "a", "memory_bytes": 2**30}, {"name": "b", "memory_bytes": 2**31}]}}
+    with pytest.raises(ValueError, match=r"cluster 7's devices differ.*PUT /api/clusters"):
+        machines.form_values(cluster)

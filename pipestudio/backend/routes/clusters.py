@@ -30,6 +30,13 @@ def get_cluster(session: SessionDep, cluster_id: PathId) -> ClusterPublic:
     return ClusterPublic.model_validate(Clusters(session).get(cluster_id))
 
 
+@router.put("/{cluster_id:int}", dependencies=[Authorized])
+def replace_cluster(session: SessionDep, cluster_id: PathId,
+                    data: ClusterCreate) -> ClusterPublic:
+    """Replace a cluster's name and document; 409 while a plan uses it."""
+    return ClusterPublic.model_validate(service.replace_cluster(session, cluster_id, data))
+
+
 @router.delete("/{cluster_id:int}", status_code=204, dependencies=[Authorized])
 def delete_cluster(session: SessionDep, cluster_id: PathId) -> None:
     """Delete a cluster; 409 while a plan uses it."""

@@ -1,6 +1,8 @@
 """Workers and clusters page: the workers that registered (their host, devices, slots, state,
 the run each is busy with and when it was last heard from), the stored clusters, and a form
-that makes a cluster, so that nothing the Planner uses is hidden."""
+that makes a cluster or edits one (picked from the list: its levels, bandwidths, memory and
+host link fill the form; saved in place unless a plan uses it, or as a new cluster), so
+that nothing the Planner uses is hidden."""
 
 from datetime import datetime
 from typing import Any
@@ -24,6 +26,13 @@ ACTIVE = ("starting", "running", "resuming")
 
 
 def layout(**_: Any) -> html.Div:
+    pick = html.Div([
+        field("Edit a cluster", dcc.Dropdown(id="machines-cluster-pick", clearable=True,
+                                             placeholder="none: the form makes a new one",
+                                             style={"minWidth": "18rem"})),
+        html.Button("Save changes", id="machines-save", className="ps-button"),
+        html.Button("Delete cluster", id="machines-delete", className="ps-button ps-secondary"),
+    ], className="ps-row")
     form = html.Div([
         field("Name", dcc.Input(id="machines-cluster-name", className="ps-input",
                                 placeholder="e.g. 2 hosts x 4 GPUs")),
@@ -40,7 +49,7 @@ def layout(**_: Any) -> html.Div:
     ], className="ps-row")
     return html.Div([
         section("Workers", html.Div(id="machines-workers")),
-        section("Clusters", html.Div(id="machines-clusters"), form,
+        section("Clusters", html.Div(id="machines-clusters"), pick, form,
                 html.Div(id="machines-status")),
         dcc.Store(id="machines-changed", data=0),
         dcc.Interval(id="machines-interval", interval=5000),
@@ -117,39 +126,103 @@ def cluster_rows(clusters: list[dict[str, Any]], plans: list[dict[str, Any]]
 
 
 def _numbers(text: str | None, what: str, kind: type) -> list[Any]:
+    """Comma-separated numbers; ``free`` (a link with no transfer time) reads as None."""
     try:
-        return [kind(part) for part in (text or "").replace(" ", "").split(",") if part]
+        return [None if part.lower() == "free" else kind(part)
+                for part in (text or "").replace(" ", "").split(",") if part]
     except ValueError:
         raise ValueError(f"{what}: {text!r} is not a comma-separated list of numbers") from None
 
 
+def _size_text(num_bytes: int) -> str:
+    """Bytes as the form writes them, exactly (``parse_size`` reads it back)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes % size == 0:
+            return f"{num_bytes // size}{unit}"
+    return str(num_bytes)
+
+
+def form_values(cluster: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """A stored cluster as the form shows it (name, sizes, bandwidths, memory, host link);
+    ValueError for one the form cannot describe (devices that differ)."""
+    document = cluster["document"]
+    devices = document["devices"]
+    described = {(d.get("memory_bytes"), d.get("host_to_device_gbps"),
+                  d.get("device_to_host_gbps"), d.get("staging_gbps")) for d in devices}
+    if len(described) != 1:
+        raise ValueError(f"cluster {cluster['id']}'s devices differ in memory or host links; "
+                         "the form describes devices that are all alike: change its "
+                         "document through the API (PUT /api/clusters/{id})")
+    memory, to_device, to_host, staging = described.pop()
+    if to_device != to_host or staging is not None:
+        raise ValueError(f"cluster {cluster['id']}'s host links differ by direction or set "
+                         "staging_gbps, which the form cannot show: change its document "
+                         "through the API (PUT /api/clusters/{id})")
+    return (cluster["name"], ",".join(str(level["size"]) for level in document["levels"]),
+            ",".join("free" if level["bandwidth_gbps"] is None else f"{level['bandwidth_gbps']:g}"
+                     for level in document["levels"]),
+            "" if memory is None else _size_text(memory),
+            "" if to_device is None else f"{to_device:g}")
+
+
+def _document(name: str | None, sizes: str | None, bandwidths: str | None,
+              memory: str | None, host: str | None) -> dict[str, Any]:
+    """The form as a Cluster document (``planner.cluster_template``)."""
+    levels = _numbers(sizes, "devices per level", int)
+    gbps = _numbers(bandwidths, "bandwidth per level", float)
+    if not levels or None in levels:
+        raise ValueError("devices per level: give at least one level, e.g. 4")
+    if len(gbps) != len(levels):
+        raise ValueError(f"give one bandwidth per level: {len(levels)} level(s), "
+                         f"{len(gbps)} bandwidth(s)")
+    host_gbps = _numbers(host, "host link", float)
+    return cluster_template(
+        levels, list(gbps), device_memory_bytes=parse_size(memory) if memory else None,
+        host_bandwidth_gbps=host_gbps[0] if host_gbps else None,
+        name=(name or "cluster").strip() or "cluster").model_dump(mode="json")
+
+
 def create_cluster(context: Context, name: str | None, sizes: str | None,
                    bandwidths: str | None, memory: str | None, host: str | None) -> Any:
-    """Make and store a cluster from the form (``planner.cluster_template``)."""
+    """Make and store a cluster from the form."""
     try:
-        levels = _numbers(sizes, "devices per level", int)
-        gbps = _numbers(bandwidths, "bandwidth per level", float)
-        if not levels:
-            raise ValueError("devices per level: give at least one level, e.g. 4")
-        if len(gbps) != len(levels):
-            raise ValueError(f"give one bandwidth per level: {len(levels)} level(s), "
-                             f"{len(gbps)} bandwidth(s)")
-        host_gbps = _numbers(host, "host link", float)
-        document = cluster_template(
-            levels, list(gbps), device_memory_bytes=parse_size(memory) if memory else None,
-            host_bandwidth_gbps=host_gbps[0] if host_gbps else None,
-            name=(name or "cluster").strip() or "cluster")
-        created = context.client.create_cluster(document.model_dump(mode="json"),
-                                                (name or "").strip() or None)
+        created = context.client.create_cluster(_document(name, sizes, bandwidths, memory,
+                                                          host), (name or "").strip() or None)
     except (ValueError, PlannerError, ApiError) as exc:
         return message(f"Not created:\n{exc}", "error"), False
     return message(f"Created cluster {created['id']} ({created['num_devices']} devices); "
                    "pick it on the Planner page.", "ok"), True
 
 
+def save_cluster(context: Context, cluster_id: int | None, name: str | None,
+                 sizes: str | None, bandwidths: str | None, memory: str | None,
+                 host: str | None) -> Any:
+    """Replace the picked cluster with the form's (refused while a plan uses it)."""
+    if cluster_id is None:
+        return message("Pick the cluster to change first (or create a new one).", "error"), False
+    try:
+        saved = context.client.replace_cluster(
+            cluster_id, _document(name, sizes, bandwidths, memory, host),
+            (name or "").strip() or None)
+    except (ValueError, PlannerError, ApiError) as exc:
+        return message(f"Cluster {cluster_id} not changed:\n{exc}", "error"), False
+    return message(f"Saved cluster {saved['id']} ({saved['num_devices']} devices).", "ok"), True
+
+
+def delete_cluster(context: Context, cluster_id: int | None) -> Any:
+    if cluster_id is None:
+        return message("Pick the cluster to delete first.", "error"), False
+    try:
+        context.client.delete_cluster(cluster_id)
+    except ApiError as exc:
+        return message(f"Cluster {cluster_id} not deleted:\n{exc}", "error"), False
+    return message(f"Deleted cluster {cluster_id}.", "ok"), True
+
+
 def register_callbacks(app: Dash, context: Context) -> None:
     @app.callback(Output("machines-workers", "children"),
                   Output("machines-clusters", "children"),
+                  Output("machines-cluster-pick", "options"),
                   Input("url", "pathname"), Input("machines-interval", "n_intervals"),
                   Input("machines-changed", "data"))
     def _list(_: str, __: int | None, ___: int) -> Any:
@@ -158,15 +231,59 @@ def register_callbacks(app: Dash, context: Context) -> None:
             clusters, plans = context.client.clusters(), context.client.plans()
         except ApiError as exc:
             notice = message(f"Cannot read them: {exc}", "error")
-            return notice, notice
+            return notice, notice, no_update
         now = datetime.now().astimezone()
+        options = [{"label": f"{c['id']}: {c['name']}", "value": c["id"]}
+                   for c in sorted(clusters, key=lambda c: c["id"])]
         return (table(WORKER_COLUMNS, worker_rows(workers, runs, now),
                       "No worker has registered: start one with `pipestudio worker "
                       "--server URL`.", "machines-workers-table"),
                 table(CLUSTER_COLUMNS, cluster_rows(clusters, plans),
-                      "No clusters yet: make one below.", "machines-clusters-table"))
+                      "No clusters yet: make one below.", "machines-clusters-table"),
+                options)
 
-    @app.callback(Output("machines-status", "children"),
+    @app.callback(Output("machines-cluster-name", "value"), Output("machines-sizes", "value"),
+                  Output("machines-bandwidths", "value"), Output("machines-memory", "value"),
+                  Output("machines-host", "value"),
+                  Output("machines-status", "children", allow_duplicate=True),
+                  Input("machines-cluster-pick", "value"), prevent_initial_call=True)
+    def _load(cluster_id: int | None) -> Any:
+        if cluster_id is None:
+            return ("", "", "", "", "",
+                    message("The form makes a new cluster.", "info"))
+        try:
+            values = form_values(context.client.cluster(cluster_id))
+        except (ApiError, ValueError) as exc:
+            return (*[no_update] * 5, message(str(exc), "error"))
+        return (*values, message(f"Cluster {cluster_id} is in the form: change it and save "
+                                 "the changes, or create it as a new cluster.", "info"))
+
+    @app.callback(Output("machines-status", "children", allow_duplicate=True),
+                  Output("machines-changed", "data", allow_duplicate=True),
+                  Input("machines-save", "n_clicks"), State("machines-cluster-pick", "value"),
+                  State("machines-cluster-name", "value"), State("machines-sizes", "value"),
+                  State("machines-bandwidths", "value"), State("machines-memory", "value"),
+                  State("machines-host", "value"), State("machines-changed", "data"),
+                  prevent_initial_call=True)
+    def _save(_: int, cluster_id: int | None, name: str | None, sizes: str | None,
+              bandwidths: str | None, memory: str | None, host: str | None,
+              changed: int) -> Any:
+        notice, saved = save_cluster(context, cluster_id, name, sizes, bandwidths, memory,
+                                     host)
+        return notice, (changed + 1) if saved else no_update
+
+    @app.callback(Output("machines-status", "children", allow_duplicate=True),
+                  Output("machines-changed", "data", allow_duplicate=True),
+                  Output("machines-cluster-pick", "value"),
+                  Input("machines-delete", "n_clicks"), State("machines-cluster-pick", "value"),
+                  State("machines-changed", "data"), prevent_initial_call=True)
+    def _delete(_: int, cluster_id: int | None, changed: int) -> Any:
+        notice, deleted = delete_cluster(context, cluster_id)
+        if not deleted:
+            return notice, no_update, no_update
+        return notice, changed + 1, None
+
+    @app.callback(Output("machines-status", "children", allow_duplicate=True),
                   Output("machines-changed", "data", allow_duplicate=True),
                   Input("machines-create", "n_clicks"), State("machines-cluster-name", "value"),
                   State("machines-sizes", "value"), State("machines-bandwidths", "value"),
