@@ -181,3 +181,19 @@ def test_one_device_per_stage_keeps_optimal_from_replicating(context, vgg_id):
         assert all(stage.get("replicas", 1) == 1 for stage in row["plan"]["stages"])
     assert planning.planner_body(callbacks.form_editor(form(vgg_id)), 4, None)[
         "straight"] is False
+
+
+def test_a_save_or_approval_leaves_the_drawn_prediction_alone(context, vgg_id):
+    """The prediction and its charts are drawn again when the plan changes, not when it is
+    only stored or approved (which changes the editor's plan id and state)."""
+    editor, slider, _ = act(context, "planner-profile", form(vgg_id))
+    key = callbacks.drawn_key(editor, slider["value"])
+    saved, _ = planning.save_plan(context, editor, slider["value"], None, approve=False)
+    assert saved["plan_id"] is not None
+    assert callbacks.drawn_key(saved, slider["value"]) == key
+    assert callbacks.drawn_key({**saved, "plan_state": "approved"}, slider["value"]) == key
+    assert callbacks.drawn_key(editor, [5, 21, 31]) != key
+    assert callbacks.drawn_key({**editor, "policies": {"layer3": "swap"}},
+                               slider["value"]) != key
+    assert callbacks.drawn_key({**editor, "num_microbatches": 16}, slider["value"]) != key
+    assert callbacks.drawn_key(None, slider["value"]) is None

@@ -126,6 +126,7 @@ def layout(**_: Any) -> html.Div:
                 graph("planner-gantt-graph"), graph("planner-memory-time-graph")),
         section("Compare plans", compare),
         dcc.Store(id="planner-editor"), dcc.Store(id="planner-candidates", data=[]),
+        dcc.Store(id="planner-drawn"),
     ])
 
 

@@ -1,9 +1,11 @@
 """The planner page's callbacks: plain functions that tests call, and their Dash wiring."""
 
+import json
 from typing import Any
 from urllib.parse import parse_qs
 
 from dash import Dash, Input, Output, State, ctx, dcc, no_update
+from dash.exceptions import PreventUpdate
 
 from pipestudio.dashboard import planning
 from pipestudio.dashboard.api import ApiError
@@ -178,6 +180,20 @@ def compare_view(candidates: list[dict[str, Any]]) -> tuple[Any, dict[str, Any],
     return (table(COMPARE_COLUMNS, compare_rows(shown), empty), compare_figure(shown), names)
 
 
+#: Editor entries that say where the plan is stored, not what it is: a save or an approval
+#: changes them and leaves the prediction and its charts as they are.
+_NOT_DRAWN = frozenset({"plan_id", "plan_state", "saved", "source", "cuts"})
+
+
+def drawn_key(editor: Editor | None, boundaries: list[int] | None) -> str | None:
+    """What the prediction and the charts on screen were drawn from (None: nothing to
+    draw); the prediction callbacks leave the screen alone while it stays the same."""
+    if not editor or boundaries is None:
+        return None
+    shown = {key: value for key, value in editor.items() if key not in _NOT_DRAWN}
+    return json.dumps([shown, list(boundaries)], sort_keys=True, default=str)
+
+
 def register(app: Dash, context: Context) -> None:
     form_states = [State(f"planner-{name}", "value") for name in FORM]
 
@@ -234,11 +250,17 @@ def register(app: Dash, context: Context) -> None:
                   Output("planner-compute-graph", "figure"),
                   Output("planner-memory-graph", "figure"),
                   Output("planner-policy-summary", "children"),
-                  Input("planner-boundaries", "value"), Input("planner-editor", "data"))
-    def _predict(boundaries: list[int] | None, editor: Editor | None) -> Any:
+                  Output("planner-drawn", "data"),
+                  Input("planner-boundaries", "value"), Input("planner-editor", "data"),
+                  State("planner-drawn", "data"))
+    def _predict(boundaries: list[int] | None, editor: Editor | None,
+                 drawn: str | None) -> Any:
+        key = drawn_key(editor, boundaries)
+        if key is not None and key == drawn:
+            raise PreventUpdate  # saved or approved: the same plan, drawn already
         text, failed, figures = planning.plan_view(context, editor, boundaries)
         css = "ps-prediction ps-message ps-error" if failed else "ps-prediction"
-        return text, css, *figures, policy_summary(editor)
+        return text, css, *figures, policy_summary(editor), key
 
     # Asked for beside the prediction, not after it was drawn: both draw the same
     # simulation, which the first of the two requests runs and the other waits for
@@ -246,8 +268,13 @@ def register(app: Dash, context: Context) -> None:
     # first, so a drag's numbers are rarely held up by the Gantt.
     @app.callback(Output("planner-gantt-graph", "figure"),
                   Output("planner-memory-time-graph", "figure"),
-                  Input("planner-boundaries", "value"), Input("planner-editor", "data"))
-    def _timeline(boundaries: list[int] | None, editor: Editor | None) -> Any:
+                  Input("planner-boundaries", "value"), Input("planner-editor", "data"),
+                  State("planner-drawn", "data"))
+    def _timeline(boundaries: list[int] | None, editor: Editor | None,
+                  drawn: str | None) -> Any:
+        key = drawn_key(editor, boundaries)
+        if key is not None and key == drawn:
+            raise PreventUpdate
         return planning.timeline_view(context, editor, boundaries)
 
     # The layer names change with the profile only, not at every edit of the plan.
