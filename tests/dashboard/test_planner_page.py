@@ -2,6 +2,7 @@
 against the real backend in-process."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +10,8 @@ from pipestudio.dashboard import planning
 from pipestudio.dashboard.editor import equal_boundaries, stage_sizes
 from pipestudio.dashboard.pages import planner_callbacks as callbacks
 from pipestudio.planner import Plan
+
+BUILTIN_PROFILES = Path(__file__).resolve().parents[2] / "profiles" / "builtin"
 
 
 def form(profile_id, **changes):
@@ -197,3 +200,17 @@ def test_a_save_or_approval_leaves_the_drawn_prediction_alone(context, vgg_id):
                                slider["value"]) != key
     assert callbacks.drawn_key({**editor, "num_microbatches": 16}, slider["value"]) != key
     assert callbacks.drawn_key(None, slider["value"]) is None
+
+
+def test_the_page_starts_on_the_opened_plans_profile_or_the_newest(context, vgg_id):
+    """The layout fills the profile and cluster choices itself (one round trip fewer
+    before the first prediction): the profile of ``?plan=ID``'s plan, else the newest."""
+    first = callbacks.choices(context, None)
+    assert first["profile"] == vgg_id and [o["value"] for o in first["profiles"]] == [vgg_id]
+    editor, slider, _ = act(context, "planner-profile", form(vgg_id))
+    saved, _ = planning.save_plan(context, editor, slider["value"], None, approve=False)
+    newer = context.client.post("/api/profiles", {"profile": json.loads(
+        (BUILTIN_PROFILES / "gpt24.json").read_text())})["id"]
+    assert callbacks.choices(context, None)["profile"] == newer
+    assert callbacks.choices(context, f"?plan={saved['plan_id']}")["profile"] == vgg_id
+    assert callbacks.choices(context, "?plan=99999")["profile"] == newer  # a plan gone

@@ -3,8 +3,10 @@ policies, and save and approve the plan, with the prediction redrawn at every ch
 
 from typing import Any
 
+import flask
 from dash import Dash, Input, Output, State, dcc, html
 
+from pipestudio.dashboard.components.gantt import schedule_gantt
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.pages import planner_callbacks
 from pipestudio.dashboard.widgets import field, graph, section
@@ -20,15 +22,17 @@ def _button(label: str, component_id: str, secondary: bool = False) -> html.Butt
                        className="ps-button ps-secondary" if secondary else "ps-button")
 
 
-def _request_controls() -> html.Div:
+def _request_controls(choices: dict[str, Any]) -> html.Div:
     def number(component_id: str, value: int | None, minimum: int = 1) -> dcc.Input:
         return dcc.Input(id=component_id, type="number", min=minimum, step=1, value=value,
                          className="ps-input", style={"width": "110px"})
 
     return html.Div([
         field("Profile", dcc.Dropdown(id="planner-profile", placeholder="pick a profile",
+                                      options=choices["profiles"], value=choices["profile"],
                                       style={"minWidth": "260px"})),
         field("Cluster", dcc.Dropdown(id="planner-cluster", style={"minWidth": "220px"},
+                                      options=choices["clusters"],
                                       placeholder="none: free links"),
               "none: links are free; memory below"),
         field("Memory per device", dcc.Input(id="planner-memory", value="", debounce=True,
@@ -99,10 +103,18 @@ def _save_controls() -> html.Div:
     ], className="ps-row")
 
 
-def layout(**_: Any) -> html.Div:
+def layout(plan: str | None = None, **_: Any) -> html.Div:
+    """The page, its profile and cluster choices filled in (the profile of the plan that
+    ``?plan=ID`` opens, else the newest): the first prediction is then one round trip
+    away, not two."""
+    context = (flask.current_app.config.get("PIPESTUDIO_CONTEXT")
+               if flask.has_request_context() else None)
+    choices = (planner_callbacks.choices(context, f"?plan={plan}" if plan else None)
+               if context is not None else planner_callbacks.NO_CHOICES)
+    shown, figure, _ = planner_callbacks.compare_view([])  # nothing compared yet
     compare = html.Div([
-        html.Div(id="planner-compare-table"),
-        graph("planner-compare-graph"),
+        html.Div(shown, id="planner-compare-table"),
+        graph("planner-compare-graph", figure),
         html.Div([
             field("Open in the editor", dcc.Dropdown(id="planner-compare-pick",
                                                      style={"minWidth": "200px"})),
@@ -111,12 +123,14 @@ def layout(**_: Any) -> html.Div:
                                                      style={"minWidth": "200px"})),
             field("right", dcc.Dropdown(id="planner-side-b", style={"minWidth": "200px"})),
         ], className="ps-row"),
-        html.Div([html.Div(graph("planner-side-a-graph"), className="ps-col"),
-                  html.Div(graph("planner-side-b-graph"), className="ps-col")],
+        html.Div([html.Div(graph("planner-side-a-graph", schedule_gantt(None)),
+                           className="ps-col"),
+                  html.Div(graph("planner-side-b-graph", schedule_gantt(None)),
+                           className="ps-col")],
                  className="ps-row"),
     ])
     return html.Div([
-        section("What to plan", _request_controls(), _make_controls(),
+        section("What to plan", _request_controls(choices), _make_controls(),
                 dcc.Loading(html.Div(id="planner-status"), type="dot")),
         section("Plan", html.Div(id="planner-prediction", className="ps-prediction"),
                 _editor_controls(), _save_controls(), html.Div(id="planner-save-status"),

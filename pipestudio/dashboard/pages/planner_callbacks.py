@@ -54,6 +54,30 @@ def slider_props(num_layers: int, boundaries: list[int]) -> dict[str, Any]:
             "marks": {str(t): f"layer {t}" for t in ticks}}
 
 
+NO_CHOICES: dict[str, Any] = {"profiles": [], "clusters": [], "profile": None}
+
+
+def choices(context: Context, search: str | None) -> dict[str, Any]:
+    """The profile and cluster options of the page and the profile it starts on: that of
+    the plan ``search`` opens (``?plan=ID``), else the newest; none when the backend
+    cannot be read (the page then says to pick a profile)."""
+    try:
+        profiles, clusters = context.client.profiles(), context.client.clusters()
+    except ApiError:
+        return NO_CHOICES
+    stored = opened_plan(search)
+    try:
+        profile_id = None if stored is None else context.client.plan(stored)["profile_id"]
+    except ApiError:  # a plan that is gone: the editor says so when it tries to open it
+        profile_id = None
+    ids = [p["id"] for p in profiles]
+    return {"profiles": [{"label": f"{p['id']}: {p['name']} ({p['num_layers']} layers) · "
+                                   f"{p['precision']}", "value": p["id"]} for p in profiles],
+            "clusters": [{"label": f"{c['id']}: {c['name']} ({c['num_devices']} devices)",
+                          "value": c["id"]} for c in clusters],
+            "profile": profile_id if profile_id in ids else (max(ids) if ids else None)}
+
+
 def opened_plan(search: str | None) -> int | None:
     """The stored plan a link asks the Planner to open (``/planner?plan=ID``)."""
     values = parse_qs((search or "").lstrip("?")).get("plan") or []
@@ -197,24 +221,6 @@ def drawn_key(editor: Editor | None, boundaries: list[int] | None) -> str | None
 def register(app: Dash, context: Context) -> None:
     form_states = [State(f"planner-{name}", "value") for name in FORM]
 
-    @app.callback(Output("planner-profile", "options"), Output("planner-cluster", "options"),
-                  Output("planner-profile", "value"), Input("url", "pathname"),
-                  State("planner-profile", "value"), State("url", "search"))
-    def _options(_: str, profile_id: int | None, search: str | None) -> Any:
-        try:
-            profiles, clusters = context.client.profiles(), context.client.clusters()
-            stored = opened_plan(search)
-            if stored is not None:  # the profile of the plan the page opens
-                profile_id = context.client.plan(stored)["profile_id"]
-        except ApiError:
-            return [], [], None
-        ids = [p["id"] for p in profiles]
-        return ([{"label": f"{p['id']}: {p['name']} ({p['num_layers']} layers) · "
-                           f"{p['precision']}", "value": p["id"]} for p in profiles],
-                [{"label": f"{c['id']}: {c['name']} ({c['num_devices']} devices)",
-                  "value": c["id"]} for c in clusters],
-                profile_id if profile_id in ids else (max(ids) if ids else None))
-
     triggers = ["planner-template", "planner-run", "planner-compare-open",
                 "planner-policy-apply"]
 
@@ -245,10 +251,9 @@ def register(app: Dash, context: Context) -> None:
     def _dragged(boundaries: list[int] | None, editor: Editor | None) -> Any:
         return drag_notice(boundaries, editor)
 
+    # The numbers come back on their own, so that they show while the charts are drawn.
     @app.callback(Output("planner-prediction", "children"),
                   Output("planner-prediction", "className"),
-                  Output("planner-compute-graph", "figure"),
-                  Output("planner-memory-graph", "figure"),
                   Output("planner-policy-summary", "children"),
                   Output("planner-drawn", "data"),
                   Input("planner-boundaries", "value"), Input("planner-editor", "data"),
@@ -258,23 +263,25 @@ def register(app: Dash, context: Context) -> None:
         key = drawn_key(editor, boundaries)
         if key is not None and key == drawn:
             raise PreventUpdate  # saved or approved: the same plan, drawn already
-        text, failed, figures = planning.plan_view(context, editor, boundaries)
+        text, failed, _ = planning.plan_view(context, editor, boundaries)
         css = "ps-prediction ps-message ps-error" if failed else "ps-prediction"
-        return text, css, *figures, policy_summary(editor), key
+        return text, css, policy_summary(editor), key
 
-    # Asked for beside the prediction, not after it was drawn: both draw the same
-    # simulation, which the first of the two requests runs and the other waits for
-    # (``editor.predict``). The prediction's answer is far smaller and usually drawn
-    # first, so a drag's numbers are rarely held up by the Gantt.
+    # The charts follow the numbers: asked for once the numbers are on screen (a new
+    # ``planner-drawn``), so that drawing them does not hold the numbers back.
+    @app.callback(Output("planner-compute-graph", "figure"),
+                  Output("planner-memory-graph", "figure"),
+                  Input("planner-drawn", "data"), State("planner-boundaries", "value"),
+                  State("planner-editor", "data"))
+    def _stage_charts(_: str | None, boundaries: list[int] | None,
+                      editor: Editor | None) -> Any:
+        return planning.plan_view(context, editor, boundaries)[2]
+
     @app.callback(Output("planner-gantt-graph", "figure"),
                   Output("planner-memory-time-graph", "figure"),
-                  Input("planner-boundaries", "value"), Input("planner-editor", "data"),
-                  State("planner-drawn", "data"))
-    def _timeline(boundaries: list[int] | None, editor: Editor | None,
-                  drawn: str | None) -> Any:
-        key = drawn_key(editor, boundaries)
-        if key is not None and key == drawn:
-            raise PreventUpdate
+                  Input("planner-drawn", "data"), State("planner-boundaries", "value"),
+                  State("planner-editor", "data"))
+    def _timeline(_: str | None, boundaries: list[int] | None, editor: Editor | None) -> Any:
         return planning.timeline_view(context, editor, boundaries)
 
     # The layer names change with the profile only, not at every edit of the plan.
@@ -314,7 +321,8 @@ def _register_compare(app: Dash, context: Context, form_states: list[State]) -> 
     @app.callback(Output("planner-compare-table", "children"),
                   Output("planner-compare-graph", "figure"),
                   Output("planner-compare-pick", "options"), Output("planner-side-a", "options"),
-                  Output("planner-side-b", "options"), Input("planner-candidates", "data"))
+                  Output("planner-side-b", "options"), Input("planner-candidates", "data"),
+                  prevent_initial_call=True)  # the layout draws the empty comparison
     def _compare(candidates: list[dict[str, Any]] | None) -> Any:
         shown, figure, names = compare_view(candidates or [])
         return shown, figure, names, names, names
@@ -322,7 +330,7 @@ def _register_compare(app: Dash, context: Context, form_states: list[State]) -> 
     @app.callback(Output("planner-side-a-graph", "figure"),
                   Output("planner-side-b-graph", "figure"), Input("planner-side-a", "value"),
                   Input("planner-side-b", "value"), State("planner-candidates", "data"),
-                  State("planner-editor", "data"))
+                  State("planner-editor", "data"), prevent_initial_call=True)
     def _side(a: str | None, b: str | None, candidates: list[dict[str, Any]] | None,
               editor: Editor | None) -> Any:
         if not editor:
