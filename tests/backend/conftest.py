@@ -91,6 +91,16 @@ def small_profile(num_layers: int = 4, model: str = "toy") -> dict[str, Any]:
                         "output_bytes": 100} for i in range(num_layers)]}
 
 
+def mlp_profile(blocks: int = 4) -> dict[str, Any]:
+    """A small profile with the layers of the built-in ``mlp`` of ``blocks`` blocks (its
+    default is 4): a launch of ``mlp`` must build the plan's layers."""
+    profile = small_profile(blocks + 1, model="mlp")
+    names = [*(f"block{idx}" for idx in range(blocks)), "head"]
+    for layer, name in zip(profile["layers"], names, strict=True):
+        layer["name"] = name
+    return profile
+
+
 def vgg_graph() -> str:
     return (PIPEDREAM_DIR / "vgg16" / "graph.txt").read_text()
 

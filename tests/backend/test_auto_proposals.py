@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from pipestudio.backend.context import AppContext
 from pipestudio.planner import Plan, Profile
-from tests.backend.conftest import AUTH, small_profile
+from tests.backend.conftest import AUTH, mlp_profile
 from tests.backend.fakes import FakeWorker
 from tests.backend.test_sockets import Workers, _start
 from tests.planner.test_calibrate import engine_events, truth
@@ -19,7 +19,7 @@ def _measure(client: TestClient, workers: list[FakeWorker], run_id: int,
     run = client.get(f"/api/runs/{run_id}", headers=AUTH).json()
     plan = Plan.model_validate(client.get(f"/api/plans/{run['plan_id']}",
                                           headers=AUTH).json()["document"])
-    real = truth(Profile.model_validate(small_profile()), plan, factors)
+    real = truth(Profile.model_validate(mlp_profile()), plan, factors)
     events = engine_events(real, plan, None, steps=6)
     for worker, stage in zip(workers, (0, 1), strict=True):
         mine = [e for e in events if e["stage"] == stage]

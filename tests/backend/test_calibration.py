@@ -5,7 +5,13 @@ from fastapi.testclient import TestClient
 from pipestudio.backend.services.calibration import _cpu_cores
 from pipestudio.planner import Plan, Profile, simulate
 from pipestudio.planner.placement import Host, shared_placement
-from tests.backend.conftest import ANONYMOUS, AUTH, add_plan, add_profile, small_profile
+from tests.backend.conftest import (
+    ANONYMOUS,
+    AUTH,
+    add_plan,
+    add_profile,
+    mlp_profile,
+)
 from tests.backend.test_sockets import Workers, _start
 from tests.planner.test_calibrate import engine_events, truth
 
@@ -21,7 +27,7 @@ def test_a_run_calibrates_its_profile_as_it_goes(client: TestClient, fake: Worke
     run = client.get(f"/api/runs/{run_id}", headers=AUTH).json()
     plan_row = client.get(f"/api/plans/{run['plan_id']}", headers=AUTH).json()
     plan = Plan.model_validate(plan_row["document"])
-    profile = Profile.model_validate(small_profile())
+    profile = Profile.model_validate(mlp_profile())
     real = truth(profile, plan, [(2.0, 1.5, 1.0), (1.0, 3.0, 2.0)])
     events = engine_events(real, plan, None, steps=4)
     for worker, stage in zip(workers, (0, 1), strict=True):
@@ -73,7 +79,7 @@ def test_malformed_ops_are_left_out_not_a_500(client: TestClient, fake: Workers)
     run = client.get(f"/api/runs/{run_id}", headers=AUTH).json()
     plan = Plan.model_validate(client.get(f"/api/plans/{run['plan_id']}",
                                           headers=AUTH).json()["document"])
-    profile = Profile.model_validate(small_profile())
+    profile = Profile.model_validate(mlp_profile())
     events = engine_events(truth(profile, plan, [(2.0, 1.0, 1.0), (1.0, 1.0, 1.0)]), plan,
                            None, steps=3)
     hostile = [{"type": "op", "stage": 0, "replica": 0, "op": "forward", "step": 2},
@@ -105,14 +111,15 @@ def test_ranks_that_share_a_host_s_cores_are_predicted_sharing(client: TestClien
     places the stages on the host's two cores (shared_cores), which the plan did not."""
     cpu = [{"kind": "cpu", "index": 0, "cores": 2}]
     workers = [fake("a", slots=2, devices=cpu), fake("b", slots=2, devices=cpu)]
-    profile_id = add_profile(client, small_profile(4))
+    profile_id = add_profile(client, mlp_profile(3))
     plan_row = add_plan(client, profile_id, [1, 2, 3], approve=True)
     launched = client.post("/api/runs", headers=AUTH, json={
-        "plan_id": plan_row["id"], "model": "mlp", "steps": 3})
+        "plan_id": plan_row["id"], "model": "mlp", "model_args": {"layers": "3"},
+        "steps": 3})
     assert launched.status_code == 201, launched.text
     run_id = launched.json()["id"]
     plan = Plan.model_validate(plan_row["document"])
-    profile = Profile.model_validate(small_profile(4))
+    profile = Profile.model_validate(mlp_profile(3))
     events = engine_events(profile, plan, None, steps=3)
     for worker, stages in zip(workers, ((0, 1), (2, 3)), strict=True):
         worker.expect("assign")

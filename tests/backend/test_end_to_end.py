@@ -14,7 +14,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.backend.conftest import AUTH, small_profile
+from tests.backend.conftest import AUTH, mlp_profile
 from tests.backend.live import read
 from tests.backend.processes import (
     TINY_MLP,
@@ -26,10 +26,7 @@ from tests.backend.processes import (
 
 
 def _mlp_profile() -> dict[str, Any]:
-    profile = small_profile(3, model="mlp")
-    for layer, name in zip(profile["layers"], ("block0", "block1", "head"), strict=True):
-        layer["name"] = name
-    return profile
+    return mlp_profile(int(TINY_MLP["layers"]))
 
 
 @pytest.fixture

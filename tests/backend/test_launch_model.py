@@ -5,14 +5,16 @@ from collections.abc import Callable
 
 from fastapi.testclient import TestClient
 
-from tests.backend.conftest import AUTH, add_plan, add_profile, small_profile
+from tests.backend.conftest import AUTH, add_plan, add_profile, mlp_profile, small_profile
 from tests.backend.fakes import FakeWorker
 
 CONFIG = {"config.layers": 2, "config.width": 32, "config.bias": True}
 
 
 def _plan(client: TestClient, model: str = "mlp") -> int:
-    profile = {**small_profile(4, model=model), "metadata": {**CONFIG, "torch": "2.x"}}
+    base = mlp_profile(CONFIG["config.layers"]) if model == "mlp" else small_profile(
+        4, model=model)
+    profile = {**base, "metadata": {**CONFIG, "torch": "2.x"}}
     return int(add_plan(client, add_profile(client, profile), [2], approve=True)["id"])
 
 
@@ -42,16 +44,17 @@ def test_arguments_other_than_the_profiles_are_named_in_the_launch_event(
     fake("a", slots=2), fake("b", slots=2)
     plan_id = _plan(client)
     response = client.post("/api/runs", headers=AUTH, json={
-        "plan_id": plan_id, "model": "mlp", "model_args": {"width": "8", "seed": "7"},
-        "steps": 2})
+        "plan_id": plan_id, "model": "mlp",
+        "model_args": {"layers": "2", "width": "8", "seed": "7"}, "steps": 2})
     assert response.status_code == 201, response.text
     run = response.json()
-    assert run["model_args"] == {"width": "8", "seed": "7"}
+    assert run["model_args"] == {"layers": "2", "width": "8", "seed": "7"}
     launch = _launch_event(client, run["id"])
     assert launch["data"]["differs_from_profile"] == ["width=8 (the profile's width=32)"]
     assert "the plan's predictions are for the profiled model" in launch["message"]
-    # the same values in other spellings, and arguments the profile did not record: nothing
-    same = {"layers": "2.0", "width": "32", "seed": "7"}
+    # the same values (a whole number the worker takes as one), and arguments the profile
+    # did not record: nothing
+    same = {"layers": "+2", "width": "32", "seed": "7"}
     response = client.post("/api/runs", headers=AUTH, json={
         "plan_id": plan_id, "model": "mlp", "model_args": same, "steps": 2})
     assert response.status_code == 201, response.text
@@ -84,10 +87,37 @@ def test_a_profile_of_no_built_in_model_needs_the_model_named(
     error = response.json()["detail"][0]
     assert error["loc"] == ["body", "model"]
     assert "measured model 'toy', which is not a built-in model" in error["msg"]
-    # another model is the caller's to answer for: its arguments are its own
+    # another model must still build the plan's layers, which the built-in mlp does not
     response = client.post("/api/runs", headers=AUTH, json={
         "plan_id": plan_id, "model": "mlp", "model_args": {"layers": "9"}, "steps": 2})
-    assert response.status_code == 201, response.text
-    assert response.json()["model_args"] == {"layers": "9"}
+    assert response.status_code == 422, response.text
+    error = response.json()["detail"][0]
+    assert error["loc"] == ["body", "model"]
+    assert ("the plan places layer(s) layer0, layer1, layer2, layer3, which it does not have"
+            in error["msg"]), error["msg"]
+
+
+def test_a_model_that_does_not_build_the_plan_is_refused_at_once(
+        client: TestClient, fake: Callable[..., FakeWorker]) -> None:
+    """Arguments that give the model other layers than the plan places are refused before
+    any worker hears of the run (422 naming the layers), and nothing is stored."""
+    workers = [fake("a"), fake("b")]
+    plan_id = _plan(client)  # mlp of 2 blocks: block0, block1, head
+    for args, words in (({"layers": "3"}, "its layer(s) block2 are in no stage of the plan"),
+                        ({"layers": "1"}, "the plan places layer(s) block1, which it does "
+                                          "not have"),
+                        ({"layers": "many"}, "layers='many' is not a whole number"),
+                        ({"layers": "100001"}, "layers=100001 is outside 1..100000")):
+        response = client.post("/api/runs", headers=AUTH, json={
+            "plan_id": plan_id, "model_args": args, "steps": 2})
+        assert response.status_code == 422, (args, response.text)
+        error = response.json()["detail"][0]
+        assert error["loc"] == ["body", "model_args"] and words in error["msg"], error
+    assert client.get("/api/runs", headers=AUTH).json()["count"] == 0
+    assert all(not w.inbox for w in workers)
+    assert client.get(f"/api/plans/{plan_id}", headers=AUTH).json()["state"] == "approved"
+    # the profile's own arguments build it
+    assert client.post("/api/runs", headers=AUTH, json={
+        "plan_id": plan_id, "model_args": {"layers": "2"}, "steps": 2}).status_code == 201
 
 

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pipestudio.backend.settings import Settings
-from tests.backend.conftest import AUTH, add_plan, add_profile, make_settings
+from tests.backend.conftest import AUTH, add_plan, add_profile, make_settings, mlp_profile
 from tests.backend.fakes import FakeWorker
 
 Workers = Callable[..., FakeWorker]
@@ -22,7 +22,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
 
 
 def _launch(client: TestClient, **request: Any) -> dict[str, Any]:
-    plan = add_plan(client, add_profile(client), [2], approve=True)
+    plan = add_plan(client, add_profile(client, mlp_profile()), [2], approve=True)
     response = client.post("/api/runs", headers=AUTH, json={
         "plan_id": plan["id"], "model": "mlp", "steps": 8, **request})
     assert response.status_code == 201, response.text
@@ -61,7 +61,7 @@ def test_checkpoints_and_resume_need_the_backend_directory(client: TestClient,
     assert plain.checkpoint_dir is None
     client.app.state.context.settings = plain  # type: ignore[attr-defined]
     for field, value in (("on_failure", "resume"), ("checkpoint_every", 2)):
-        plan = add_plan(client, add_profile(client), [2], approve=True)
+        plan = add_plan(client, add_profile(client, mlp_profile()), [2], approve=True)
         response = client.post("/api/runs", headers=AUTH, json={
             "plan_id": plan["id"], "model": "mlp", "steps": 8, field: value})
         assert response.status_code == 409, response.text  # the server has no directory

@@ -8,14 +8,14 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from tests.backend.conftest import AUTH, add_plan, add_profile, small_profile
+from tests.backend.conftest import AUTH, add_plan, add_profile, mlp_profile
 from tests.backend.fakes import FakeWorker
 
 Workers = Callable[..., FakeWorker]
 
 
 def _launch(client: TestClient, workers: list[FakeWorker]) -> int:
-    profile_id = add_profile(client)
+    profile_id = add_profile(client, mlp_profile())
     plan = add_plan(client, profile_id, [2], approve=True)
     response = client.post("/api/runs", headers=AUTH, json={
         "plan_id": plan["id"], "model": "mlp", "steps": 3})
@@ -52,7 +52,7 @@ def test_ranks_on_one_host_share_its_cores(client: TestClient, fake: Workers) ->
     rank's host 1 (each rank then takes cores / host_ranks threads)."""
     workers = [fake("a", host="10.0.0.5"), fake("b", host="10.0.0.5"),
                fake("c", host="10.0.0.6", slots=2), fake("d", host="10.0.0.7")]
-    profile_id = add_profile(client, small_profile(5))
+    profile_id = add_profile(client, mlp_profile())
     plan = add_plan(client, profile_id, [1, 2, 3, 4], approve=True)
     response = client.post("/api/runs", headers=AUTH, json={
         "plan_id": plan["id"], "model": "mlp", "steps": 3})
@@ -97,7 +97,7 @@ def test_run_streams_to_store_and_dashboard(client: TestClient, fake: Workers) -
     assert run["state"] == "finished" and run["ended_at"]
     # a finished run takes no proposal: nothing would ever apply it
     refused = client.post("/api/proposals", headers=AUTH, json={
-        "run_id": run_id, "observed_profile": small_profile()})
+        "run_id": run_id, "observed_profile": mlp_profile()})
     assert refused.status_code == 409 and "run 1 is finished" in refused.json()["detail"]
     assert client.get("/api/proposals", params={"run_id": run_id}).json()["count"] == 0
 
@@ -180,7 +180,7 @@ def test_approved_proposal_migrates_and_records_the_outcome(client: TestClient,
                                                             fake: Workers) -> None:
     workers = [fake("a"), fake("b")]
     run_id = _start(client, workers)
-    observed = small_profile()
+    observed = mlp_profile()
     for layer in observed["layers"][:2]:
         layer["fwd_ms"], layer["bwd_ms"] = 40.0, 80.0
     response = client.post("/api/proposals", headers=AUTH, json={
@@ -208,7 +208,7 @@ def test_approved_proposal_migrates_and_records_the_outcome(client: TestClient,
 
 def test_launch_needs_an_approved_plan_and_enough_workers(client: TestClient,
                                                           fake: Workers) -> None:
-    profile_id = add_profile(client)
+    profile_id = add_profile(client, mlp_profile())
     draft = add_plan(client, profile_id, [2])
     body = {"plan_id": draft["id"], "model": "mlp", "steps": 1}
     assert client.post("/api/runs", headers=AUTH, json=body).status_code == 409

@@ -23,6 +23,7 @@ from pipestudio.backend.repositories import Events, Metrics, Plans, Profiles, Ru
 from pipestudio.backend.schemas.runs import RunCreate, RunPublic
 from pipestudio.backend.services import messages
 from pipestudio.backend.services.plans import plan_for_launch
+from pipestudio.builtin_models import builtin_layer_names
 from pipestudio.planner import Plan
 
 Send = Callable[[str, dict[str, Any]], bool]
@@ -99,8 +100,9 @@ def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
     plan_row, plan = plan_for_launch(session, data.plan_id)
     builtin = {name for worker in Workers(session).online()
                for name in worker.builtin_models or [] if isinstance(name, str)}
-    model, model_args, differing = planned_model(
-        Profiles(session).get(plan_row.profile_id), data, builtin)
+    profile = Profiles(session).get(plan_row.profile_id)
+    model, model_args, differing = planned_model(profile, data, builtin)
+    check_layers(profile, plan, model, model_args, "model" if data.model else "model_args")
     assignment = _assign(session, plan, model, data.worker_ids, connected)
     run = Runs(session).add(models.Run(
         plan_id=plan_row.id, state="starting", model=model, model_args=model_args,
@@ -146,6 +148,39 @@ def planned_model(profile: models.Profile, data: RunCreate, builtin: set[str]
                  for key, value in sorted(data.model_args.items())
                  if key in recorded and not _same(value, recorded[key])]
     return model, dict(data.model_args), differing
+
+
+def check_layers(profile: models.Profile, plan: Plan, model: str, model_args: dict[str, str],
+                 field: str) -> None:
+    """422 (on ``field``) when built-in ``model`` with ``model_args`` does not have exactly
+    the plan's layers, naming those it lacks and those no stage holds: a worker would
+    refuse the plan when it builds the model (``builtin_models.py`` knows a built-in model's
+    layers without building it). Other models, and plans of operator-level profiles, are
+    left to the workers' own check."""
+    metadata = profile.document.get("metadata") if isinstance(profile.document, dict) else None
+    if isinstance(metadata, dict) and metadata.get("granularity") == "op":
+        return
+    try:
+        names = builtin_layer_names(model, model_args)
+    except ValueError as exc:
+        raise InputError(field, f"model {model!r}: {exc}") from None
+    if names is None:
+        return
+    placed = [layer for stage in plan.stages for layer in stage.layers]
+    missing = [layer for layer in placed if layer not in set(names)]
+    unplaced = [layer for layer in names if layer not in set(placed)]
+    if missing or unplaced:
+        given = ", ".join(f"{k}={v}" for k, v in sorted(model_args.items())) or "its defaults"
+        problems = ([f"the plan places layer(s) {_some(missing)}, which it does not have"]
+                    if missing else []) + (
+            [f"its layer(s) {_some(unplaced)} are in no stage of the plan"] if unplaced else [])
+        raise InputError(field, f"model {model!r} with {given} does not build this plan: "
+                         + "; ".join(problems))
+
+
+def _some(names: list[str], shown: int = 8) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _text(value: object) -> str:

@@ -12,14 +12,15 @@ from fastapi.testclient import TestClient
 
 from pipestudio.allowlist import AllowListError, model_allowed, parse_patterns
 from pipestudio.runtime.agent.agent import Agent
-from tests.backend.conftest import add_plan, add_profile
+from tests.backend.conftest import add_plan, add_profile, mlp_profile
 from tests.backend.fakes import FakeWorker
 
 Workers = Callable[..., FakeWorker]
 
 
 def _launch(client: TestClient, model: str, **extra: Any) -> Any:
-    plan = add_plan(client, add_profile(client), [2], approve=True)
+    profile = mlp_profile() if model == "mlp" else None  # a built-in model's own layers
+    plan = add_plan(client, add_profile(client, profile), [2], approve=True)
     return client.post("/api/runs", json={"plan_id": plan["id"], "model": model, "steps": 1,
                                           **extra})
 

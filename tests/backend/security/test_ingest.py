@@ -14,7 +14,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from pipestudio.backend import ingest
 from pipestudio.backend.app import create_app
-from tests.backend.conftest import AUTH, add_plan, add_profile, make_settings
+from tests.backend.conftest import AUTH, add_plan, add_profile, make_settings, mlp_profile
 from tests.backend.fakes import FakeWorker
 
 Workers = Callable[..., FakeWorker]
@@ -22,7 +22,7 @@ Workers = Callable[..., FakeWorker]
 
 def _running(client: TestClient, workers: list[FakeWorker], steps: int = 3) -> int:
     """A run of a 2-stage plan on ``workers``, started as real workers start one."""
-    plan = add_plan(client, add_profile(client), [2], approve=True)
+    plan = add_plan(client, add_profile(client, mlp_profile()), [2], approve=True)
     response = client.post("/api/runs", json={"plan_id": plan["id"], "model": "mlp",
                                               "steps": steps})
     assert response.status_code == 201, response.text
