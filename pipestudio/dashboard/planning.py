@@ -82,27 +82,45 @@ def plan_view(context: Context, editor: Editor | None, boundaries: list[int] | N
               ) -> tuple[str, bool, list[Figure]]:
     """(prediction text, whether it is an error, [compute bars, memory bars]): what must
     follow a drag at once; ``timeline_view`` draws the rest from the same prediction."""
+    return (*prediction_view(context, editor, boundaries),
+            stage_figures(context, editor, boundaries))
+
+
+def prediction_view(context: Context, editor: Editor | None, boundaries: list[int] | None
+                    ) -> tuple[str, bool]:
+    """The prediction's text and whether it is an error (no figures built)."""
     if not editor or boundaries is None:
-        return ("No plan yet: pick a profile and press 'Equal layers' or run a planner.",
-                False, [stage_compute_figure(None), stage_memory_figure(None)])
+        return "No plan yet: pick a profile and press 'Equal layers' or run a planner.", False
     try:
         _, _, result = editor_documents(context, editor, boundaries)
     except (PlannerError, ApiError) as exc:
-        return (f"This plan cannot be simulated:\n{exc}", True,
-                [stage_compute_figure(None), stage_memory_figure(None)])
-    return (prediction_text(result), False,
-            [stage_compute_figure(result), stage_memory_figure(result)])
+        return f"This plan cannot be simulated:\n{exc}", True
+    return prediction_text(result), False
+
+
+def stage_figures(context: Context, editor: Editor | None, boundaries: list[int] | None
+                  ) -> list[Figure]:
+    """[compute bars, memory bars] of the edited plan (its prediction is remembered)."""
+    result = _prediction(context, editor, boundaries)
+    return [stage_compute_figure(result), stage_memory_figure(result)]
 
 
 def timeline_view(context: Context, editor: Editor | None, boundaries: list[int] | None
                   ) -> list[Figure]:
     """[Gantt, memory over time] of the edited plan (its prediction is remembered)."""
-    try:
-        result = None if not editor or boundaries is None else editor_documents(
-            context, editor, boundaries)[2]
-    except (PlannerError, ApiError):
-        result = None
+    result = _prediction(context, editor, boundaries)
     return [schedule_gantt(result), memory_timeline_figure(result)]
+
+
+def _prediction(context: Context, editor: Editor | None, boundaries: list[int] | None
+                ) -> SimResult | None:
+    """The edited plan's remembered prediction; None when there is none to draw."""
+    if not editor or boundaries is None:
+        return None
+    try:
+        return editor_documents(context, editor, boundaries)[2]
+    except (PlannerError, ApiError):
+        return None
 
 
 def candidate_gantt(context: Context, editor: Editor, row: dict[str, Any] | None) -> Figure:

@@ -167,8 +167,9 @@ def check_layers(profile: models.Profile, plan: Plan, model: str, model_args: di
     if names is None:
         return
     placed = [layer for stage in plan.stages for layer in stage.layers]
-    missing = [layer for layer in placed if layer not in set(names)]
-    unplaced = [layer for layer in names if layer not in set(placed)]
+    has, holds = set(names), set(placed)
+    missing = [layer for layer in placed if layer not in has]
+    unplaced = [layer for layer in names if layer not in holds]
     if missing or unplaced:
         given = ", ".join(f"{k}={v}" for k, v in sorted(model_args.items())) or "its defaults"
         problems = ([f"the plan places layer(s) {_some(missing)}, which it does not have"]

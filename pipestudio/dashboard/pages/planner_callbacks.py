@@ -263,7 +263,7 @@ def register(app: Dash, context: Context) -> None:
         key = drawn_key(editor, boundaries)
         if key is not None and key == drawn:
             raise PreventUpdate  # saved or approved: the same plan, drawn already
-        text, failed, _ = planning.plan_view(context, editor, boundaries)
+        text, failed = planning.prediction_view(context, editor, boundaries)
         css = "ps-prediction ps-message ps-error" if failed else "ps-prediction"
         return text, css, policy_summary(editor), key
 
@@ -275,7 +275,7 @@ def register(app: Dash, context: Context) -> None:
                   State("planner-editor", "data"))
     def _stage_charts(_: str | None, boundaries: list[int] | None,
                       editor: Editor | None) -> Any:
-        return planning.plan_view(context, editor, boundaries)[2]
+        return planning.stage_figures(context, editor, boundaries)
 
     @app.callback(Output("planner-gantt-graph", "figure"),
                   Output("planner-memory-time-graph", "figure"),

@@ -115,7 +115,9 @@ class SwapSpace:
                 if storage is None:
                     storage = batch.storages[ptr] = _Storage(_as_bytes(tensor))
                     batch.num_bytes += tensor.untyped_storage().nbytes()
-                view = batch.views[key] = _View(storage, tensor, *key[4:], *key[1:4])
+                view = batch.views[key] = _View(
+                    storage, tensor, tensor.dtype, tensor.storage_offset(),
+                    tuple(tensor.shape), tuple(tensor.stride()))
             return view
 
         def unpack(packed: object) -> Tensor:
