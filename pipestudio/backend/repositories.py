@@ -24,12 +24,15 @@ class Repository(Generic[M]):
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def get(self, item_id: object, *, for_update: bool = False) -> M:
+    def get(self, item_id: object, *, for_update: bool = False,
+            for_share: bool = False) -> M:
         """The item; ``for_update`` locks its row until the transaction ends (PostgreSQL;
         SQLite's writers take turns anyway), so that two requests changing it take turns
-        and the second sees what the first left, a deleted row included (404)."""
-        item = self.session.get(self.model, item_id, with_for_update=for_update,
-                                populate_existing=for_update)
+        and the second sees what the first left, a deleted row included (404).
+        ``for_share`` holds it against such a change while the transaction builds on it."""
+        lock = True if for_update else {"read": True} if for_share else False
+        item = self.session.get(self.model, item_id, with_for_update=lock,
+                                populate_existing=bool(lock))
         if item is None:
             raise NotFoundError(self.kind, item_id)
         return item

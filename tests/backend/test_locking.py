@@ -1,5 +1,6 @@
-"""Transactions that change several workers at once do not deadlock, and the ingest writer
-retries a batch the database rolled back as a deadlock's victim."""
+"""Transactions that change several workers at once do not deadlock, the ingest writer
+retries a batch the database rolled back as a deadlock's victim, and a cluster cannot
+change under a plan being made on it."""
 
 import threading
 import time
@@ -13,11 +14,16 @@ from sqlalchemy.exc import OperationalError
 
 from pipestudio.backend import models
 from pipestudio.backend.db import Database
+from pipestudio.backend.errors import ConflictError
 from pipestudio.backend.ingest import Ingestor
 from pipestudio.backend.migrate import upgrade
 from pipestudio.backend.repositories import Workers
+from pipestudio.backend.schemas.clusters import ClusterCreate
+from pipestudio.backend.services import clusters as cluster_service
 from pipestudio.backend.services import workers
-from tests.backend.conftest import empty_postgres
+from pipestudio.backend.services.plans import documents
+from pipestudio.planner import cluster_template
+from tests.backend.conftest import empty_postgres, small_profile
 from tests.backend.test_sockets import _start, _step
 
 
@@ -126,3 +132,50 @@ def test_ingest_retries_a_batch_chosen_as_a_deadlock_victim(
     assert failed, "no batch went through the failing store"
     stored = client.get(f"/api/runs/{run_id}/metrics", params={"kind": "step"}).json()
     assert stored["total"] == 2
+
+
+def test_a_cluster_changed_while_a_plan_is_made_on_it_waits_and_sees_the_plan(
+        postgres_database: str) -> None:
+    """A plan being made on a cluster holds the cluster's row (``documents``); a request
+    replacing the cluster meanwhile waits, then sees the plan and is refused (409), so no
+    stored plan is predicted on a cluster that has since changed."""
+    empty_postgres(postgres_database)
+    db = Database(postgres_database)
+    upgrade(db.engine)
+    document = cluster_template([2], [10.0]).model_dump(mode="json")
+    with db.session() as session:
+        profile = models.Profile(name="p", model="toy", num_layers=4, microbatch_size=2,
+                                 source="test", document=small_profile())
+        cluster = models.Cluster(name="c", num_devices=2, document=document)
+        session.add_all([profile, cluster])
+        session.flush()
+        profile_id, cluster_id = profile.id, cluster.id
+    outcome: list[BaseException | str] = []
+    replaced = threading.Event()
+
+    def replace() -> None:
+        try:
+            with db.session() as session:
+                cluster_service.replace_cluster(session, cluster_id, ClusterCreate.model_validate(
+                    {"name": "wider", "cluster": cluster_template([4], [10.0])}))
+            outcome.append("replaced")
+        except BaseException as exc:  # judged below
+            outcome.append(exc)
+        replaced.set()
+
+    try:
+        with db.session() as planning:
+            documents(planning, profile_id, cluster_id)  # the plan is being made on it
+            thread = threading.Thread(target=replace)
+            thread.start()
+            time.sleep(0.5)
+            assert not replaced.is_set(), "the cluster changed under a plan being made on it"
+            planning.add(models.Plan(name="x", profile_id=profile_id, cluster_id=cluster_id,
+                                     document={}, planner="manual", parameters={},
+                                     created_by="test"))
+        thread.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], ConflictError), outcome
+        with db.session() as session:
+            assert session.get_one(models.Cluster, cluster_id).num_devices == 2
+    finally:
+        db.dispose()

@@ -243,3 +243,24 @@ def test_a_cluster_is_replaced_until_a_plan_uses_it(client: TestClient) -> None:
     assert used.status_code == 409
     assert f"plan(s) {plan['id']}" in used.text and "new cluster" in used.text
     assert client.get(f"/api/clusters/{cluster_id}").json()["name"] == "four"
+
+
+def test_hostile_cluster_replacements_change_nothing(client: TestClient) -> None:
+    """A NUL byte in the name, a NaN or 10^12 Gbit/s link, 10^12 devices: 422 naming the
+    field, and the stored cluster stays as it was."""
+    cluster_id = _cluster(client)
+    before = client.get(f"/api/clusters/{cluster_id}").json()
+    level = {"name": "node", "size": 2, "bandwidth_gbps": 10.0}
+    devices = [{"name": f"d{i}"} for i in range(2)]
+    for body, field in (
+            ({"name": "a\u0000", "cluster": {"levels": [level], "devices": devices}}, "name"),
+            ({"cluster": {"levels": [{**level, "bandwidth_gbps": "NaN"}],
+                          "devices": devices}}, "bandwidth_gbps"),
+            ({"cluster": {"levels": [{**level, "bandwidth_gbps": 1e12}],
+                          "devices": devices}}, "bandwidth_gbps"),
+            ({"cluster": {"levels": [{**level, "size": 10**12}], "devices": devices}},
+             "size")):
+        response = client.put(f"/api/clusters/{cluster_id}", headers=AUTH, json=body)
+        assert response.status_code == 422, (body, response.text)
+        assert field in str(response.json()["detail"][0]["loc"]), response.text
+    assert client.get(f"/api/clusters/{cluster_id}").json() == before

@@ -35,9 +35,11 @@ from pipestudio.planner.request import check_request_budget, run_planner
 
 def documents(session: Session, profile_id: int, cluster_id: int | None
               ) -> tuple[Profile, Cluster | None]:
-    profile = Profile.model_validate(Profiles(session).get(profile_id).document)
-    cluster = (None if cluster_id is None
-               else Cluster.model_validate(Clusters(session).get(cluster_id).document))
+    """The profile and cluster a plan is made on, their rows held (``for_share``) until the
+    plan is stored: a change or deletion of either waits, then sees the plan (409)."""
+    profile = Profile.model_validate(Profiles(session).get(profile_id, for_share=True).document)
+    cluster = (None if cluster_id is None else Cluster.model_validate(
+        Clusters(session).get(cluster_id, for_share=True).document))
     return profile, cluster
 
 def _store(session: Session, row: models.Plan, plan: Plan, profile: Profile,
