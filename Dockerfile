@@ -21,11 +21,16 @@ WORKDIR /app
 # torch first, in its own layer: it is the largest and changes least.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 
-COPY pyproject.toml README.md ./
-COPY pipestudio ./pipestudio
+COPY pyproject.toml README.md alembic.ini ./
+COPY src ./src
+COPY backend ./backend
+COPY runtime ./runtime
+COPY dashboard ./dashboard
+COPY planner ./planner
+COPY alembic ./alembic
 COPY profiles ./profiles
-# Editable, so that the files beside the modules (the Alembic configuration and
-# migrations, the dashboard's stylesheet) are used from /app as they are in a checkout.
+# Editable, so that the files beside the modules (the Alembic migrations, the dashboard's
+# stylesheet) are used from /app as they are in a checkout.
 RUN pip install -e ".[runtime,backend,dashboard]"
 
 # /data/checkpoints belongs to the user, so that a new volume mounted there (Compose's

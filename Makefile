@@ -23,13 +23,16 @@ test: $(STAMP) lint
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not gpu and not browser" -x -q $(PYTEST_ARGS)
 
+# The folders that hold Python (src/pipestudio links the top-level ones into the package).
+CODE := src backend runtime dashboard planner alembic tests bench
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipestudio tests bench
-	$(VENV)/bin/mypy pipestudio/planner
+	$(VENV)/bin/ruff check $(CODE)
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
-	$(VENV)/bin/ruff check --fix pipestudio tests bench
-	$(VENV)/bin/ruff format pipestudio tests bench
+	$(VENV)/bin/ruff check --fix $(CODE)
+	$(VENV)/bin/ruff format $(CODE)
 
 # make demo ARGS="--port 8080" (or --no-workers, --state-dir DIR): python -m pipestudio.demo --help
 demo: $(STAMP)

@@ -1,4 +1,4 @@
-"""The direction of dependencies between the components (BRIEF.md, STYLE.md)."""
+"""The direction of dependencies between the components (docs/architecture.md)."""
 
 import ast
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pipestudio"
+ROOT = Path(__file__).resolve().parents[1]
 
 WEB_AND_DB = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "dash", "plotly",
               "flask", "httpx", "requests", "websockets", "psycopg", "psycopg2", "aiosqlite"}
@@ -44,9 +44,9 @@ def test_scanner_sees_forbidden_imports() -> None:
 
 @pytest.mark.parametrize("component", sorted(FORBIDDEN))
 def test_component_imports_only_what_it_may(component: str) -> None:
-    files = sorted((PACKAGE / component).rglob("*.py"))
-    assert files, f"pipestudio/{component} has no modules"
-    found = {str(path.relative_to(PACKAGE)): bad for path in files
+    files = sorted((ROOT / component).rglob("*.py"))
+    assert files, f"{component}/ has no modules"
+    found = {str(path.relative_to(ROOT)): bad for path in files
              if (bad := violations(path.read_text(), FORBIDDEN[component]))}
     assert not found, f"forbidden imports: {found}"
 
@@ -59,3 +59,16 @@ def test_planner_loads_without_torch_or_web_packages() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_no_module_imports_a_folder_by_its_bare_name() -> None:
+    """pytest puts the root on ``sys.path``, so ``import planner`` would load a second copy
+    of ``pipestudio.planner`` (two sets of classes, two registries): always the full name."""
+    bare = {"backend", "runtime", "dashboard", "planner", "cli"}
+    found = {}
+    for folder in ["src", *sorted(FORBIDDEN), "tests", "bench", "alembic"]:
+        for path in (ROOT / folder).rglob("*.py"):
+            if names := {name for name in imported_modules(path.read_text())
+                         if name.split(".")[0] in bare}:
+                found[str(path.relative_to(ROOT))] = names
+    assert not found, f"bare imports: {found}"

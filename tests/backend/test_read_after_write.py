@@ -1,4 +1,4 @@
-"""A document is committed before the answer that created it is sent (pipestudio/backend/
+"""A document is committed before the answer that created it is sent (backend/
 deps.py): a client that reads right after a 201 finds it, over a real HTTP server (the
 test client would wait for the whole request, commit included, and hide the race)."""
 

@@ -1,4 +1,4 @@
-"""``pipestudio serve`` and ``pipestudio db upgrade`` (pipestudio/cli/server.py): the
+"""``pipestudio serve`` and ``pipestudio db upgrade`` (src/pipestudio/cli/server.py): the
 dashboard served at / in the backend's process, talking to that backend as whoever signed
 in; bad settings refused in one line; the one-shot migration."""
 

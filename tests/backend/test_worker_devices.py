@@ -1,4 +1,4 @@
-"""What ``pipestudio worker --device`` advertises (pipestudio/runtime/agent/devices.py):
+"""What ``pipestudio worker --device`` advertises (runtime/agent/devices.py):
 ``cuda`` where no GPU is usable is refused, never quietly replaced by the CPU."""
 
 import os

@@ -1,4 +1,4 @@
-"""Figure builders (``pipestudio/dashboard/components``), called directly."""
+"""Figure builders (``dashboard/components``), called directly."""
 
 import itertools
 import json

@@ -151,4 +151,9 @@ def test_dockerfile_builds_the_image_the_services_use(services: dict[str, dict[s
             .splitlines() if line.startswith("!")}
     copied = {source.rstrip("/") for line in re.findall(r"^COPY (.+)$", text, re.M)
               for source in line.split()[:-1]}
-    assert copied == kept == {"pyproject.toml", "README.md", "pipestudio", "profiles"}
+    # ... which is the package root, every folder it links in, and the built-in profiles
+    package = COMPOSE_FILE.parent / "src" / "pipestudio"
+    linked = {path.readlink().name for path in package.iterdir() if path.is_symlink()}
+    assert linked == {"backend", "runtime", "dashboard", "planner", "alembic"}
+    assert copied == kept == {"pyproject.toml", "README.md", "alembic.ini", "src", "profiles",
+                              *linked}

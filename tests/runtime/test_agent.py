@@ -1,4 +1,4 @@
-"""The worker agent's answer to an assignment (pipestudio/runtime/agent/agent.py): a run
+"""The worker agent's answer to an assignment (runtime/agent/agent.py): a run
 whose configuration it refuses, or whose loss becomes non-finite, fails as the run's own
 fault, so no attempt resumes it."""
 

@@ -1,4 +1,4 @@
-"""How a RankGroup (pipestudio/runtime/agent/ranks.py) reports its ranks' end: the error
+"""How a RankGroup (runtime/agent/ranks.py) reports its ranks' end: the error
 that names a cause comes first whatever the order the ranks' errors arrive in, and a
 failure that another attempt would repeat is reported as not worth retrying."""
 
