@@ -26,8 +26,10 @@ test-fast: $(STAMP)
 # The folders that hold Python (src/pipestudio links the top-level ones into the package).
 CODE := src backend runtime dashboard planner alembic tests bench
 
+# The same checks as .pre-commit-config.yaml (a test keeps the two alike).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(CODE)
+	$(VENV)/bin/ruff format --check $(CODE)
 	$(VENV)/bin/mypy
 
 format: $(STAMP)

@@ -21,8 +21,10 @@ def assets_dir() -> Path:
     """The folder of Swagger UI's and ReDoc's files that the package installs."""
     spec = importlib.util.find_spec("fastapi_offline")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the package fastapi-offline is not installed: the API's /docs "
-                           "and /redoc pages need its files (pip install fastapi-offline)")
+        raise RuntimeError(
+            "the package fastapi-offline is not installed: the API's /docs "
+            "and /redoc pages need its files (pip install fastapi-offline)"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "static"
 
 
@@ -35,14 +37,19 @@ def add_api_docs(app: FastAPI) -> None:
     @app.get("/docs", include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
         return get_swagger_ui_html(
-            openapi_url=openapi_url, title=f"{app.title} API",
+            openapi_url=openapi_url,
+            title=f"{app.title} API",
             swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
             swagger_css_url=f"{ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{ASSETS}/favicon.png")
+            swagger_favicon_url=f"{ASSETS}/favicon.png",
+        )
 
     @app.get("/redoc", include_in_schema=False)
     def redoc() -> HTMLResponse:
-        return get_redoc_html(openapi_url=openapi_url, title=f"{app.title} API",
-                              redoc_js_url=f"{ASSETS}/redoc.standalone.js",
-                              redoc_favicon_url=f"{ASSETS}/favicon.png",
-                              with_google_fonts=False)
+        return get_redoc_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} API",
+            redoc_js_url=f"{ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )

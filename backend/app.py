@@ -55,8 +55,9 @@ the API token or an editor's session; reads need any credential unless the serve
 reads public. Times are milliseconds, sizes bytes."""
 
 
-def create_app(settings: Settings | None = None, *, dashboard: Any = None,
-               dashboard_path: str = "/") -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, dashboard: Any = None, dashboard_path: str = "/"
+) -> FastAPI:
     """The backend (see the module docstring); ``dashboard`` is an optional WSGI app."""
     settings = settings or Settings()
     if settings.api_token is None:
@@ -73,8 +74,14 @@ def create_app(settings: Settings | None = None, *, dashboard: Any = None,
         finally:
             await context.stop()
 
-    app = FastAPI(title="PipeStudio", version=__version__, description=DESCRIPTION,
-                  lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="PipeStudio",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
     add_api_docs(app)  # /docs and /redoc with local assets
     app.state.context = context
     app.state.settings = settings
@@ -89,8 +96,12 @@ def create_app(settings: Settings | None = None, *, dashboard: Any = None,
     app.add_middleware(InputGuard)
     app.add_middleware(BodyLimit, max_bytes=settings.max_upload_bytes)
     if settings.cors_origins:  # outermost: the guard's and the limit's answers get CORS too
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
-                           allow_methods=["*"], allow_headers=["*"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
     if dashboard is not None:
         app.mount(dashboard_path, _wsgi(dashboard))
     return app
@@ -109,28 +120,39 @@ class _NoRoute:
         parameter takes digits only, as the routes' ``:int`` convertors do)."""
         if not self.templates:
             for template, operations in self.app.openapi()["paths"].items():
-                integers = {param["name"] for operation in operations.values()
-                            for param in operation.get("parameters", [])
-                            if param["in"] == "path"
-                            and param.get("schema", {}).get("type") == "integer"}
-                pattern = re.sub(r"\\\{([^}\\]*)\\\}", partial(_path_pattern, integers),
-                                 re.escape(template))
-                self.templates.append((re.compile(f"^{pattern}$"),
-                                       {method.upper() for method in operations}))
-        return sorted({m for pattern, methods in self.templates if pattern.match(path)
-                       for m in methods})
+                integers = {
+                    param["name"]
+                    for operation in operations.values()
+                    for param in operation.get("parameters", [])
+                    if param["in"] == "path" and param.get("schema", {}).get("type") == "integer"
+                }
+                pattern = re.sub(
+                    r"\\\{([^}\\]*)\\\}", partial(_path_pattern, integers), re.escape(template)
+                )
+                self.templates.append(
+                    (re.compile(f"^{pattern}$"), {method.upper() for method in operations})
+                )
+        return sorted(
+            {m for pattern, methods in self.templates if pattern.match(path) for m in methods}
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope)
         path = request.url.path
         allowed = self.methods_of(path)
         if allowed:
-            response = JSONResponse({"detail": f"{request.method} is not allowed on {path}; "
-                                               f"it takes {', '.join(allowed)}"},
-                                    status_code=405, headers={"Allow": ", ".join(allowed)})
+            response = JSONResponse(
+                {
+                    "detail": f"{request.method} is not allowed on {path}; "
+                    f"it takes {', '.join(allowed)}"
+                },
+                status_code=405,
+                headers={"Allow": ", ".join(allowed)},
+            )
         elif path.startswith("/ws/"):
-            response = JSONResponse({"detail": f"{path} takes websocket connections only"},
-                                    status_code=404)
+            response = JSONResponse(
+                {"detail": f"{path} takes websocket connections only"}, status_code=404
+            )
         else:
             response = JSONResponse({"detail": f"no API route {path}"}, status_code=404)
         await response(scope, receive, send)

@@ -72,7 +72,8 @@ class Credentials:
 
     def is_api_token(self, token: str) -> bool:
         return self.api_token is not None and secrets.compare_digest(
-            token.encode(), self.api_token.encode())
+            token.encode(), self.api_token.encode()
+        )
 
     def issuer(self, user: str) -> str | None:
         """The digest of the credential ``user`` signs in with now (the API token, or the

@@ -33,8 +33,9 @@ class AppContext:
     resuming_since: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.credentials = Credentials(self.settings.api_token,
-                                       parse_users(self.settings.users), self.db)
+        self.credentials = Credentials(
+            self.settings.api_token, parse_users(self.settings.users), self.db
+        )
 
     async def start(self) -> None:
         self.hub.loop = asyncio.get_running_loop()
@@ -43,8 +44,7 @@ class AppContext:
         self.ingestor.start()
         self.tasks.append(asyncio.create_task(self._watch(), name="pipestudio-watchdog"))
         if self.settings.auto_propose_every_s > 0:
-            self.tasks.append(asyncio.create_task(self._propose(),
-                                                  name="pipestudio-auto-propose"))
+            self.tasks.append(asyncio.create_task(self._propose(), name="pipestudio-auto-propose"))
 
     async def stop(self) -> None:
         if self.ingestor is not None:
@@ -93,14 +93,24 @@ class AppContext:
         actions = Actions()
         with self.db.session() as session:
             for run in Runs(session).in_states(("running",)):
-                made = proposals.auto_propose(session, run, self.settings.auto_propose_drift,
-                                              self.settings.max_simulated_ops)
+                made = proposals.auto_propose(
+                    session, run, self.settings.auto_propose_drift, self.settings.max_simulated_ops
+                )
                 if made is not None:
                     session.commit()
                     log.info("proposed repartition %d for run %d by itself", made.id, run.id)
-                    actions.to_watchers.append((run.id, {
-                        "type": "proposal", "run_id": run.id, "proposal_id": made.id,
-                        "state": made.state, "outcome": None}))
+                    actions.to_watchers.append(
+                        (
+                            run.id,
+                            {
+                                "type": "proposal",
+                                "run_id": run.id,
+                                "proposal_id": made.id,
+                                "state": made.state,
+                                "outcome": None,
+                            },
+                        )
+                    )
         return actions
 
     def _check(self, seen: dict[str, float], timeout_s: float) -> Actions:
@@ -120,8 +130,14 @@ class AppContext:
                 del self.resuming_since[gone]
             for run in waiting:
                 since = self.resuming_since.setdefault(run.id, now)
-                done = runs.relaunch(session, run, connected, self.hub.send_from_thread,
-                                     now - since, self.settings.resume_wait_s)
+                done = runs.relaunch(
+                    session,
+                    run,
+                    connected,
+                    self.hub.send_from_thread,
+                    now - since,
+                    self.settings.resume_wait_s,
+                )
                 if done is not None:
                     actions.extend(done)
         return actions

@@ -23,22 +23,28 @@ class DatabaseUrlError(ValueError):
 def normalize_url(url: str) -> URL:
     """``postgresql://`` and ``postgres://`` -> ``postgresql+psycopg://``; SQLite as is."""
     try:
-        parsed = make_url(url.replace("postgres://", "postgresql://", 1)
-                          if url.startswith("postgres://") else url)
+        parsed = make_url(
+            url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url
+        )
     except Exception as exc:
         raise DatabaseUrlError(f"database URL {url!r} is not understood: {exc}") from None
     if parsed.drivername in ("postgresql", "postgresql+psycopg"):
         return parsed.set(drivername="postgresql+psycopg")
     if parsed.drivername == "sqlite":
         return parsed
-    raise DatabaseUrlError(f"database URL {url!r}: expected sqlite:///FILE or "
-                           "postgresql://USER@HOST/DB")
+    raise DatabaseUrlError(
+        f"database URL {url!r}: expected sqlite:///FILE or postgresql://USER@HOST/DB"
+    )
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
-                   "busy_timeout=30000"):
+    for pragma in (
+        "journal_mode=WAL",
+        "synchronous=NORMAL",
+        "foreign_keys=ON",
+        "busy_timeout=30000",
+    ):
         cursor.execute(f"PRAGMA {pragma}")
     cursor.close()
 

@@ -16,8 +16,11 @@ from pipestudio.backend.context import AppContext
 from pipestudio.backend.db import finish
 from pipestudio.backend.users import TOKEN_USER, Principal
 
-_bearer = HTTPBearer(auto_error=False, description="The API token (PIPESTUDIO_API_TOKEN) or "
-                     "a session token from POST /api/auth/session.")
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="The API token (PIPESTUDIO_API_TOKEN) or "
+    "a session token from POST /api/auth/session.",
+)
 
 
 async def get_context(request: Request) -> AppContext:
@@ -83,19 +86,24 @@ PrincipalDep = Annotated[Principal | None, Depends(get_principal)]
 async def require_reader(context: ContextDep, principal: PrincipalDep) -> Principal | None:
     """Reads need a credential unless ``public_reads`` is set."""
     if principal is None and not context.settings.public_reads:
-        raise _unauthorized("sign in first: send 'Authorization: Bearer <API token or "
-                            "session token>' (reads are not public on this server)")
+        raise _unauthorized(
+            "sign in first: send 'Authorization: Bearer <API token or "
+            "session token>' (reads are not public on this server)"
+        )
     return principal
 
 
 async def require_writer(principal: PrincipalDep) -> Principal:
     """Changes need the API token or a person whose role may write."""
     if principal is None:
-        raise _unauthorized("a valid API token is required: send 'Authorization: Bearer "
-                            "<token>' (the API token, or a session token of an editor)")
+        raise _unauthorized(
+            "a valid API token is required: send 'Authorization: Bearer "
+            "<token>' (the API token, or a session token of an editor)"
+        )
     if not principal.may_write:
-        raise HTTPException(403, f"{principal.user} is a {principal.role}: viewers may read "
-                                 "but not change anything")
+        raise HTTPException(
+            403, f"{principal.user} is a {principal.role}: viewers may read but not change anything"
+        )
     return principal
 
 

@@ -50,28 +50,62 @@ def add_error_handlers(app: FastAPI) -> None:
 
     async def bad_value(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ValueError)
-        return JSONResponse({"detail": [{"loc": _location(exc), "msg": str(exc),
-                                         "type": "value_error"}]}, status_code=422)
+        return JSONResponse(
+            {"detail": [{"loc": _location(exc), "msg": str(exc), "type": "value_error"}]},
+            status_code=422,
+        )
 
     async def raced(_request: Request, _exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": "another request changed or deleted this item at the "
-                             "same time; read it again and retry"}, status_code=409)
+        return JSONResponse(
+            {
+                "detail": "another request changed or deleted this item at the "
+                "same time; read it again and retry"
+            },
+            status_code=409,
+        )
 
     async def unfit(_request: Request, exc: Exception) -> JSONResponse:
         reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
-        return JSONResponse({"detail": [{"loc": ["body"], "msg": f"a value does not fit the "
-                                         f"store: {reason}", "type": "value_error"}]},
-                            status_code=422)
+        return JSONResponse(
+            {
+                "detail": [
+                    {
+                        "loc": ["body"],
+                        "msg": f"a value does not fit the store: {reason}",
+                        "type": "value_error",
+                    }
+                ]
+            },
+            status_code=422,
+        )
 
     async def too_deep(_request: Request, _exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": [{"loc": ["body"], "msg": "the body nests too deeply "
-                                         "to be read", "type": "value_error"}]},
-                            status_code=422)
+        return JSONResponse(
+            {
+                "detail": [
+                    {
+                        "loc": ["body"],
+                        "msg": "the body nests too deeply to be read",
+                        "type": "value_error",
+                    }
+                ]
+            },
+            status_code=422,
+        )
 
     async def invalid(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        errors = [{**error, "loc": [part for part in error["loc"] if not (
-            isinstance(part, str) and part.startswith(TAG_PREFIX))]} for error in exc.errors()]
+        errors = [
+            {
+                **error,
+                "loc": [
+                    part
+                    for part in error["loc"]
+                    if not (isinstance(part, str) and part.startswith(TAG_PREFIX))
+                ],
+            }
+            for error in exc.errors()
+        ]
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
     app.add_exception_handler(RequestValidationError, invalid)

@@ -42,8 +42,17 @@ _MAX_BATCH = 2000
 _STORE_ATTEMPTS = 3
 #: PostgreSQL's deadlock_detected and serialization_failure: the transaction may be retried.
 _RETRY_SQLSTATES = ("40P01", "40001")
-_METRIC_COLUMNS = ("run_id", "worker_id", "kind", "stage", "replica", "step", "time_ms",
-                   "received_at", "data")
+_METRIC_COLUMNS = (
+    "run_id",
+    "worker_id",
+    "kind",
+    "stage",
+    "replica",
+    "step",
+    "time_ms",
+    "received_at",
+    "data",
+)
 _COPY_METRICS = f"COPY metrics ({', '.join(_METRIC_COLUMNS)}) FROM STDIN"
 
 
@@ -101,8 +110,7 @@ class Ingestor:
         """Judge the worker's runs once its message ``judgment.after_seq`` is stored."""
         self.judgments[judgment.worker_id] = judgment
 
-    def submit(self, worker_id: str, message: dict[str, Any], *, suspect: bool = True
-               ) -> None:
+    def submit(self, worker_id: str, message: dict[str, Any], *, suspect: bool = True) -> None:
         """Queue a message for the writer; stream its metrics now if it is the next one.
 
         Dashboards get metrics without waiting for the commit. The message that is next in
@@ -124,8 +132,11 @@ class Ingestor:
         run_id, seq = message.get("run_id"), message.get("seq")
         if seq is not None and seq == self.next_seq.get(worker_id):
             self.next_seq[worker_id] = seq + 1
-            item.early = (message.get("type") == "events" and item.refusal is None
-                          and self.holders.streamable(run_id, worker_id))
+            item.early = (
+                message.get("type") == "events"
+                and item.refusal is None
+                and self.holders.streamable(run_id, worker_id)
+            )
         if item.early and run_id is not None:
             events = messages.metric_events(message)
             if events:
@@ -140,13 +151,18 @@ class Ingestor:
             try:
                 stored = await self._store_retrying(batch)
             except Exception as exc:
-                log.warning("storing %d worker messages at once failed (%s); storing them "
-                            "one by one", len(batch), _reason(exc))
+                log.warning(
+                    "storing %d worker messages at once failed (%s); storing them one by one",
+                    len(batch),
+                    _reason(exc),
+                )
                 try:
                     stored = await to_thread.run_sync(self._store_each, batch)
                 except Exception:
-                    log.exception("storing %d worker messages failed; their workers "
-                                  "reconnect and resend", len(batch))
+                    log.exception(
+                        "storing %d worker messages failed; their workers reconnect and resend",
+                        len(batch),
+                    )
                     await self._close({item.worker_id for item in batch})
                     continue
             await self._after(batch, stored)
@@ -161,9 +177,14 @@ class Ingestor:
                 code = getattr(exc.orig, "sqlstate", None)
                 if code not in _RETRY_SQLSTATES:
                     raise
-                log.warning("storing %d worker messages: %s (SQLSTATE %s); attempt %d of "
-                            "%d", len(batch), type(exc.orig).__name__, code, attempt + 1,
-                            _STORE_ATTEMPTS)
+                log.warning(
+                    "storing %d worker messages: %s (SQLSTATE %s); attempt %d of %d",
+                    len(batch),
+                    type(exc.orig).__name__,
+                    code,
+                    attempt + 1,
+                    _STORE_ATTEMPTS,
+                )
         return await to_thread.run_sync(self._store, batch)
 
     def _store_each(self, batch: list[Item]) -> Stored:
@@ -211,17 +232,18 @@ class Ingestor:
     def _apply(session: Session, item: Item) -> Actions:
         done = apply_message(session, item.worker_id, item.message)
         if item.early:
-            done.to_watchers = [(run_id, message) for run_id, message in done.to_watchers
-                                if message["type"] != "metrics"]
+            done.to_watchers = [
+                (run_id, message)
+                for run_id, message in done.to_watchers
+                if message["type"] != "metrics"
+            ]
         return done
 
-    def _judge_if_due(self, session: Session, item: Item, judged: list[Judgment]
-                      ) -> Stored:
+    def _judge_if_due(self, session: Session, item: Item, judged: list[Judgment]) -> Stored:
         """Judge the worker's runs when this message is the last it numbered before its
         ``hello`` (``workers.Judgment``)."""
         judgment = self.judgments.get(item.worker_id)
-        if judgment is None or judgment in judged \
-                or item.message["seq"] < judgment.after_seq:
+        if judgment is None or judgment in judged or item.message["seq"] < judgment.after_seq:
             return Stored()
         return Stored(workers.judge(session, judgment), [judgment])
 
@@ -242,8 +264,12 @@ class Ingestor:
                 with self.db.session() as session:
                     stored.actions.extend(_record_rejection(session, item, reason))
             except Exception as exc:
-                log.warning("recording the rejection of message %d of worker %s failed: "
-                            "%s", seq, item.worker_id, _reason(exc))
+                log.warning(
+                    "recording the rejection of message %d of worker %s failed: %s",
+                    seq,
+                    item.worker_id,
+                    _reason(exc),
+                )
         with self.db.session() as session:
             stored.extend(self._judge_if_due(session, item, judged))
         return stored
@@ -259,8 +285,7 @@ class Ingestor:
         highest: dict[str, int] = {}
         for item in batch:
             if item.verdict in ("stored", "repeat", "rejected") and item.worker_id not in gaps:
-                highest[item.worker_id] = max(highest.get(item.worker_id, 0),
-                                              item.message["seq"])
+                highest[item.worker_id] = max(highest.get(item.worker_id, 0), item.message["seq"])
         for worker_id, seq in highest.items():
             await self.hub.send(worker_id, {"type": "ack", "seq": seq})
         for worker_id, message in stored.actions.to_workers:
@@ -280,15 +305,15 @@ class Ingestor:
                     log.info("closing worker %s: %s", worker_id, exc)
 
 
-def _prefetch(session: Session, batch: list[Item]
-              ) -> tuple[dict[str, models.Worker], list[models.Run]]:
+def _prefetch(
+    session: Session, batch: list[Item]
+) -> tuple[dict[str, models.Worker], list[models.Run]]:
     """The batch's workers (locked first, in id order: ``Workers.locked``) and runs, in one
     ``SELECT`` each. While the caller holds the runs, ``apply_message``'s ``session.get``
     finds them in the identity map (which holds unchanged objects only weakly) without a
     round trip."""
     found = Workers(session).locked(item.worker_id for item in batch)
-    run_ids = {run_id for item in batch
-               if isinstance(run_id := item.message.get("run_id"), int)}
+    run_ids = {run_id for item in batch if isinstance(run_id := item.message.get("run_id"), int)}
     runs = list(session.scalars(select(models.Run).where(models.Run.id.in_(run_ids))))
     return found, runs
 
@@ -307,18 +332,24 @@ def _intruder(session: Session, item: Item, holders: dict[int, RunHolders]) -> s
 
 def _record_rejection(session: Session, item: Item, reason: str) -> Actions:
     """A ``rejected`` event on the message's run (when it names one), for the dashboard."""
-    seq, kind, run_id = (item.message.get("seq"), str(item.message.get("type"))[:40],
-                         item.message.get("run_id"))
+    seq, kind, run_id = (
+        item.message.get("seq"),
+        str(item.message.get("type"))[:40],
+        item.message.get("run_id"),
+    )
     text = f"message {seq} ({kind}) of worker {item.worker_id} was rejected: {reason}"
     log.warning("%s", text)
     if type(run_id) is not int or session.get(models.Run, run_id) is None:
         return Actions()
-    event = models.Event(run_id=run_id, worker_id=item.worker_id, kind="rejected",
-                         message=text, data={"type": "rejected", "seq": seq, "kind": kind,
-                                             "reason": reason})
+    event = models.Event(
+        run_id=run_id,
+        worker_id=item.worker_id,
+        kind="rejected",
+        message=text,
+        data={"type": "rejected", "seq": seq, "kind": kind, "reason": reason},
+    )
     session.add(event)
-    return Actions(to_watchers=[(run_id, {"type": "event", "run_id": run_id,
-                                          "event": event.data})])
+    return Actions(to_watchers=[(run_id, {"type": "event", "run_id": run_id, "event": event.data})])
 
 
 def _reason(exc: BaseException) -> str:
@@ -345,8 +376,7 @@ def _insert_metrics(session: Session, rows: list[dict[str, Any]]) -> None:
     assert raw is not None
     with raw.cursor() as cursor, cursor.copy(_COPY_METRICS) as copy:
         for row in rows:
-            copy.write_row([row[name] for name in _METRIC_COLUMNS[:-1]]
-                           + [json.dumps(row["data"])])
+            copy.write_row([row[name] for name in _METRIC_COLUMNS[:-1]] + [json.dumps(row["data"])])
 
 
 def _merged(messages: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
@@ -371,18 +401,30 @@ def apply_message(session: Session, worker_id: str, message: dict[str, Any]) -> 
     assert run is not None, "_intruder refuses a message about an unknown run"
     kind = message.get("type")
     if kind in ("store", "run_state") and message.get("attempt", 0) != run.attempt:
-        log.info("worker %s sent %s of attempt %r of run %d, which is at attempt %d: "
-                 "dropped", worker_id, kind, message.get("attempt"), run.id, run.attempt)
+        log.info(
+            "worker %s sent %s of attempt %r of run %d, which is at attempt %d: dropped",
+            worker_id,
+            kind,
+            message.get("attempt"),
+            run.id,
+            run.attempt,
+        )
         return Actions()
     if kind == "events":
         events = [e for e in message.get("events", []) if isinstance(e, dict)]
         return messages.apply_events(session, worker_id, run, events)
     if kind == "store":
-        return messages.apply_store(session, run, str(message.get("host")),
-                                    int(message.get("port", 0)))
+        return messages.apply_store(
+            session, run, str(message.get("host")), int(message.get("port", 0))
+        )
     if kind == "run_state":
-        return messages.apply_run_state(session, worker_id, run, str(message.get("state")),
-                                        message.get("message"),
-                                        retry=message.get("retry") is not False)
+        return messages.apply_run_state(
+            session,
+            worker_id,
+            run,
+            str(message.get("state")),
+            message.get("message"),
+            retry=message.get("retry") is not False,
+        )
     assert kind == "command_result", "screening.screen admits four types"
     return messages.apply_command_result(session, worker_id, run, message)

@@ -32,8 +32,10 @@ def text_problem(text: str) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        return (f"contains a lone surrogate (\\u{ord(text[exc.start]):04x} at character "
-                f"{exc.start}), which is not text")
+        return (
+            f"contains a lone surrogate (\\u{ord(text[exc.start]):04x} at character "
+            f"{exc.start}), which is not text"
+        )
     return None
 
 
@@ -71,8 +73,9 @@ def shown(part: str | int) -> str | int:
 
 def refusal(loc: list[str | int], message: str) -> bytes:
     """A 422 body in FastAPI's shape, naming the place (``loc``) and the reason."""
-    return json.dumps({"detail": [{"loc": [shown(part) for part in loc], "msg": message,
-                                   "type": "value_error"}]}).encode()
+    return json.dumps(
+        {"detail": [{"loc": [shown(part) for part in loc], "msg": message, "type": "value_error"}]}
+    ).encode()
 
 
 class InputGuard:
@@ -125,10 +128,13 @@ def _body_problem(body: bytes) -> tuple[list[str | int], str] | None:
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            return ["body"], f"the body is not UTF-8 text (byte {exc.start} is " \
-                             f"0x{body[exc.start]:02x})"
-    if not any(token in body for token in _SUSPECT_BYTES) \
-            and body.count(b"[") + body.count(b"{") <= _MANY_BRACKETS:
+            return [
+                "body"
+            ], f"the body is not UTF-8 text (byte {exc.start} is 0x{body[exc.start]:02x})"
+    if (
+        not any(token in body for token in _SUSPECT_BYTES)
+        and body.count(b"[") + body.count(b"{") <= _MANY_BRACKETS
+    ):
         return None
     try:
         found = find_unstorable(json.loads(body))
@@ -153,7 +159,14 @@ async def _read(receive: Receive) -> tuple[list[Message], bytes]:
 
 
 async def _answer(send: Send, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": 422,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 422,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -40,9 +40,20 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send, num_bytes: int) -> None:
-        body = json.dumps({"detail": f"the request body has {num_bytes} bytes, more than the "
-                                     f"upload limit of {self.max_bytes} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        body = json.dumps(
+            {
+                "detail": f"the request body has {num_bytes} bytes, more than the "
+                f"upload limit of {self.max_bytes} bytes"
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -27,9 +27,12 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: Constraint names stay the same on every database, so migrations can name them.
-NAMING = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
-          "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-          "pk": "pk_%(table_name)s"}
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
 #: A 64-bit key that SQLite still numbers by itself (it autoincrements INTEGER only).
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -49,8 +52,7 @@ class UtcDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_result_value(self, value: datetime | None, dialect: Dialect
-                             ) -> datetime | None:
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is not None and value.tzinfo is None:
             return value.replace(tzinfo=timezone.utc)
         return value
@@ -58,8 +60,11 @@ class UtcDateTime(TypeDecorator[datetime]):
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON,
-                           datetime: UtcDateTime()}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        list[Any]: JSON,
+        datetime: UtcDateTime(),
+    }
 
 
 class Profile(Base):
@@ -163,8 +168,10 @@ class RunRank(Base):
 
 class Metric(Base):
     __tablename__ = "metrics"
-    __table_args__ = (Index("ix_metrics_run_kind_time", "run_id", "kind", "time_ms"),
-                      Index("ix_metrics_run_time", "run_id", "time_ms", "id"))
+    __table_args__ = (
+        Index("ix_metrics_run_kind_time", "run_id", "kind", "time_ms"),
+        Index("ix_metrics_run_time", "run_id", "time_ms", "id"),
+    )
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     worker_id: Mapped[str | None] = mapped_column(String(64))

@@ -35,8 +35,9 @@ def openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
 
     def build() -> dict[str, Any]:
         if app.openapi_schema is None:
-            document = get_openapi(title=app.title, version=app.version,
-                                   description=app.description, routes=app.routes)
+            document = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
             _with_text_rule(document)
             app.openapi_schema = document
         return app.openapi_schema

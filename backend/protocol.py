@@ -106,7 +106,8 @@ class Hello(_Message):
     name: str = Field("worker", min_length=1, max_length=200)
     host: str = Field("", max_length=200)
     devices: list[dict[str, str | int | float | bool | None]] = Field(
-        default_factory=list, max_length=1024)
+        default_factory=list, max_length=1024
+    )
     slots: int | None = Field(None, ge=0, le=1024)
     next_seq: int = Field(1, ge=1, le=MAX_SEQ)
     last_seq: int | None = Field(None, ge=0, le=MAX_SEQ)

@@ -24,24 +24,24 @@ class Repository(Generic[M]):
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def get(self, item_id: object, *, for_update: bool = False,
-            for_share: bool = False) -> M:
+    def get(self, item_id: object, *, for_update: bool = False, for_share: bool = False) -> M:
         """The item; ``for_update`` locks its row until the transaction ends (PostgreSQL;
         SQLite's writers take turns anyway), so that two requests changing it take turns
         and the second sees what the first left, a deleted row included (404).
         ``for_share`` holds it against such a change while the transaction builds on it."""
         lock = True if for_update else {"read": True} if for_share else False
-        item = self.session.get(self.model, item_id, with_for_update=lock,
-                                populate_existing=bool(lock))
+        item = self.session.get(
+            self.model, item_id, with_for_update=lock, populate_existing=bool(lock)
+        )
         if item is None:
             raise NotFoundError(self.kind, item_id)
         return item
 
-    def page(self, offset: int, limit: int, *where: ColumnElement[bool]
-             ) -> tuple[list[M], int]:
+    def page(self, offset: int, limit: int, *where: ColumnElement[bool]) -> tuple[list[M], int]:
         total = self.session.scalar(select(func.count()).select_from(self.model).where(*where))
-        rows = self.session.scalars(select(self.model).where(*where)
-                                    .order_by(self._order()).offset(offset).limit(limit))
+        rows = self.session.scalars(
+            select(self.model).where(*where).order_by(self._order()).offset(offset).limit(limit)
+        )
         return list(rows), int(total or 0)
 
     def _order(self) -> Any:
@@ -68,15 +68,20 @@ class Clusters(Repository[models.Cluster]):
 class Plans(Repository[models.Plan]):
     model, kind = models.Plan, "plan"
 
-    def refuse_if_used(self, column: Any, item_id: int, what: str,
-                       remedy: str = "delete them first") -> None:
+    def refuse_if_used(
+        self, column: Any, item_id: int, what: str, remedy: str = "delete them first"
+    ) -> None:
         """Raise a conflict naming the plans whose ``column`` is ``item_id`` (``what``, e.g.
         "cluster 3", is about to be deleted or changed; ``remedy`` says what to do)."""
-        users = list(self.session.scalars(select(models.Plan.id).where(column == item_id)
-                                          .order_by(models.Plan.id)))
+        users = list(
+            self.session.scalars(
+                select(models.Plan.id).where(column == item_id).order_by(models.Plan.id)
+            )
+        )
         if users:
-            raise ConflictError(f"{what} is used by plan(s) {', '.join(map(str, users))}; "
-                                + remedy)
+            raise ConflictError(
+                f"{what} is used by plan(s) {', '.join(map(str, users))}; " + remedy
+            )
 
 
 def retained(retention_s: float) -> ColumnElement[bool]:
@@ -92,8 +97,13 @@ class Workers(Repository[models.Worker]):
         return models.Worker.created_at
 
     def online(self) -> list[models.Worker]:
-        return list(self.session.scalars(select(models.Worker).where(
-            models.Worker.state == "online").order_by(models.Worker.created_at)))
+        return list(
+            self.session.scalars(
+                select(models.Worker)
+                .where(models.Worker.state == "online")
+                .order_by(models.Worker.created_at)
+            )
+        )
 
     def locked(self, ids: Iterable[str], *, online: bool = False) -> dict[str, models.Worker]:
         """The workers with these ids (and with ``online``, every online worker too),
@@ -103,8 +113,12 @@ class Workers(Repository[models.Worker]):
         chosen: ColumnElement[bool] = models.Worker.id.in_(set(ids))
         if online:
             chosen = or_(chosen, models.Worker.state == "online")
-        return {worker.id: worker for worker in self.session.scalars(
-            select(models.Worker).where(chosen).order_by(models.Worker.id).with_for_update())}
+        return {
+            worker.id: worker
+            for worker in self.session.scalars(
+                select(models.Worker).where(chosen).order_by(models.Worker.id).with_for_update()
+            )
+        }
 
 
 class Runs(Repository[models.Run]):
@@ -114,23 +128,37 @@ class Runs(Repository[models.Run]):
         return self.in_states(models.ACTIVE_RUN_STATES)
 
     def in_states(self, states: tuple[str, ...]) -> list[models.Run]:
-        return list(self.session.scalars(select(models.Run).where(
-            models.Run.state.in_(states)).order_by(models.Run.id)))
+        return list(
+            self.session.scalars(
+                select(models.Run).where(models.Run.state.in_(states)).order_by(models.Run.id)
+            )
+        )
 
     def ranks(self, run_id: int) -> list[models.RunRank]:
-        return list(self.session.scalars(select(models.RunRank).where(
-            models.RunRank.run_id == run_id).order_by(models.RunRank.rank)))
+        return list(
+            self.session.scalars(
+                select(models.RunRank)
+                .where(models.RunRank.run_id == run_id)
+                .order_by(models.RunRank.rank)
+            )
+        )
 
     def busy_ranks_by_worker(self) -> dict[str, int]:
         rows = self.session.execute(
-            select(models.RunRank.worker_id, func.count()).join(models.Run)
+            select(models.RunRank.worker_id, func.count())
+            .join(models.Run)
             .where(models.Run.state.in_(models.ACTIVE_RUN_STATES))
-            .group_by(models.RunRank.worker_id))
+            .group_by(models.RunRank.worker_id)
+        )
         return {worker_id: int(count) for worker_id, count in rows}
 
     def runs_of_plan(self, plan_id: int) -> int:
-        return int(self.session.scalar(select(func.count()).select_from(models.Run)
-                                       .where(models.Run.plan_id == plan_id)) or 0)
+        return int(
+            self.session.scalar(
+                select(func.count()).select_from(models.Run).where(models.Run.plan_id == plan_id)
+            )
+            or 0
+        )
 
 
 class Proposals(Repository[models.Proposal]):
@@ -143,9 +171,15 @@ class Metrics:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def query(self, run_id: int, kinds: Sequence[str], stage: int | None,
-              start_ms: float | None, end_ms: float | None, max_points: int
-              ) -> tuple[list[models.Metric], int, int]:
+    def query(
+        self,
+        run_id: int,
+        kinds: Sequence[str],
+        stage: int | None,
+        start_ms: float | None,
+        end_ms: float | None,
+        max_points: int,
+    ) -> tuple[list[models.Metric], int, int]:
         where: list[ColumnElement[bool]] = [models.Metric.run_id == run_id]
         if not set(METRIC_KINDS) <= set(kinds):  # all kinds: the (run, time) index, in order
             where.append(models.Metric.kind.in_(kinds))
@@ -155,19 +189,25 @@ class Metrics:
             where.append(models.Metric.time_ms >= start_ms)
         if end_ms is not None:
             where.append(models.Metric.time_ms <= end_ms)
-        total = int(self.session.scalar(
-            select(func.count()).select_from(models.Metric).where(*where)) or 0)
+        total = int(
+            self.session.scalar(select(func.count()).select_from(models.Metric).where(*where)) or 0
+        )
         stride = max(1, math.ceil(total / max_points))
         order = (models.Metric.time_ms, models.Metric.id)
         if stride == 1:
-            rows = list(self.session.scalars(select(models.Metric).where(*where)
-                                             .order_by(*order)))
+            rows = list(self.session.scalars(select(models.Metric).where(*where).order_by(*order)))
             return rows, total, 1
-        numbered = select(models.Metric.id, func.row_number().over(order_by=order)
-                          .label("position")).where(*where).subquery()
+        numbered = (
+            select(models.Metric.id, func.row_number().over(order_by=order).label("position"))
+            .where(*where)
+            .subquery()
+        )
         chosen = select(numbered.c.id).where((numbered.c.position - 1) % stride == 0)
-        rows = list(self.session.scalars(select(models.Metric)
-                                         .where(models.Metric.id.in_(chosen)).order_by(*order)))
+        rows = list(
+            self.session.scalars(
+                select(models.Metric).where(models.Metric.id.in_(chosen)).order_by(*order)
+            )
+        )
         return rows, total, stride
 
 
@@ -175,14 +215,20 @@ class Events:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def query(self, run_id: int, kinds: Sequence[str] | None, after_id: int, limit: int
-              ) -> list[models.Event]:
-        where: list[ColumnElement[bool]] = [models.Event.run_id == run_id,
-                                            models.Event.id > after_id]
+    def query(
+        self, run_id: int, kinds: Sequence[str] | None, after_id: int, limit: int
+    ) -> list[models.Event]:
+        where: list[ColumnElement[bool]] = [
+            models.Event.run_id == run_id,
+            models.Event.id > after_id,
+        ]
         if kinds:
             where.append(models.Event.kind.in_(kinds))
-        return list(self.session.scalars(select(models.Event).where(*where)
-                                         .order_by(models.Event.id).limit(limit)))
+        return list(
+            self.session.scalars(
+                select(models.Event).where(*where).order_by(models.Event.id).limit(limit)
+            )
+        )
 
     def add(self, event: models.Event) -> models.Event:
         self.session.add(event)

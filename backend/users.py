@@ -55,10 +55,19 @@ class User:
 def hash_password(password: str, *, salt: bytes | None = None) -> str:
     """The ``scrypt$N$r$p$SALT$KEY`` string of ``password``."""
     salt = salt or secrets.token_bytes(16)
-    key = hashlib.scrypt(password.encode(), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P,
-                         dklen=32)
-    return "$".join(("scrypt", str(_SCRYPT_N), str(_SCRYPT_R), str(_SCRYPT_P),
-                     base64.b64encode(salt).decode(), base64.b64encode(key).decode()))
+    key = hashlib.scrypt(
+        password.encode(), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P, dklen=32
+    )
+    return "$".join(
+        (
+            "scrypt",
+            str(_SCRYPT_N),
+            str(_SCRYPT_R),
+            str(_SCRYPT_P),
+            base64.b64encode(salt).decode(),
+            base64.b64encode(key).decode(),
+        )
+    )
 
 
 def check_password(password: str, password_hash: str) -> bool:
@@ -66,9 +75,15 @@ def check_password(password: str, password_hash: str) -> bool:
     algorithm, n, r, p, salt, key = password_hash.split("$")
     assert algorithm == "scrypt", "parse_users admits scrypt hashes only"
     expected = base64.b64decode(key)
-    found = hashlib.scrypt(password.encode()[:4 * MAX_PASSWORD_CHARS],
-                           salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p),
-                           maxmem=2 * _MAX_SCRYPT_BYTES, dklen=len(expected))
+    found = hashlib.scrypt(
+        password.encode()[: 4 * MAX_PASSWORD_CHARS],
+        salt=base64.b64decode(salt),
+        n=int(n),
+        r=int(r),
+        p=int(p),
+        maxmem=2 * _MAX_SCRYPT_BYTES,
+        dklen=len(expected),
+    )
     return hmac.compare_digest(found, expected)
 
 
@@ -76,25 +91,35 @@ def _check_hash(name: str, password_hash: str) -> None:
     parts = password_hash.split("$")
     try:
         n, r, p = (int(v) for v in parts[1:4]) if len(parts) == 6 else (0, 0, 0)
-        ok = (len(parts) == 6 and parts[0] == "scrypt" and n > 1 and n & (n - 1) == 0
-              and r > 0 and 0 < p <= 16
-              and 128 * r * n <= _MAX_SCRYPT_BYTES
-              and len(base64.b64decode(parts[4], validate=True)) >= 8
-              and len(base64.b64decode(parts[5], validate=True)) >= 16)
+        ok = (
+            len(parts) == 6
+            and parts[0] == "scrypt"
+            and n > 1
+            and n & (n - 1) == 0
+            and r > 0
+            and 0 < p <= 16
+            and 128 * r * n <= _MAX_SCRYPT_BYTES
+            and len(base64.b64decode(parts[4], validate=True)) >= 8
+            and len(base64.b64decode(parts[5], validate=True)) >= 16
+        )
     except ValueError:
         ok = False
     if not ok:
-        raise UserEntryError(f"user {name!r}: the hash must read scrypt$N$r$p$SALT$KEY, as "
-                             "`pipestudio hash-password` prints it (N a power of two, "
-                             "128 N r at most 64 MiB)")
+        raise UserEntryError(
+            f"user {name!r}: the hash must read scrypt$N$r$p$SALT$KEY, as "
+            "`pipestudio hash-password` prints it (N a power of two, "
+            "128 N r at most 64 MiB)"
+        )
 
 
 def check_name(name: str) -> None:
     """``UserEntryError`` unless ``name`` may sign in: 1-64 letters, digits or _.@-, and
     not the API token's."""
     if not _NAME.match(name):
-        raise UserEntryError(f"user {name[:64]!r}: a name must be 1-64 letters, digits or "
-                             "_.@-, and be followed by :ROLE:HASH")
+        raise UserEntryError(
+            f"user {name[:64]!r}: a name must be 1-64 letters, digits or "
+            "_.@-, and be followed by :ROLE:HASH"
+        )
     if name == TOKEN_USER:
         raise UserEntryError(f"user {name!r} is reserved for the API token")
 
@@ -109,8 +134,9 @@ def parse_users(entries: list[str]) -> dict[str, User]:
         if name in users:
             raise UserEntryError(f"user {name!r} is given twice")
         if role not in ROLES:
-            raise UserEntryError(f"user {name!r}: role {role!r} is unknown; expected one of "
-                                 f"{', '.join(ROLES)}")
+            raise UserEntryError(
+                f"user {name!r}: role {role!r} is unknown; expected one of {', '.join(ROLES)}"
+            )
         _check_hash(name, password_hash)
         users[name] = User(name, role, password_hash)  # type: ignore[arg-type]
     return users

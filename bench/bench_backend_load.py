@@ -53,16 +53,22 @@ class SimulatedWorker:
         self.go = asyncio.Event()
 
     def _hello(self) -> dict[str, Any]:
-        return {"name": self.name, "host": "127.0.0.1", "slots": 1,
-                "devices": [{"kind": "cpu", "index": 0}], "runs": [],
-                "models": [*BUILTIN_MODELS, "simulated"]}  # what it "runs"
+        return {
+            "name": self.name,
+            "host": "127.0.0.1",
+            "slots": 1,
+            "devices": [{"kind": "cpu", "index": 0}],
+            "runs": [],
+            "models": [*BUILTIN_MODELS, "simulated"],
+        }  # what it "runs"
 
     async def _handle(self, message: dict[str, Any]) -> None:
         if message["type"] == "assign":
             self.run_id, self.stage = message["run_id"], message["ranks"][0]["stage"]
             if message["open_store"]:
-                self.connection.send({"type": "store", "run_id": self.run_id,
-                                      "host": "127.0.0.1", "port": 1})
+                self.connection.send(
+                    {"type": "store", "run_id": self.run_id, "host": "127.0.0.1", "port": 1}
+                )
         elif message["type"] == "rendezvous":
             self.go.set()
 
@@ -76,10 +82,21 @@ class SimulatedWorker:
                 break
             await asyncio.sleep(max(0.0, target - time.monotonic()))
             now_ms = (time.time() - t0) * 1e3
-            self.connection.add_event(self.run_id, {
-                "type": "step", "stage": self.stage, "replica": 0, "step": idx,
-                "start_ms": now_ms - 1, "end_ms": now_ms, "busy_ms": 1.0,
-                "samples_per_s": 1.0, "id": f"{self.name}/{idx}", "sent_at": time.time()})
+            self.connection.add_event(
+                self.run_id,
+                {
+                    "type": "step",
+                    "stage": self.stage,
+                    "replica": 0,
+                    "step": idx,
+                    "start_ms": now_ms - 1,
+                    "end_ms": now_ms,
+                    "busy_ms": 1.0,
+                    "samples_per_s": 1.0,
+                    "id": f"{self.name}/{idx}",
+                    "sent_at": time.time(),
+                },
+            )
             self.sent += 1
 
 
@@ -88,10 +105,20 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def _dashboard(url: str, run_id: int, latencies: list[float], seen: set[str],
-                     stop_at: asyncio.Event, watching: asyncio.Event) -> None:
-    async with connect(url.replace("http", "ws") + f"/ws/runs/{run_id}",
-                       additional_headers=AUTH, max_size=2**26, compression=None) as socket:
+async def _dashboard(
+    url: str,
+    run_id: int,
+    latencies: list[float],
+    seen: set[str],
+    stop_at: asyncio.Event,
+    watching: asyncio.Event,
+) -> None:
+    async with connect(
+        url.replace("http", "ws") + f"/ws/runs/{run_id}",
+        additional_headers=AUTH,
+        max_size=2**26,
+        compression=None,
+    ) as socket:
         assert json.loads(await socket.recv())["type"] == "run"  # subscribed from here on
         watching.set()
         while not stop_at.is_set():
@@ -106,21 +133,35 @@ async def _dashboard(url: str, run_id: int, latencies: list[float], seen: set[st
                     seen.add(event["id"])
 
 
-async def _rest_load(url: str, run_id: int, rate: int, stop_at: asyncio.Event,
-                     latencies: dict[str, list[float]], t0: float) -> None:
+async def _rest_load(
+    url: str,
+    run_id: int,
+    rate: int,
+    stop_at: asyncio.Event,
+    latencies: dict[str, list[float]],
+    t0: float,
+) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=10, headers=AUTH) as client:
-        paths = itertools.cycle([
-            lambda: (f"/api/runs/{run_id}", None), lambda: ("/api/workers", None),
-            lambda: (f"/api/runs/{run_id}/metrics",
-                     {"start_ms": (time.time() - t0) * 1e3 - 5000, "max_points": 500}),
-            lambda: ("/api/health", None), lambda: ("/api/plans", {"limit": 20})])
+        paths = itertools.cycle(
+            [
+                lambda: (f"/api/runs/{run_id}", None),
+                lambda: ("/api/workers", None),
+                lambda: (
+                    f"/api/runs/{run_id}/metrics",
+                    {"start_ms": (time.time() - t0) * 1e3 - 5000, "max_points": 500},
+                ),
+                lambda: ("/api/health", None),
+                lambda: ("/api/plans", {"limit": 20}),
+            ]
+        )
 
         async def one(path: str, params: Any) -> None:
             started = time.perf_counter()
             response = await client.get(path, params=params)
             response.raise_for_status()
-            latencies.setdefault(path.rsplit("/", 1)[-1] if path.endswith("metrics")
-                                 else path, []).append((time.perf_counter() - started) * 1e3)
+            latencies.setdefault(
+                path.rsplit("/", 1)[-1] if path.endswith("metrics") else path, []
+            ).append((time.perf_counter() - started) * 1e3)
 
         tasks = []
         while not stop_at.is_set():
@@ -130,22 +171,35 @@ async def _rest_load(url: str, run_id: int, rate: int, stop_at: asyncio.Event,
 
 
 def _setup(url: str, num_workers: int) -> int:
-    profile = httpx.post(f"{url}/api/profiles", headers=AUTH,
-                         json={"profile": small_profile(num_workers)}).json()
-    plan = httpx.post(f"{url}/api/plans", headers=AUTH, json={
-        "profile_id": profile["id"],
-        "manual": {"boundaries": list(range(1, num_workers)), "num_microbatches": 4,
-                   "schedule": "gpipe"}}).json()
+    profile = httpx.post(
+        f"{url}/api/profiles", headers=AUTH, json={"profile": small_profile(num_workers)}
+    ).json()
+    plan = httpx.post(
+        f"{url}/api/plans",
+        headers=AUTH,
+        json={
+            "profile_id": profile["id"],
+            "manual": {
+                "boundaries": list(range(1, num_workers)),
+                "num_microbatches": 4,
+                "schedule": "gpipe",
+            },
+        },
+    ).json()
     httpx.post(f"{url}/api/plans/{plan['id']}/approve", headers=AUTH).raise_for_status()
-    run = httpx.post(f"{url}/api/runs", headers=AUTH,
-                     json={"plan_id": plan["id"], "model": "simulated", "steps": 1})
+    run = httpx.post(
+        f"{url}/api/runs",
+        headers=AUTH,
+        json={"plan_id": plan["id"], "model": "simulated", "steps": 1},
+    )
     run.raise_for_status()
     return int(run.json()["id"])
 
 
 async def _measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    workers = [SimulatedWorker(url, f"sim{i}", args.rate, args.seconds)
-               for i in range(args.workers)]
+    workers = [
+        SimulatedWorker(url, f"sim{i}", args.rate, args.seconds) for i in range(args.workers)
+    ]
     serving = [asyncio.create_task(w.connection.serve_forever()) for w in workers]
     while sum(w.connection.connected.is_set() for w in workers) < args.workers:
         await asyncio.sleep(0.05)
@@ -158,8 +212,7 @@ async def _measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     watching = asyncio.Event()
     dashboard = asyncio.create_task(_dashboard(url, run_id, dash_ms, seen, stop_at, watching))
     await watching.wait()  # the load starts once the dashboard watches the run
-    rest = asyncio.create_task(_rest_load(url, run_id, args.rest_rate, stop_at, rest_by_path,
-                                          t0))
+    rest = asyncio.create_task(_rest_load(url, run_id, args.rest_rate, stop_at, rest_by_path, t0))
     await asyncio.gather(*(w.emit(t0) for w in workers))
     deadline = time.monotonic() + 30
     while any(w.connection.outbox.unacked or w.connection.outbox.num_events for w in workers):
@@ -173,20 +226,28 @@ async def _measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     for task in serving:
         task.cancel()
     async with httpx.AsyncClient(base_url=url, headers=AUTH) as client:
-        stored = (await client.get(f"/api/runs/{run_id}/metrics",
-                                   params={"max_points": 1})).json()["total"]
+        stored = (await client.get(f"/api/runs/{run_id}/metrics", params={"max_points": 1})).json()[
+            "total"
+        ]
     sent = sum(w.sent for w in workers)
     rest_ms = [ms for values in rest_by_path.values() for ms in values]
-    return {"sent": sent, "stored": stored, "lost_in_store": sent - stored,
-            "lost_on_stream": sent - len(seen),
-            "dashboard_p50_ms": _percentile(dash_ms, 0.5),
-            "dashboard_p99_ms": _percentile(dash_ms, 0.99),
-            "rest_requests": len(rest_ms), "rest_p50_ms": _percentile(rest_ms, 0.5),
-            "rest_p99_ms": _percentile(rest_ms, 0.99),
-            "rate_per_s": sent / args.seconds,
-            "rest_mean_ms": statistics.fmean(rest_ms) if rest_ms else float("nan"),
-            "rest_p99_by_path_ms": {path: round(_percentile(values, 0.99), 1)
-                                    for path, values in sorted(rest_by_path.items())}}
+    return {
+        "sent": sent,
+        "stored": stored,
+        "lost_in_store": sent - stored,
+        "lost_on_stream": sent - len(seen),
+        "dashboard_p50_ms": _percentile(dash_ms, 0.5),
+        "dashboard_p99_ms": _percentile(dash_ms, 0.99),
+        "rest_requests": len(rest_ms),
+        "rest_p50_ms": _percentile(rest_ms, 0.5),
+        "rest_p99_ms": _percentile(rest_ms, 0.99),
+        "rate_per_s": sent / args.seconds,
+        "rest_mean_ms": statistics.fmean(rest_ms) if rest_ms else float("nan"),
+        "rest_p99_by_path_ms": {
+            path: round(_percentile(values, 0.99), 1)
+            for path, values in sorted(rest_by_path.items())
+        },
+    }
 
 
 def _database(kind: str, folder: Path) -> tuple[str, str | None]:
@@ -222,18 +283,25 @@ def main() -> int:
                 if pg_name:
                     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
                         admin.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
-        ok = (figures["lost_in_store"] == 0 and figures["lost_on_stream"] == 0
-              and figures["dashboard_p99_ms"] < 250 and figures["rest_p99_ms"] < 100)
+        ok = (
+            figures["lost_in_store"] == 0
+            and figures["lost_on_stream"] == 0
+            and figures["dashboard_p99_ms"] < 250
+            and figures["rest_p99_ms"] < 100
+        )
         failed |= not ok
-        print(f"{kind}: {args.workers} workers x {args.rate} events/s for {args.seconds:g} s: "
-              f"sent {figures['sent']} ({figures['rate_per_s']:.0f}/s), stored "
-              f"{figures['stored']}, lost {figures['lost_in_store']} in the store and "
-              f"{figures['lost_on_stream']} on the stream; ingest->dashboard p50 "
-              f"{figures['dashboard_p50_ms']:.1f} ms p99 {figures['dashboard_p99_ms']:.1f} ms "
-              f"(target < 250); REST {figures['rest_requests']} requests p50 "
-              f"{figures['rest_p50_ms']:.1f} ms p99 {figures['rest_p99_ms']:.1f} ms "
-              f"(target < 100): {'ok' if ok else 'MISSED'}; REST p99 ms by path "
-              f"{figures['rest_p99_by_path_ms']}", flush=True)
+        print(
+            f"{kind}: {args.workers} workers x {args.rate} events/s for {args.seconds:g} s: "
+            f"sent {figures['sent']} ({figures['rate_per_s']:.0f}/s), stored "
+            f"{figures['stored']}, lost {figures['lost_in_store']} in the store and "
+            f"{figures['lost_on_stream']} on the stream; ingest->dashboard p50 "
+            f"{figures['dashboard_p50_ms']:.1f} ms p99 {figures['dashboard_p99_ms']:.1f} ms "
+            f"(target < 250); REST {figures['rest_requests']} requests p50 "
+            f"{figures['rest_p50_ms']:.1f} ms p99 {figures['rest_p99_ms']:.1f} ms "
+            f"(target < 100): {'ok' if ok else 'MISSED'}; REST p99 ms by path "
+            f"{figures['rest_p99_by_path_ms']}",
+            flush=True,
+        )
     return 1 if failed else 0
 
 

@@ -52,8 +52,14 @@ WATCH = """([css, text]) => {
 }"""
 
 
-def timed(page: Any, name: str, act: Callable[[], None], css: str, text: str | None,
-          results: list[tuple[str, float, float]]) -> None:
+def timed(
+    page: Any,
+    name: str,
+    act: Callable[[], None],
+    css: str,
+    text: str | None,
+    results: list[tuple[str, float, float]],
+) -> None:
     """Click (``act``) and wait for ``css`` (holding ``text``): the in-page time from the
     click to the frame that shows the answer, and Playwright's wall time."""
     page.evaluate(WATCH, [css, text])
@@ -78,37 +84,50 @@ def walk(page: Any, url: str) -> list[tuple[str, float, float]]:
     page.wait_for_selector("#machines-workers-table")
     nav("Profiles", "profiles", "#profiles-list table")
     nav("Planner", "planner", "#planner-prediction", "Predicted step")
-    timed(page, "run this planner", click("#planner-run"), "#planner-status", "planned",
-          results)
-    timed(page, "run all planners and compare", click("#planner-run-all"),
-          "#planner-compare-table table", None, results)
+    timed(page, "run this planner", click("#planner-run"), "#planner-status", "planned", results)
+    timed(
+        page,
+        "run all planners and compare",
+        click("#planner-run-all"),
+        "#planner-compare-table table",
+        None,
+        results,
+    )
     page.fill("#planner-name", "timed plan")
-    timed(page, "save as draft", click("#planner-save"), "#planner-save-status", "is draft",
-          results)
+    timed(
+        page, "save as draft", click("#planner-save"), "#planner-save-status", "is draft", results
+    )
     page.on("dialog", lambda dialog: dialog.accept())
-    timed(page, "approve", click("#planner-approve"), "#planner-save-status", "is approved",
-          results)
+    timed(
+        page, "approve", click("#planner-approve"), "#planner-save-status", "is approved", results
+    )
     nav("Plans", "plans", "#plans-table")
     page.click("#plans-select")
     page.get_by_role("option", name="timed plan").first.click()
-    timed(page, "duplicate a plan", click("#plans-duplicate"), "#plans-status", "draft copy",
-          results)
+    timed(
+        page, "duplicate a plan", click("#plans-duplicate"), "#plans-status", "draft copy", results
+    )
     page.fill("#plans-name", "timed plan, renamed")
-    timed(page, "rename a plan", click("#plans-rename"), "#plans-status", "is now called",
-          results)
-    timed(page, "open a plan in the Planner", click("#plans-open"), "#planner-status",
-          "Opened plan", results)
+    timed(page, "rename a plan", click("#plans-rename"), "#plans-status", "is now called", results)
+    timed(
+        page,
+        "open a plan in the Planner",
+        click("#plans-open"),
+        "#planner-status",
+        "Opened plan",
+        results,
+    )
     nav("Runs", "runs", "#runs-status", "run")  # "No run selected." or a run's state
     page.click("#runs-plan")
     page.get_by_role("option", name="unbalanced").first.click()
     page.wait_for_function("() => document.querySelector('#runs-model').value === 'gpt'")
     page.fill("#runs-steps", "200")
-    timed(page, "launch", click("#runs-launch"), "#runs-launch-status", "Launched run",
-          results)
-    page.wait_for_function("() => document.querySelector('#runs-status').innerText"
-                           ".includes(': running')", timeout=90_000)
-    timed(page, "stop the run", click("#runs-stop"), "#runs-decision-status", "is stopped",
-          results)
+    timed(page, "launch", click("#runs-launch"), "#runs-launch-status", "Launched run", results)
+    page.wait_for_function(
+        "() => document.querySelector('#runs-status').innerText.includes(': running')",
+        timeout=90_000,
+    )
+    timed(page, "stop the run", click("#runs-stop"), "#runs-decision-status", "is stopped", results)
     nav("Workers & clusters", "machines", "#machines-workers-table")
     return results
 
@@ -130,9 +149,11 @@ def main() -> int:
     print(f"{'click':32s} {'on screen':>10s} {'Playwright':>11s}")
     for name, ms, wall in results:
         print(f"{name:32s} {ms:7.0f} ms {wall:8.0f} ms  {'ok' if ms <= TARGET_MS else 'SLOW'}")
-    print(f"on screen: median {statistics.median(ms for _, ms, _ in results):.0f} ms, slowest "
-          f"{max(ms for _, ms, _ in results):.0f} ms; target every click <= {TARGET_MS:.0f} ms: "
-          f"{'PASS' if not slow else 'FAIL (' + ', '.join(slow) + ')'}")
+    print(
+        f"on screen: median {statistics.median(ms for _, ms, _ in results):.0f} ms, slowest "
+        f"{max(ms for _, ms, _ in results):.0f} ms; target every click <= {TARGET_MS:.0f} ms: "
+        f"{'PASS' if not slow else 'FAIL (' + ', '.join(slow) + ')'}"
+    )
     return 1 if slow else 0
 
 

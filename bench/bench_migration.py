@@ -60,27 +60,50 @@ SCHEDULES = ("gpipe", "1f1b", "pipedream")
 
 
 def make_plan(schedule: str) -> Plan:
-    return parse_document(Plan, {"model": "mlp", "schedule": schedule, "num_microbatches": 4,
-                                 "microbatch_size": MICROBATCH_SIZE, "optimizer": "adam",
-                                 "stages": [{"layers": s} for s in STAGES]})
+    return parse_document(
+        Plan,
+        {
+            "model": "mlp",
+            "schedule": schedule,
+            "num_microbatches": 4,
+            "microbatch_size": MICROBATCH_SIZE,
+            "optimizer": "adam",
+            "stages": [{"layers": s} for s in STAGES],
+        },
+    )
 
 
-def train(plan: Plan, steps: int, folder: Path, migrations: tuple[str, ...] = (),
-          **settings: Any) -> tuple[float, list[float], list[dict[str, Any]]]:
+def train(
+    plan: Plan, steps: int, folder: Path, migrations: tuple[str, ...] = (), **settings: Any
+) -> tuple[float, list[float], list[dict[str, Any]]]:
     """Wall seconds, the step times (0 for step 0) and the events of a run; each event
     gets ``seen_s``, when this process received it."""
-    repartition = (RepartitionConfig(migrations=[parse_migration(m) for m in migrations])
-                   if migrations else None)
-    config = EngineConfig(plan=plan, model="mlp", model_args=ARGS, steps=steps,
-                          threads_per_rank=1, checkpoint_dir=str(folder), timeout_s=60.0,
-                          repartition=repartition, **settings)
+    repartition = (
+        RepartitionConfig(migrations=[parse_migration(m) for m in migrations])
+        if migrations
+        else None
+    )
+    config = EngineConfig(
+        plan=plan,
+        model="mlp",
+        model_args=ARGS,
+        steps=steps,
+        threads_per_rank=1,
+        checkpoint_dir=str(folder),
+        timeout_s=60.0,
+        repartition=repartition,
+        **settings,
+    )
     events: list[dict[str, Any]] = []
     start = time.perf_counter()
     result = launch(config, lambda e: events.append({**e, "seen_s": time.perf_counter()}))
     wall_s = time.perf_counter() - start
     assert result.ok, result.message
-    last = sorted((e["step"], e["end_ms"]) for e in events
-                  if e["type"] == "step" and e["stage"] == plan.num_stages - 1)
+    last = sorted(
+        (e["step"], e["end_ms"])
+        for e in events
+        if e["type"] == "step" and e["stage"] == plan.num_stages - 1
+    )
     return wall_s, [0.0] + [b[1] - a[1] for a, b in itertools.pairwise(last)], events
 
 
@@ -112,20 +135,26 @@ def reshape(folder: Path, old: Plan, new: Plan) -> None:
                     opt[len(model)] = opt_state
                 model[f"{where}.{rest}"] = value
         groups = [{**group, "params": list(range(len(model)))}]
-        torch.save({**rng, "model": model, "optimizer": {"state": opt, "param_groups": groups}},
-                   step_dir / f"stage{idx}-replica0.pt")
+        torch.save(
+            {**rng, "model": model, "optimizer": {"state": opt, "param_groups": groups}},
+            step_dir / f"stage{idx}-replica0.pt",
+        )
     meta["plan"] = json.loads(new.to_json())
     (folder / "latest.json").write_text(json.dumps(meta))
 
 
-def migration_ratios(times: list[float], steps: list[int],
-                     of: list[int] | None = None) -> list[float]:
+def migration_ratios(
+    times: list[float], steps: list[int], of: list[int] | None = None
+) -> list[float]:
     """Each step of ``of`` (default: the migrating ``steps``) over the median steady step
     around it (leaving out itself, the migrating steps and steps 0 and 1)."""
     ratios = []
     for step in steps if of is None else of:
-        around = [times[j] for j in range(step - AROUND, step + AROUND + 1)
-                  if 2 <= j < len(times) and j not in steps and j != step]
+        around = [
+            times[j]
+            for j in range(step - AROUND, step + AROUND + 1)
+            if 2 <= j < len(times) and j not in steps and j != step
+        ]
         ratios.append(times[step] / statistics.median(around))
     return ratios
 
@@ -137,8 +166,14 @@ def measure(schedule: str, root: Path) -> dict[str, Any]:
     ratios = migration_ratios(times, steps)
     steady_steps = [j for j in range(2, len(times)) if j not in steps]
     noise = migration_ratios(times, steps, of=steady_steps)
-    waits = [max(e["wait_ms"] for e in events if e["type"] == "migration"
-                 and e["phase"] == "done" and e["step"] == step) for step in steps]
+    waits = [
+        max(
+            e["wait_ms"]
+            for e in events
+            if e["type"] == "migration" and e["phase"] == "done" and e["step"] == step
+        )
+        for step in steps
+    ]
     target = new_plan(plan, parse_migration(MIGRATIONS[0]).moves, NAMES)
     folder = root / f"{schedule}-restart"
     start = time.perf_counter()
@@ -147,18 +182,27 @@ def measure(schedule: str, root: Path) -> dict[str, Any]:
     _, _, after = train(target, STEPS, folder, MIGRATIONS[1:], resume=True)
     restart_s = time.perf_counter() - start
     steady = statistics.median(t for i, t in enumerate(times) if i >= 2 and i not in steps)
-    stall_s = _last_stage_seen(after, plan, steps[0]) - _last_stage_seen(before, plan,
-                                                                          steps[0] - 1)
-    return {"steady_ms": steady, "migrating_ms": [times[s] for s in steps], "ratios": ratios,
-            "steady_ratios": noise,
-            "ratio": statistics.median(ratios), "wait_ms": waits, "live_s": live_s,
-            "restart_s": restart_s, "restart_cost_ms": stall_s * 1e3 - steady,
-            "live_cost_ms": times[steps[0]] - steady}
+    stall_s = _last_stage_seen(after, plan, steps[0]) - _last_stage_seen(before, plan, steps[0] - 1)
+    return {
+        "steady_ms": steady,
+        "migrating_ms": [times[s] for s in steps],
+        "ratios": ratios,
+        "steady_ratios": noise,
+        "ratio": statistics.median(ratios),
+        "wait_ms": waits,
+        "live_s": live_s,
+        "restart_s": restart_s,
+        "restart_cost_ms": stall_s * 1e3 - steady,
+        "live_cost_ms": times[steps[0]] - steady,
+    }
 
 
 def _last_stage_seen(events: list[dict[str, Any]], plan: Plan, step: int) -> float:
-    return next(e["seen_s"] for e in events if e["type"] == "step" and e["step"] == step
-                and e["stage"] == plan.num_stages - 1)
+    return next(
+        e["seen_s"]
+        for e in events
+        if e["type"] == "step" and e["step"] == step and e["stage"] == plan.num_stages - 1
+    )
 
 
 def _row(schedule: str, r: dict[str, Any]) -> str:
@@ -166,9 +210,11 @@ def _row(schedule: str, r: dict[str, Any]) -> str:
     ratios = "/".join(f"{x:.2f}" for x in r["ratios"])
     waits = "/".join(f"{w:.1f}" for w in r["wait_ms"])
     noise = sorted(r["steady_ratios"])
-    return (f"{schedule:10} {r['steady_ms']:9.1f} {migrating:>14} {ratios:>15} "
-            f"{r['ratio']:6.2f} {noise[-1]:6.2f} {waits:>15} {r['live_cost_ms']:7.0f} "
-            f"{r['restart_cost_ms'] / 1e3:10.1f} {r['live_s']:7.1f} {r['restart_s']:9.1f}")
+    return (
+        f"{schedule:10} {r['steady_ms']:9.1f} {migrating:>14} {ratios:>15} "
+        f"{r['ratio']:6.2f} {noise[-1]:6.2f} {waits:>15} {r['live_cost_ms']:7.0f} "
+        f"{r['restart_cost_ms'] / 1e3:10.1f} {r['live_s']:7.1f} {r['restart_s']:9.1f}"
+    )
 
 
 def _per_step(runs: list[dict[str, Any]]) -> str:
@@ -177,35 +223,52 @@ def _per_step(runs: list[dict[str, Any]]) -> str:
     the largest of those says how far a step that moves nothing strays by this measure."""
     steps = [parse_migration(m).step for m in MIGRATIONS]
     migrating = [statistics.median(r["ratios"][i] for r in runs) for i in range(len(steps))]
-    steady = [statistics.median(r["steady_ratios"][i] for r in runs)
-              for i in range(len(runs[0]["steady_ratios"]))]
+    steady = [
+        statistics.median(r["steady_ratios"][i] for r in runs)
+        for i in range(len(runs[0]["steady_ratios"]))
+    ]
     shown = ", ".join(f"step {s} {x:.2f}" for s, x in zip(steps, migrating, strict=True))
-    return (f"per migration, median over {len(runs)} runs: {shown}; steady steps the same "
-            f"way: max {max(steady):.2f}, median {statistics.median(steady):.2f}")
+    return (
+        f"per migration, median over {len(runs)} runs: {shown}; steady steps the same "
+        f"way: max {max(steady):.2f}, median {statistics.median(steady):.2f}"
+    )
 
 
 def main() -> int:
     global MICROBATCH_SIZE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="repetitions (default 5)")
-    parser.add_argument("--width", type=int, default=int(ARGS["width"]),
-                        help="the blocks' width (default %(default)s)")
-    parser.add_argument("--microbatch-size", type=int, default=MICROBATCH_SIZE,
-                        help="samples per micro-batch (default %(default)s)")
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=int(ARGS["width"]),
+        help="the blocks' width (default %(default)s)",
+    )
+    parser.add_argument(
+        "--microbatch-size",
+        type=int,
+        default=MICROBATCH_SIZE,
+        help="samples per micro-batch (default %(default)s)",
+    )
     args = parser.parse_args()
     assert MODELS["mlp"]
     ARGS.update(width=str(args.width), in_features=str(args.width))
     MICROBATCH_SIZE = args.microbatch_size
     root = Path(tempfile.mkdtemp(prefix="bench-migration-"))
     results: dict[str, list[dict[str, Any]]] = {s: [] for s in SCHEDULES}
-    header = (f"{'schedule':10} {'steady ms':>9} {'migrating ms':>14} {'ratios':>15} "
-              f"{'median':>6} {'noise':>6} {'max wait ms':>15} {'live +ms':>7} "
-              f"{'restart +s':>10} {'live s':>7} {'restart s':>9}")
+    header = (
+        f"{'schedule':10} {'steady ms':>9} {'migrating ms':>14} {'ratios':>15} "
+        f"{'median':>6} {'noise':>6} {'max wait ms':>15} {'live +ms':>7} "
+        f"{'restart +s':>10} {'live s':>7} {'restart s':>9}"
+    )
     print(f"mlp width {args.width}, micro-batches of {args.microbatch_size}", flush=True)
     try:
         for run in range(args.runs):
-            print(f"run {run + 1}/{args.runs}, load average "
-                  f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}\n{header}", flush=True)
+            print(
+                f"run {run + 1}/{args.runs}, load average "
+                f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}\n{header}",
+                flush=True,
+            )
             for schedule in SCHEDULES:
                 r = measure(schedule, root / f"run{run}")
                 results[schedule].append(r)
@@ -215,19 +278,21 @@ def main() -> int:
     failed = False
     for schedule, runs in results.items():
         median = statistics.median(r["ratio"] for r in runs)
-        failed |= any(statistics.median(r["ratios"][i] for r in runs) > TARGET
-                      for i in range(len(MIGRATIONS)))
+        failed |= any(
+            statistics.median(r["ratios"][i] for r in runs) > TARGET for i in range(len(MIGRATIONS))
+        )
         single = [x for r in runs for x in r["ratios"]]
         steady = [x for r in runs for x in r["steady_ratios"]]
         medians = ", ".join(f"{r['ratio']:.2f}" for r in runs)
-        print(f"{schedule}: median ratio over {len(runs)} runs {median:.2f} (runs: "
-              f"{medians}); single migrations over "
-              f"{TARGET}: {sum(x > TARGET for x in single)} of {len(single)} (max "
-              f"{max(single):.2f}); steady steps over {TARGET} times their neighbours: "
-              f"{sum(x > TARGET for x in steady)} of {len(steady)} (max {max(steady):.2f})")
+        print(
+            f"{schedule}: median ratio over {len(runs)} runs {median:.2f} (runs: "
+            f"{medians}); single migrations over "
+            f"{TARGET}: {sum(x > TARGET for x in single)} of {len(single)} (max "
+            f"{max(single):.2f}); steady steps over {TARGET} times their neighbours: "
+            f"{sum(x > TARGET for x in steady)} of {len(steady)} (max {max(steady):.2f})"
+        )
         print(f"  {_per_step(runs)}")
-    print(f"target: each migrating step at most {TARGET}x a steady step (its median over "
-          "the runs)")
+    print(f"target: each migrating step at most {TARGET}x a steady step (its median over the runs)")
     return 1 if failed else 0
 
 

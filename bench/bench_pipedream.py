@@ -38,10 +38,16 @@ def profile_of(model: str) -> Profile:
 def request_for(record: dict[str, Any]) -> PlanRequest:
     gbps: list[float | None] = [b * 8 / 1e9 for b in record["bandwidths_bytes_per_s"]]
     memory = record["memory_bytes"]
-    cluster = cluster_template(record["levels"], gbps,
-                               device_memory_bytes=None if memory is None else int(memory))
-    return PlanRequest(profile=profile_of(record["model"]), num_microbatches=NUM_MICROBATCHES,
-                       schedule="pipedream", cluster=cluster, straight=record["straight"])
+    cluster = cluster_template(
+        record["levels"], gbps, device_memory_bytes=None if memory is None else int(memory)
+    )
+    return PlanRequest(
+        profile=profile_of(record["model"]),
+        num_microbatches=NUM_MICROBATCHES,
+        schedule="pipedream",
+        cluster=cluster,
+        straight=record["straight"],
+    )
 
 
 def timed(request: PlanRequest) -> tuple[float, PlannerOutput | None]:
@@ -62,8 +68,10 @@ def verdicts(record: dict[str, Any], output: PlannerOutput | None) -> tuple[bool
     if output is None or expected is None:
         return output is None and expected is None, "-", "-"
     agrees = math.isclose(output.objective_ms, expected * 1000, rel_tol=1e-9)
-    ours = [[per_level[0], per_level[1] if len(per_level) > 1 else None]
-            for per_level in output.details["replicas_per_level"]]
+    ours = [
+        [per_level[0], per_level[1] if len(per_level) > 1 else None]
+        for per_level in output.details["replicas_per_level"]
+    ]
     replicas = "same" if ours in record["replica_patterns"] else "tie"
     inputs = {layer.name for layer in profile_of(record["model"]).layers if layer.kind == "Input"}
     ours_nodes = [sorted(set(stage.layers)) for stage in output.plan.stages]
@@ -77,10 +85,15 @@ def verdicts(record: dict[str, Any], output: PlannerOutput | None) -> tuple[bool
 def main() -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    records = [r for r in json.loads(REFERENCE.read_text())["records"]
-               if r["activation_compression_ratio"] == 1.0]
-    print(f"{'configuration':<40} {'ours s':>8} {'theirs s':>9} {'speed-up':>9} "
-          f"{'objective':>9} {'replicas':>8} {'nodes':>6}")
+    records = [
+        r
+        for r in json.loads(REFERENCE.read_text())["records"]
+        if r["activation_compression_ratio"] == 1.0
+    ]
+    print(
+        f"{'configuration':<40} {'ours s':>8} {'theirs s':>9} {'speed-up':>9} "
+        f"{'objective':>9} {'replicas':>8} {'nodes':>6}"
+    )
     failures, worst = [], 0.0
     for record in records:
         seconds, output = timed(request_for(record))
@@ -88,12 +101,16 @@ def main() -> int:
         worst = max(worst, seconds)
         if not agrees or seconds >= TARGET_S:
             failures.append(record["id"])
-        print(f"{record['id']:<40} {seconds:>8.3f} {record['runtime_s']:>9.1f} "
-              f"{record['runtime_s'] / seconds:>8.0f}x {'same' if agrees else 'DIFFERS':>9} "
-              f"{replicas:>8} {nodes:>6}")
+        print(
+            f"{record['id']:<40} {seconds:>8.3f} {record['runtime_s']:>9.1f} "
+            f"{record['runtime_s'] / seconds:>8.0f}x {'same' if agrees else 'DIFFERS':>9} "
+            f"{replicas:>8} {nodes:>6}"
+        )
     verdict = "PASS" if not failures else "FAIL"
-    print(f"\n{verdict}: {len(records)} configurations, slowest {worst:.3f} s, target "
-          f"{TARGET_S} s" + (f"; failed: {', '.join(failures)}" if failures else ""))
+    print(
+        f"\n{verdict}: {len(records)} configurations, slowest {worst:.3f} s, target "
+        f"{TARGET_S} s" + (f"; failed: {', '.join(failures)}" if failures else "")
+    )
     return 0 if not failures else 1
 
 

@@ -19,10 +19,17 @@ TARGET_S = 0.5
 def big_profile(num_layers: int = 2000, seed: int = 7) -> Profile:
     rng = random.Random(seed)
     layers = [
-        {"name": f"layer{idx}", "kind": "Block", "fwd_ms": rng.uniform(0.1, 2.0),
-         "bwd_ms": rng.uniform(0.2, 4.0), "param_bytes": rng.randrange(10**6, 10**8),
-         "saved_bytes": rng.randrange(10**6, 10**8), "output_bytes": rng.randrange(10**5, 10**7),
-         "workspace_bytes": rng.randrange(0, 10**7), "update_ms": 0.01}
+        {
+            "name": f"layer{idx}",
+            "kind": "Block",
+            "fwd_ms": rng.uniform(0.1, 2.0),
+            "bwd_ms": rng.uniform(0.2, 4.0),
+            "param_bytes": rng.randrange(10**6, 10**8),
+            "saved_bytes": rng.randrange(10**6, 10**8),
+            "output_bytes": rng.randrange(10**5, 10**7),
+            "workspace_bytes": rng.randrange(0, 10**7),
+            "update_ms": 0.01,
+        }
         for idx in range(num_layers)
     ]
     return Profile.model_validate({"model": "bench", "microbatch_size": 1, "layers": layers})
@@ -32,19 +39,25 @@ def plan_for(profile: Profile, schedule: str, num_stages: int = 16, num_mb: int 
     names = [layer.name for layer in profile.layers]
     size = len(names) // num_stages
     policies = {name: ("keep", "recompute", "swap")[idx % 3] for idx, name in enumerate(names)}
-    return Plan.model_validate({
-        "model": profile.model, "schedule": schedule, "num_microbatches": num_mb,
-        "microbatch_size": 1, "stages": [{"layers": names[i * size:(i + 1) * size]}
-                                         for i in range(num_stages)],
-        "policies": policies})
+    return Plan.model_validate(
+        {
+            "model": profile.model,
+            "schedule": schedule,
+            "num_microbatches": num_mb,
+            "microbatch_size": 1,
+            "stages": [{"layers": names[i * size : (i + 1) * size]} for i in range(num_stages)],
+            "policies": policies,
+        }
+    )
 
 
 def main() -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     profile = big_profile()
-    cluster = cluster_template([8, 2], [400.0, 100.0], device_memory_bytes=80 * 2**30,
-                               host_bandwidth_gbps=256.0)
+    cluster = cluster_template(
+        [8, 2], [400.0, 100.0], device_memory_bytes=80 * 2**30, host_bandwidth_gbps=256.0
+    )
     worst = 0.0
     print(f"{'schedule':<10} {'timeline':<9} {'best s':>8} {'ops':>7} {'target s':>9} {'ratio':>6}")
     for schedule in ("gpipe", "1f1b", "pipedream"):
@@ -57,11 +70,15 @@ def main() -> int:
                 best = min(best, time.perf_counter() - start)
                 ops = len(result.timeline)
             worst = max(worst, best)
-            print(f"{schedule:<10} {'yes' if with_timeline else 'no':<9} {best:>8.3f} "
-                  f"{ops or '-':>7} {TARGET_S:>9.1f} {best / TARGET_S:>6.2f}")
+            print(
+                f"{schedule:<10} {'yes' if with_timeline else 'no':<9} {best:>8.3f} "
+                f"{ops or '-':>7} {TARGET_S:>9.1f} {best / TARGET_S:>6.2f}"
+            )
     verdict = "PASS" if worst < TARGET_S else "FAIL"
-    print(f"\n{verdict}: slowest one-step simulation {worst:.3f} s, target {TARGET_S} s "
-          f"(ratio {worst / TARGET_S:.2f})")
+    print(
+        f"\n{verdict}: slowest one-step simulation {worst:.3f} s, target {TARGET_S} s "
+        f"(ratio {worst / TARGET_S:.2f})"
+    )
     return 0 if worst < TARGET_S else 1
 
 

@@ -24,9 +24,11 @@ from pathlib import Path
 UNCALIBRATED_TARGET = 0.25
 CALIBRATED_TARGET = 0.10
 PLANS = ("gpt: 2 stages balanced by time", "gpt: 2 stages, unbalanced (try a repartition)")
-HEADLINE = re.compile(r"Measured (?P<measured>[\d.]+) samples/s · predicted "
-                      r"(?P<predicted>[\d.]+) \(.*?\) · calibrated (?P<calibrated>[\d.]+) "
-                      r"\(.*?\) · steps (?P<first>\d+)\.\.(?P<last>\d+)")
+HEADLINE = re.compile(
+    r"Measured (?P<measured>[\d.]+) samples/s · predicted "
+    r"(?P<predicted>[\d.]+) \(.*?\) · calibrated (?P<calibrated>[\d.]+) "
+    r"\(.*?\) · steps (?P<first>\d+)\.\.(?P<last>\d+)"
+)
 CHROMIUM = Path("/usr/bin/chromium")
 
 
@@ -34,10 +36,13 @@ def start_demo(state: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     output = state / "demo-output.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPESTUDIO_")}
     with output.open("wb") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "pipestudio.demo", "--port", "0",
-                                 "--state-dir", str(state)], stdout=out,
-                                stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"},
-                                start_new_session=True)
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "pipestudio.demo", "--port", "0", "--state-dir", str(state)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 600
     while "Press Ctrl-C" not in output.read_text(errors="replace"):
         if demo.poll() is not None or time.monotonic() > deadline:
@@ -53,18 +58,22 @@ def read_plan(page: object, plan: str, from_step: int) -> tuple[float, float, fl
     page.click("#runs-plan")  # type: ignore[attr-defined]
     page.get_by_role("option", name=plan).first.click()  # type: ignore[attr-defined]
     page.wait_for_function(  # type: ignore[attr-defined]
-        "() => document.querySelector('#runs-model').value === 'gpt'")
+        "() => document.querySelector('#runs-model').value === 'gpt'"
+    )
     page.fill("#runs-steps", "100000")  # type: ignore[attr-defined]
     before = page.inner_text("#runs-launch-status")  # type: ignore[attr-defined]
     page.click("#runs-launch")  # type: ignore[attr-defined]
     page.wait_for_function(  # type: ignore[attr-defined]
         "before => { const t = document.querySelector('#runs-launch-status').innerText;"
-        " return t.includes('Launched run') && t !== before; }", arg=before)
+        " return t.includes('Launched run') && t !== before; }",
+        arg=before,
+    )
     notice = page.inner_text("#runs-launch-status")  # type: ignore[attr-defined]
     run_id = re.search(r"Launched run (\d+)", notice)[1]  # type: ignore[index]
     # the monitor shows the new run (and its comparison, drawn with it) from here on
     page.wait_for_function(  # type: ignore[attr-defined]
-        f"() => document.querySelector('#runs-status').innerText.startsWith('Run {run_id} ')")
+        f"() => document.querySelector('#runs-status').innerText.startsWith('Run {run_id} ')"
+    )
     deadline = time.monotonic() + 300
     while True:
         found = HEADLINE.search(page.inner_text("#runs-fidelity"))  # type: ignore[attr-defined]
@@ -75,14 +84,19 @@ def read_plan(page: object, plan: str, from_step: int) -> tuple[float, float, fl
         time.sleep(1)
     page.click("#runs-stop")  # type: ignore[attr-defined]
     page.wait_for_function(  # type: ignore[attr-defined]
-        "() => document.querySelector('#runs-status').innerText.includes(': stopped')")
+        "() => document.querySelector('#runs-status').innerText.includes(': stopped')"
+    )
     return float(found["measured"]), float(found["predicted"]), float(found["calibrated"])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--from-step", type=int, default=20,
-                        help="read once the comparison starts at this step (default 20)")
+    parser.add_argument(
+        "--from-step",
+        type=int,
+        default=20,
+        help="read once the comparison starts at this step (default 20)",
+    )
     options = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -107,10 +121,14 @@ def main() -> int:
     for plan, (measured, predicted, calibrated) in figures.items():
         before, after = measured / predicted - 1, measured / calibrated - 1
         passed &= abs(before) <= UNCALIBRATED_TARGET and abs(after) <= CALIBRATED_TARGET
-        print(f"{plan}: measured {measured:.1f} samples/s, predicted {predicted:.1f} "
-              f"({before:+.1%}), calibrated {calibrated:.1f} ({after:+.1%})")
-    print(("PASS" if passed else "FAIL") + f": targets {UNCALIBRATED_TARGET:.0%} uncalibrated, "
-          f"{CALIBRATED_TARGET:.0%} calibrated")
+        print(
+            f"{plan}: measured {measured:.1f} samples/s, predicted {predicted:.1f} "
+            f"({before:+.1%}), calibrated {calibrated:.1f} ({after:+.1%})"
+        )
+    print(
+        ("PASS" if passed else "FAIL") + f": targets {UNCALIBRATED_TARGET:.0%} uncalibrated, "
+        f"{CALIBRATED_TARGET:.0%} calibrated"
+    )
     return 0 if passed else 1
 
 

@@ -80,8 +80,9 @@ MAX_STEPS = 400
 def _pingpong_rank(rank: int, port: int, num_bytes: int, repeats: int, conn: Any) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=timedelta(seconds=TIMEOUT_S))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
-                            timeout=timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=TIMEOUT_S)
+    )
     buffer = torch.zeros(max(1, num_bytes // 4))
     times = []
     for _ in range(repeats):
@@ -99,13 +100,17 @@ def _pingpong_rank(rank: int, port: int, num_bytes: int, repeats: int, conn: Any
 
 def measure_gloo_gbps(num_bytes: int, repeats: int = 30) -> float:
     """Gbit/s of one gloo transfer of ``num_bytes`` between two processes here (median)."""
-    store = dist.TCPStore("127.0.0.1", 0, 3, True, wait_for_workers=False,
-                          timeout=timedelta(seconds=TIMEOUT_S))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, 3, True, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S)
+    )
     context = mp.get_context("spawn")
     reader, writer = context.Pipe(duplex=False)
-    processes = [context.Process(target=_pingpong_rank,
-                                 args=(rank, store.port, num_bytes, repeats + 5, writer))
-                 for rank in range(2)]
+    processes = [
+        context.Process(
+            target=_pingpong_rank, args=(rank, store.port, num_bytes, repeats + 5, writer)
+        )
+        for rank in range(2)
+    ]
     for process in processes:
         process.start()
     times = reader.recv()
@@ -115,25 +120,27 @@ def measure_gloo_gbps(num_bytes: int, repeats: int = 30) -> float:
     return num_bytes * 8 / one_way_s / 1e9
 
 
-def _profile_rank(model: str, microbatch_size: int, threads: int, repeats: int,
-                  conn: Any) -> None:
+def _profile_rank(model: str, microbatch_size: int, threads: int, repeats: int, conn: Any) -> None:
     args, _ = MODELS[model]
-    profile = profile_model(load_model(model, args), microbatch_size, "cpu", warmup=3,
-                            repeats=repeats, threads=threads)
+    profile = profile_model(
+        load_model(model, args), microbatch_size, "cpu", warmup=3, repeats=repeats, threads=threads
+    )
     conn.send(profile.to_json())
     conn.close()
 
 
-def profile_together(model: str, microbatch_size: int, threads: int, repeats: int,
-                     copies: int) -> Profile:
+def profile_together(
+    model: str, microbatch_size: int, threads: int, repeats: int, copies: int
+) -> Profile:
     """The model profiled by ``copies`` processes at once; each layer's times are the
     median over the copies (see the module docstring)."""
     context = mp.get_context("spawn")
     readers, processes = [], []
     for _ in range(copies):
         reader, writer = context.Pipe(duplex=False)
-        process = context.Process(target=_profile_rank, args=(
-            model, microbatch_size, threads, repeats, writer))
+        process = context.Process(
+            target=_profile_rank, args=(model, microbatch_size, threads, repeats, writer)
+        )
         process.start()
         writer.close()
         readers.append(reader)
@@ -144,21 +151,38 @@ def profile_together(model: str, microbatch_size: int, threads: int, repeats: in
     return median_profile(profiles)
 
 
-def balanced_plan(profile: Profile, stages: int, schedule: str, num_microbatches: int,
-                  cluster: Cluster, algorithm: str) -> Plan:
-    request = PlanRequest(profile=profile, num_microbatches=num_microbatches,
-                          schedule=schedule, num_stages=stages, cluster=cluster)
+def balanced_plan(
+    profile: Profile,
+    stages: int,
+    schedule: str,
+    num_microbatches: int,
+    cluster: Cluster,
+    algorithm: str,
+) -> Plan:
+    request = PlanRequest(
+        profile=profile,
+        num_microbatches=num_microbatches,
+        schedule=schedule,
+        num_stages=stages,
+        cluster=cluster,
+    )
     return PLANNERS[algorithm](request).plan
 
 
-def measured_run(plan: Plan, model: str, args: dict[str, str], warm_steps: int,
-                 num_steps: int, threads: int
-                 ) -> tuple[list[float], list[float], list[dict[str, Any]]]:
+def measured_run(
+    plan: Plan, model: str, args: dict[str, str], warm_steps: int, num_steps: int, threads: int
+) -> tuple[list[float], list[float], list[dict[str, Any]]]:
     """The timed steps' times, each stage's mean compute per timed step (``busy_ms`` of its
     ``step`` events: forwards, backwards, update), and every op event of the run."""
-    config = EngineConfig(plan=plan, model=model, model_args=args,
-                          steps=warm_steps + num_steps, threads_per_rank=threads,
-                          device="cpu", timeout_s=TIMEOUT_S)
+    config = EngineConfig(
+        plan=plan,
+        model=model,
+        model_args=args,
+        steps=warm_steps + num_steps,
+        threads_per_rank=threads,
+        device="cpu",
+        timeout_s=TIMEOUT_S,
+    )
     busy: dict[int, list[float]] = {}
     ops: list[dict[str, Any]] = []
 
@@ -171,8 +195,11 @@ def measured_run(plan: Plan, model: str, args: dict[str, str], warm_steps: int,
     result = launch(config, sink)
     if not result.ok or result.summary is None:
         raise RuntimeError(f"the engine failed: {result.message}")
-    return (list(result.summary["step_times_ms"][warm_steps:]),
-            [statistics.mean(busy[stage]) for stage in sorted(busy)], ops)
+    return (
+        list(result.summary["step_times_ms"][warm_steps:]),
+        [statistics.mean(busy[stage]) for stage in sorted(busy)],
+        ops,
+    )
 
 
 def step_counts(options: argparse.Namespace, predicted_ms: float) -> tuple[int, int]:
@@ -187,12 +214,14 @@ def step_counts(options: argparse.Namespace, predicted_ms: float) -> tuple[int, 
 
 
 def _save(out: Path, name: str, document: Any) -> None:
-    (out / f"{name}.json").write_text(document.to_json() if hasattr(document, "to_json")
-                                      else json.dumps(document, indent=1))
+    (out / f"{name}.json").write_text(
+        document.to_json() if hasattr(document, "to_json") else json.dumps(document, indent=1)
+    )
 
 
-def run_case(model: str, stages: int, options: argparse.Namespace,
-             bandwidth_gbps: float) -> list[dict]:
+def run_case(
+    model: str, stages: int, options: argparse.Namespace, bandwidth_gbps: float
+) -> list[dict]:
     """Profile, plan, predict and train one case; its rows (``own``, and ``shared``)."""
     cores = os.cpu_count() or 1
     threads = max(1, cores // stages)
@@ -201,17 +230,23 @@ def run_case(model: str, stages: int, options: argparse.Namespace,
     copies = min(stages, cores) if options.profile_together else 1
     profile = profile_together(model, microbatch_size, threads, options.repeats, copies)
     own = cluster_template([stages], [bandwidth_gbps], name=f"{stages} devices, gloo")
-    plan = balanced_plan(profile, stages, options.schedule, options.microbatches, own,
-                         options.algorithm)
+    plan = balanced_plan(
+        profile, stages, options.schedule, options.microbatches, own, options.algorithm
+    )
     predictions = {"own": (plan, own)}
-    sharing = Sharing([Host("this machine", cores, threads)],
-                      [[0] * stage.replicas for stage in plan.stages])
+    sharing = Sharing(
+        [Host("this machine", cores, threads)], [[0] * stage.replicas for stage in plan.stages]
+    )
     placed = shared_placement(plan, own, sharing.hosts, sharing.host_of)
     if placed is not None:  # more ranks than cores: as the backend predicts such a run
         predictions["shared"] = placed
-    warm_steps, num_steps = step_counts(options, min(
-        simulate(profile, *placed_plan, num_steps=1, with_timeline=False).step_time_ms
-        for placed_plan in predictions.values()))
+    warm_steps, num_steps = step_counts(
+        options,
+        min(
+            simulate(profile, *placed_plan, num_steps=1, with_timeline=False).step_time_ms
+            for placed_plan in predictions.values()
+        ),
+    )
     steps_ms, busy_ms, ops = measured_run(plan, model, args, warm_steps, num_steps, threads)
     measured = statistics.mean(steps_ms)
     # calibrated from the first half of the timed steps, judged on the second half
@@ -225,8 +260,9 @@ def run_case(model: str, stages: int, options: argparse.Namespace,
     # The run's op times already hold whatever sharing of cores slowed them, so the
     # calibrated prediction is made on a device per stage, as the backend's is.
     calibration = calibrate(profile, plan, ops, own, first_half, sharing=sharing)
-    calibrated = simulate(calibration.profile, plan, calibration.cluster,
-                          with_timeline=False).step_time_ms
+    calibrated = simulate(
+        calibration.profile, plan, calibration.cluster, with_timeline=False
+    ).step_time_ms
     _save(out, "calibrated-profile", calibration.profile)
     if calibration.cluster is not None:
         _save(out, "calibrated-cluster", calibration.cluster)
@@ -236,19 +272,29 @@ def run_case(model: str, stages: int, options: argparse.Namespace,
         predicted_busy = [stage.busy_ms for stage in result.stages]
         _save(out, f"plan-{label}", sim_plan)
         _save(out, f"cluster-{label}", cluster)
-        rows.append({"model": model, "stages": stages, "threads": threads, "cluster": label,
-                     "stage_layers": [len(s.layers) for s in plan.stages],
-                     "measured_ms": measured, "measured_steps_ms": steps_ms,
-                     "warm_steps": warm_steps,
-                     "predicted_ms": result.step_time_ms,
-                     "measured_busy_ms": busy_ms, "predicted_busy_ms": predicted_busy,
-                     "compute_ratio": sum(busy_ms) / sum(predicted_busy),
-                     "load_average": os.getloadavg()[0],
-                     "error": (measured - result.step_time_ms) / result.step_time_ms,
-                     "judged_ms": judged, "calibrated_ms": calibrated,
-                     "error_before": (judged - result.step_time_ms) / result.step_time_ms,
-                     "error_after": (judged - calibrated) / calibrated,
-                     "calibration": calibration.summary()})
+        rows.append(
+            {
+                "model": model,
+                "stages": stages,
+                "threads": threads,
+                "cluster": label,
+                "stage_layers": [len(s.layers) for s in plan.stages],
+                "measured_ms": measured,
+                "measured_steps_ms": steps_ms,
+                "warm_steps": warm_steps,
+                "predicted_ms": result.step_time_ms,
+                "measured_busy_ms": busy_ms,
+                "predicted_busy_ms": predicted_busy,
+                "compute_ratio": sum(busy_ms) / sum(predicted_busy),
+                "load_average": os.getloadavg()[0],
+                "error": (measured - result.step_time_ms) / result.step_time_ms,
+                "judged_ms": judged,
+                "calibrated_ms": calibrated,
+                "error_before": (judged - result.step_time_ms) / result.step_time_ms,
+                "error_after": (judged - calibrated) / calibrated,
+                "calibration": calibration.summary(),
+            }
+        )
     _save(out, "results", rows)
     return rows
 
@@ -261,22 +307,47 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--algorithm", default="balance-time", choices=sorted(PLANNERS))
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--warm-steps", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=10,
-                        help="timed steps: the first half calibrates, the second judges")
-    parser.add_argument("--warm-seconds", type=float, default=1.0,
-                        help="warm up for at least this long at the predicted pace")
-    parser.add_argument("--half-seconds", type=float, default=2.0,
-                        help="time each half of the timed steps for at least this long")
-    parser.add_argument("--repeats", type=int, default=15,
-                        help="profiler repeats per layer (median)")
-    parser.add_argument("--profile-together", action=argparse.BooleanOptionalAction,
-                        default=True, help="one profiler process per stage at once "
-                        "(default), or --no-profile-together: one process alone")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        help="timed steps: the first half calibrates, the second judges",
+    )
+    parser.add_argument(
+        "--warm-seconds",
+        type=float,
+        default=1.0,
+        help="warm up for at least this long at the predicted pace",
+    )
+    parser.add_argument(
+        "--half-seconds",
+        type=float,
+        default=2.0,
+        help="time each half of the timed steps for at least this long",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=15, help="profiler repeats per layer (median)"
+    )
+    parser.add_argument(
+        "--profile-together",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one profiler process per stage at once "
+        "(default), or --no-profile-together: one process alone",
+    )
     parser.add_argument("--out", default=".pipestudio/bench/fidelity")
-    parser.add_argument("--quiet-load", type=float, default=3.0,
-                        help="before each case, wait for the load average to fall below this")
-    parser.add_argument("--quiet-wait", type=float, default=90.0,
-                        help="but wait no longer than this many seconds (default 90)")
+    parser.add_argument(
+        "--quiet-load",
+        type=float,
+        default=3.0,
+        help="before each case, wait for the load average to fall below this",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=90.0,
+        help="but wait no longer than this many seconds (default 90)",
+    )
     return parser.parse_args(argv)
 
 
@@ -285,9 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     models = options.models.split(",")
     sizes = sorted({int(output) for model in models for output in _median_output(model)})
     gbps = {size: measure_gloo_gbps(size) for size in sizes}
-    print(f"{os.cpu_count()} cores, torch {torch.__version__}, {options.schedule}, "
-          f"{options.microbatches} micro-batches, {options.algorithm}; gloo bandwidth "
-          + ", ".join(f"{g:.2f} Gbit/s at {s} B" for s, g in gbps.items()), flush=True)
+    print(
+        f"{os.cpu_count()} cores, torch {torch.__version__}, {options.schedule}, "
+        f"{options.microbatches} micro-batches, {options.algorithm}; gloo bandwidth "
+        + ", ".join(f"{g:.2f} Gbit/s at {s} B" for s, g in gbps.items()),
+        flush=True,
+    )
     rows = []
     for model in models:
         bandwidth = gbps[int(_median_output(model)[0])]
@@ -299,10 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(abs(row["error"]) for row in rows)
     after = max(abs(row["error_after"]) for row in rows)
     passed = after <= CALIBRATED_TARGET
-    print(f"\nuncalibrated: largest |error| {worst:.1%} (the machine as it is, target "
-          f"{TARGET:.0%}); calibrated from the first half of the timed steps, judged on the "
-          f"second: largest |error| {after:.1%}, target {CALIBRATED_TARGET:.0%}: "
-          + ("PASS" if passed else "FAIL"))
+    print(
+        f"\nuncalibrated: largest |error| {worst:.1%} (the machine as it is, target "
+        f"{TARGET:.0%}); calibrated from the first half of the timed steps, judged on the "
+        f"second: largest |error| {after:.1%}, target {CALIBRATED_TARGET:.0%}: "
+        + ("PASS" if passed else "FAIL")
+    )
     return 0 if passed else 1
 
 
@@ -319,13 +395,16 @@ def _median_output(model: str) -> list[float]:
 
 
 def _print_row(row: dict) -> None:
-    print(f"{row['model']:<7} {row['stages']} stages {row['threads']} thread(s)/rank "
-          f"{row['cluster']:<7} layers {row['stage_layers']}: measured "
-          f"{row['measured_ms']:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  error "
-          f"{row['error']:+.1%}  compute measured/profiled {row['compute_ratio']:.2f}  "
-          f"(load average {row['load_average']:.1f}); second half {row['judged_ms']:.1f} ms: "
-          f"error {row['error_before']:+.1%} before calibration, "
-          f"{row['error_after']:+.1%} after", flush=True)
+    print(
+        f"{row['model']:<7} {row['stages']} stages {row['threads']} thread(s)/rank "
+        f"{row['cluster']:<7} layers {row['stage_layers']}: measured "
+        f"{row['measured_ms']:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  error "
+        f"{row['error']:+.1%}  compute measured/profiled {row['compute_ratio']:.2f}  "
+        f"(load average {row['load_average']:.1f}); second half {row['judged_ms']:.1f} ms: "
+        f"error {row['error_before']:+.1%} before calibration, "
+        f"{row['error_after']:+.1%} after",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,7 @@ from pipestudio.runtime.profiler import profile_model
 
 #: Wide blocks and long sequences: compute grows with width squared and saved bytes with
 #: width, so at width 4096 a block's forward outlasts copying half its activations.
-MODEL_ARGS = {"layers": "2", "width": "4096", "heads": "32", "seq_len": "1024",
-              "vocab": "8192"}
+MODEL_ARGS = {"layers": "2", "width": "4096", "heads": "32", "seq_len": "1024", "vocab": "8192"}
 MICROBATCH_SIZE = 8
 TIMEOUT_S = 300.0
 GIB = 1024**3
@@ -78,8 +77,7 @@ def host_link_gbps(num_bytes: int = 256 * 1024**2, repeats: int = 10) -> dict[st
     for name, (dst, src) in {"d2h": (host, device), "h2d": (device, host)}.items():
         times = []
         for _ in range(repeats + 2):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                enable_timing=True)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             dst.copy_(src, non_blocking=True)
             end.record()
@@ -95,8 +93,11 @@ def chosen_layers(profile: Profile, fraction: float) -> list[str]:
     sizes = {layer.name: layer.saved_bytes for layer in profile.layers}
     need = fraction * sum(sizes.values())
     if len(sizes) <= 16:
-        subsets = (list(combo) for count in range(1, len(sizes) + 1)
-                   for combo in itertools.combinations(sizes, count))
+        subsets = (
+            list(combo)
+            for count in range(1, len(sizes) + 1)
+            for combo in itertools.combinations(sizes, count)
+        )
         fitting = [combo for combo in subsets if sum(sizes[name] for name in combo) >= need]
         return min(fitting, key=lambda combo: (sum(sizes[name] for name in combo), len(combo)))
     chosen, held = [], 0
@@ -111,20 +112,28 @@ def chosen_layers(profile: Profile, fraction: float) -> list[str]:
 def variants(profile: Profile, fraction: float) -> dict[str, dict[str, str]]:
     half = chosen_layers(profile, fraction)
     every = [layer.name for layer in profile.layers]
-    return {"keep": {},
-            "swap": dict.fromkeys(half, "swap"),
-            "recompute": dict.fromkeys(half, "recompute"),
-            "recompute-all": dict.fromkeys(every, "recompute"),
-            "swap-all": dict.fromkeys(every, "swap")}
+    return {
+        "keep": {},
+        "swap": dict.fromkeys(half, "swap"),
+        "recompute": dict.fromkeys(half, "recompute"),
+        "recompute-all": dict.fromkeys(every, "recompute"),
+        "swap-all": dict.fromkeys(every, "swap"),
+    }
 
 
 def one_stage_plan(profile: Profile, policies: dict[str, str], num_microbatches: int) -> Plan:
-    return Plan.model_validate({
-        "model": profile.model, "schedule": "gpipe", "num_microbatches": num_microbatches,
-        "microbatch_size": profile.microbatch_size, "optimizer": "adam",
-        "precision": profile.precision,
-        "stages": [{"layers": [layer.name for layer in profile.layers]}],
-        "policies": policies})
+    return Plan.model_validate(
+        {
+            "model": profile.model,
+            "schedule": "gpipe",
+            "num_microbatches": num_microbatches,
+            "microbatch_size": profile.microbatch_size,
+            "optimizer": "adam",
+            "precision": profile.precision,
+            "stages": [{"layers": [layer.name for layer in profile.layers]}],
+            "policies": policies,
+        }
+    )
 
 
 def shared_plan(profile: Profile, num_microbatches: int) -> Plan:
@@ -132,16 +141,25 @@ def shared_plan(profile: Profile, num_microbatches: int) -> Plan:
     names = [layer.name for layer in profile.layers]
     work = [layer.fwd_ms + layer.bwd_ms for layer in profile.layers]
     cut = min(range(1, len(names)), key=lambda k: abs(sum(work[:k]) - sum(work[k:])))
-    return Plan.model_validate({
-        "model": profile.model, "schedule": "1f1b", "num_microbatches": num_microbatches,
-        "microbatch_size": profile.microbatch_size, "optimizer": "adam",
-        "precision": profile.precision,
-        "stages": [{"layers": names[:cut], "devices": [0]},
-                   {"layers": names[cut:], "devices": [0]}]})
+    return Plan.model_validate(
+        {
+            "model": profile.model,
+            "schedule": "1f1b",
+            "num_microbatches": num_microbatches,
+            "microbatch_size": profile.microbatch_size,
+            "optimizer": "adam",
+            "precision": profile.precision,
+            "stages": [
+                {"layers": names[:cut], "devices": [0]},
+                {"layers": names[cut:], "devices": [0]},
+            ],
+        }
+    )
 
 
-def train(plan: Plan, model: str, args: dict[str, str], warm_steps: int, num_steps: int,
-          device: str) -> dict[str, Any]:
+def train(
+    plan: Plan, model: str, args: dict[str, str], warm_steps: int, num_steps: int, device: str
+) -> dict[str, Any]:
     """Timed step times, peak bytes per timed step, and swap/recompute figures."""
     swap_ms: list[float] = []
     recompute_ms: list[float] = []
@@ -159,23 +177,35 @@ def train(plan: Plan, model: str, args: dict[str, str], warm_steps: int, num_ste
         elif event["type"] == "op" and event["op"] == "recompute":
             recompute_ms.append(event["end_ms"] - event["start_ms"])
 
-    config = EngineConfig(plan=plan, model=model, model_args=args,
-                          steps=warm_steps + num_steps, device=device, timeout_s=TIMEOUT_S)
+    config = EngineConfig(
+        plan=plan,
+        model=model,
+        model_args=args,
+        steps=warm_steps + num_steps,
+        device=device,
+        timeout_s=TIMEOUT_S,
+    )
     result = launch(config, sink)
     if not result.ok or result.summary is None:
         raise RuntimeError(f"the engine failed: {result.message}")
-    return {"step_ms": list(result.summary["step_times_ms"][warm_steps:]),
-            "peak_bytes": peaks,
-            "swap_gib_per_step": sum(swap_bytes) / GIB / num_steps,
-            "swap_ms_per_step": sum(swap_ms) / num_steps,
-            "recompute_ms_per_step": sum(recompute_ms) / num_steps}
+    return {
+        "step_ms": list(result.summary["step_times_ms"][warm_steps:]),
+        "peak_bytes": peaks,
+        "swap_gib_per_step": sum(swap_bytes) / GIB / num_steps,
+        "swap_ms_per_step": sum(swap_ms) / num_steps,
+        "recompute_ms_per_step": sum(recompute_ms) / num_steps,
+    }
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="gpt")
-    parser.add_argument("--model-arg", action="append", default=[],
-                        help="KEY=VALUE over the default model arguments")
+    parser.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        help="KEY=VALUE over the default model arguments",
+    )
     parser.add_argument("--microbatch-size", type=int, default=MICROBATCH_SIZE)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--fraction", type=float, default=0.5)
@@ -185,10 +215,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
-    parser.add_argument("--shared", action="store_true",
-                        help="also train two 1f1b stages sharing the GPU (step 6)")
-    parser.add_argument("--plain", action="store_true",
-                        help="also train in one process without PipeStudio (step 7)")
+    parser.add_argument(
+        "--shared", action="store_true", help="also train two 1f1b stages sharing the GPU (step 6)"
+    )
+    parser.add_argument(
+        "--plain", action="store_true", help="also train in one process without PipeStudio (step 7)"
+    )
     parser.add_argument("--out", default=".pipestudio/bench/gpu")
     return parser.parse_args(argv)
 
@@ -203,64 +235,93 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name() if options.device == "cuda" else "cpu"
-    print(f"device: {device_name}, torch {torch.__version__}; "
-          f"{options.model} {args}, micro-batch size {options.microbatch_size}, "
-          f"{options.microbatches} micro-batches, gpipe, one stage, "
-          f"{options.precision}", flush=True)
+    print(
+        f"device: {device_name}, torch {torch.__version__}; "
+        f"{options.model} {args}, micro-batch size {options.microbatch_size}, "
+        f"{options.microbatches} micro-batches, gpipe, one stage, "
+        f"{options.precision}",
+        flush=True,
+    )
     started = time.perf_counter()
-    profile = profile_model(load_model(options.model, args), options.microbatch_size,
-                            options.device, warmup=2, repeats=5,
-                            precision=options.precision)
+    profile = profile_model(
+        load_model(options.model, args),
+        options.microbatch_size,
+        options.device,
+        warmup=2,
+        repeats=5,
+        precision=options.precision,
+    )
     (out / "profile.json").write_text(profile.to_json())
-    print(f"profiled in {time.perf_counter() - started:.1f} s: "
-          f"{profile.device}, timer {profile.metadata.get('timer')}")
+    print(
+        f"profiled in {time.perf_counter() - started:.1f} s: "
+        f"{profile.device}, timer {profile.metadata.get('timer')}"
+    )
     for layer in profile.layers:
-        print(f"  {layer.name:8s} fwd {layer.fwd_ms:8.2f} ms  bwd {layer.bwd_ms:8.2f} ms"
-              f"  saved {layer.saved_bytes / GIB:6.2f} GiB  params "
-              f"{layer.param_bytes / GIB:6.2f} GiB")
+        print(
+            f"  {layer.name:8s} fwd {layer.fwd_ms:8.2f} ms  bwd {layer.bwd_ms:8.2f} ms"
+            f"  saved {layer.saved_bytes / GIB:6.2f} GiB  params "
+            f"{layer.param_bytes / GIB:6.2f} GiB"
+        )
     link = host_link_gbps() if options.device == "cuda" else {"d2h": 100.0, "h2d": 100.0}
-    print(f"host link: device->host {link['d2h']:.0f} Gbit/s, host->device "
-          f"{link['h2d']:.0f} Gbit/s", flush=True)
-    cluster = cluster_template([1], [None], host_bandwidth_gbps=min(link.values()),
-                               name="one GPU")
+    print(
+        f"host link: device->host {link['d2h']:.0f} Gbit/s, host->device {link['h2d']:.0f} Gbit/s",
+        flush=True,
+    )
+    cluster = cluster_template([1], [None], host_bandwidth_gbps=min(link.values()), name="one GPU")
     if options.device == "cuda":
         torch.cuda.empty_cache()
 
     wanted = options.variants.split(",")
-    plans = {name: one_stage_plan(profile, policies, options.microbatches)
-             for name, policies in variants(profile, options.fraction).items()
-             if name in wanted}
+    plans = {
+        name: one_stage_plan(profile, policies, options.microbatches)
+        for name, policies in variants(profile, options.fraction).items()
+        if name in wanted
+    }
     half = list(plans["swap"].policies) if "swap" in plans else []
-    share = (sum(layer.saved_bytes for layer in profile.layers if layer.name in half)
-             / sum(layer.saved_bytes for layer in profile.layers))
+    share = sum(layer.saved_bytes for layer in profile.layers if layer.name in half) / sum(
+        layer.saved_bytes for layer in profile.layers
+    )
     print(f"chosen layers {half}: {share:.0%} of the stage's saved bytes")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in plans}
     names = list(plans)
     for round_idx in range(options.rounds):
-        order = names[round_idx % len(names):] + names[:round_idx % len(names)]
+        order = names[round_idx % len(names) :] + names[: round_idx % len(names)]
         for name in order:
-            run = train(plans[name], options.model, args, options.warm_steps, options.steps,
-                        options.device)
+            run = train(
+                plans[name], options.model, args, options.warm_steps, options.steps, options.device
+            )
             runs[name].append(run)
-            print(f"  round {round_idx} {name:14s} step {statistics.median(run['step_ms']):9.1f}"
-                  f" ms  peak {max(run['peak_bytes']) / GIB:6.2f} GiB", flush=True)
+            print(
+                f"  round {round_idx} {name:14s} step {statistics.median(run['step_ms']):9.1f}"
+                f" ms  peak {max(run['peak_bytes']) / GIB:6.2f} GiB",
+                flush=True,
+            )
 
     rows = []
     for name, plan in plans.items():
         step_ms = statistics.median(t for run in runs[name] for t in run["step_ms"])
         peak = max(p for run in runs[name] for p in run["peak_bytes"])
         predicted = simulate(profile, plan, cluster, num_steps=1, with_timeline=False)
-        rows.append({
-            "variant": name, "policies": plan.policies, "step_ms": step_ms, "peak_bytes": peak,
-            "spread_ms": [min(t for run in runs[name] for t in run["step_ms"]),
-                          max(t for run in runs[name] for t in run["step_ms"])],
-            "swap_gib_per_step": statistics.median(r["swap_gib_per_step"] for r in runs[name]),
-            "swap_ms_per_step": statistics.median(r["swap_ms_per_step"] for r in runs[name]),
-            "recompute_ms_per_step": statistics.median(
-                r["recompute_ms_per_step"] for r in runs[name]),
-            "predicted_step_ms": predicted.step_time_ms,
-            "predicted_peak_bytes": predicted.stages[0].peak_bytes,
-            "tflops": predicted.model_flops / step_ms / 1e9})
+        rows.append(
+            {
+                "variant": name,
+                "policies": plan.policies,
+                "step_ms": step_ms,
+                "peak_bytes": peak,
+                "spread_ms": [
+                    min(t for run in runs[name] for t in run["step_ms"]),
+                    max(t for run in runs[name] for t in run["step_ms"]),
+                ],
+                "swap_gib_per_step": statistics.median(r["swap_gib_per_step"] for r in runs[name]),
+                "swap_ms_per_step": statistics.median(r["swap_ms_per_step"] for r in runs[name]),
+                "recompute_ms_per_step": statistics.median(
+                    r["recompute_ms_per_step"] for r in runs[name]
+                ),
+                "predicted_step_ms": predicted.step_time_ms,
+                "predicted_peak_bytes": predicted.stages[0].peak_bytes,
+                "tflops": predicted.model_flops / step_ms / 1e9,
+            }
+        )
     keep = next(row for row in rows if row["variant"] == "keep")
     for row in rows:
         row["time_ratio"] = row["step_ms"] / keep["step_ms"]
@@ -269,35 +330,58 @@ def main(argv: list[str] | None = None) -> int:
     peak = peak_tflops(profile.device, profile.precision)
     shared = shared_run(profile, options, args, cluster) if options.shared else None
     plain = plain_run(options, args) if options.plain else None
-    (out / "results.json").write_text(json.dumps({
-        "device": device_name, "torch": torch.__version__, "precision": options.precision,
-        "model": options.model, "model_args": args, "host_link_gbps": link,
-        "peak_tflops": peak, "chosen": half, "chosen_share": share, "rows": rows,
-        "shared": shared, "plain": plain}, indent=1))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "device": device_name,
+                "torch": torch.__version__,
+                "precision": options.precision,
+                "model": options.model,
+                "model_args": args,
+                "host_link_gbps": link,
+                "peak_tflops": peak,
+                "chosen": half,
+                "chosen_share": share,
+                "rows": rows,
+                "shared": shared,
+                "plain": plain,
+            },
+            indent=1,
+        )
+    )
 
-    print(f"\n{'variant':14s} {'step ms':>9s} {'x keep':>7s} {'peak GiB':>9s} {'x keep':>7s}"
-          f" {'swap GiB':>9s} {'swap ms':>8s} {'recomp ms':>9s} {'pred ms':>8s} {'error':>7s}"
-          f" {'pred GiB':>8s} {'TFLOP/s':>8s} {'MFU':>6s}")
+    print(
+        f"\n{'variant':14s} {'step ms':>9s} {'x keep':>7s} {'peak GiB':>9s} {'x keep':>7s}"
+        f" {'swap GiB':>9s} {'swap ms':>8s} {'recomp ms':>9s} {'pred ms':>8s} {'error':>7s}"
+        f" {'pred GiB':>8s} {'TFLOP/s':>8s} {'MFU':>6s}"
+    )
     for row in rows:
         mfu = "-" if not peak else f"{row['tflops'] / peak:.1%}"
-        print(f"{row['variant']:14s} {row['step_ms']:9.1f} {row['time_ratio']:7.3f}"
-              f" {row['peak_bytes'] / GIB:9.2f} {row['peak_ratio']:7.3f}"
-              f" {row['swap_gib_per_step']:9.2f} {row['swap_ms_per_step']:8.1f}"
-              f" {row['recompute_ms_per_step']:9.1f} {row['predicted_step_ms']:8.1f}"
-              f" {row['predicted_error']:+7.1%} {row['predicted_peak_bytes'] / GIB:8.2f}"
-              f" {row['tflops']:8.1f} {mfu:>6s}")
+        print(
+            f"{row['variant']:14s} {row['step_ms']:9.1f} {row['time_ratio']:7.3f}"
+            f" {row['peak_bytes'] / GIB:9.2f} {row['peak_ratio']:7.3f}"
+            f" {row['swap_gib_per_step']:9.2f} {row['swap_ms_per_step']:8.1f}"
+            f" {row['recompute_ms_per_step']:9.1f} {row['predicted_step_ms']:8.1f}"
+            f" {row['predicted_error']:+7.1%} {row['predicted_peak_bytes'] / GIB:8.2f}"
+            f" {row['tflops']:8.1f} {mfu:>6s}"
+        )
     if shared is not None:
-        print(f"two 1f1b stages sharing the GPU {shared['layers']} (gloo between them "
-              f"{shared['staging_gbps']:.1f} Gbit/s at {shared['boundary_bytes']} B): measured "
-              f"{shared['step_ms']:.1f} ms, predicted {shared['predicted_step_ms']:.1f} ms "
-              f"({shared['predicted_error']:+.1%}); as two devices "
-              f"{shared['apart_step_ms']:.1f} ms")
+        print(
+            f"two 1f1b stages sharing the GPU {shared['layers']} (gloo between them "
+            f"{shared['staging_gbps']:.1f} Gbit/s at {shared['boundary_bytes']} B): measured "
+            f"{shared['step_ms']:.1f} ms, predicted {shared['predicted_step_ms']:.1f} ms "
+            f"({shared['predicted_error']:+.1%}); as two devices "
+            f"{shared['apart_step_ms']:.1f} ms"
+        )
     if plain is not None:
         tflops = keep["tflops"] * keep["step_ms"] / plain["step_ms"]
-        print(f"one process without PipeStudio: {plain['step_ms']:.1f} ms per step, "
-              f"{tflops:.1f} TFLOP/s" + ("" if not peak else f" (MFU {tflops / peak:.1%})")
-              + f"; PipeStudio's one stage (keep) takes x{keep['step_ms'] / plain['step_ms']:.3f}"
-              " its time")
+        print(
+            f"one process without PipeStudio: {plain['step_ms']:.1f} ms per step, "
+            f"{tflops:.1f} TFLOP/s"
+            + ("" if not peak else f" (MFU {tflops / peak:.1%})")
+            + f"; PipeStudio's one stage (keep) takes x{keep['step_ms'] / plain['step_ms']:.3f}"
+            " its time"
+        )
     shares = {"swap": share, "swap-all": 1.0}
     verdicts = []
     for row in rows:
@@ -305,36 +389,55 @@ def main(argv: list[str] | None = None) -> int:
             continue
         ok = row["peak_ratio"] <= 0.60 and row["time_ratio"] <= 1.10
         verdicts.append(ok)
-        print(f"{row['variant']} ({shares[row['variant']]:.0%} of the saved bytes): peak "
-              f"x{row['peak_ratio']:.3f} (target <= 0.60), step time x{row['time_ratio']:.3f} "
-              f"(target <= 1.10): {'PASS' if ok else 'FAIL'}")
+        print(
+            f"{row['variant']} ({shares[row['variant']]:.0%} of the saved bytes): peak "
+            f"x{row['peak_ratio']:.3f} (target <= 0.60), step time x{row['time_ratio']:.3f} "
+            f"(target <= 1.10): {'PASS' if ok else 'FAIL'}"
+        )
     return 0 if any(verdicts) or not verdicts else 1
 
 
-def shared_run(profile: Profile, options: argparse.Namespace, args: dict[str, str],
-               cluster: Any) -> dict[str, Any]:
+def shared_run(
+    profile: Profile, options: argparse.Namespace, args: dict[str, str], cluster: Any
+) -> dict[str, Any]:
     """Step 6 of the module docstring: measured and predicted step of two stages on the
     GPU, and what the simulator says of the same plan on two devices."""
     plan = shared_plan(profile, options.microbatches)
     # the hop between the two processes: gloo on the host at the boundary tensor's size
     boundary = profile.layers[len(plan.stages[0].layers) - 1].output_bytes
     staging = measure_gloo_gbps(boundary)
-    cluster = cluster.model_copy(update={"devices": [
-        device.model_copy(update={"staging_gbps": staging}) for device in cluster.devices]})
-    runs = [train(plan, options.model, args, options.warm_steps, options.steps,
-                  options.device) for _ in range(options.rounds)]
+    cluster = cluster.model_copy(
+        update={
+            "devices": [
+                device.model_copy(update={"staging_gbps": staging}) for device in cluster.devices
+            ]
+        }
+    )
+    runs = [
+        train(plan, options.model, args, options.warm_steps, options.steps, options.device)
+        for _ in range(options.rounds)
+    ]
     step_ms = statistics.median(t for run in runs for t in run["step_ms"])
     predicted = simulate(profile, plan, cluster, num_steps=2, with_timeline=False)
-    apart = plan.model_copy(update={"stages": [
-        stage.model_copy(update={"devices": [idx]}) for idx, stage in enumerate(plan.stages)]})
-    two = cluster_template([2], [None], host_bandwidth_gbps=cluster.devices[0]
-                           .host_to_device_gbps)
-    return {"layers": [stage.layers for stage in plan.stages], "step_ms": step_ms,
-            "boundary_bytes": boundary, "staging_gbps": staging,
-            "predicted_step_ms": predicted.step_time_ms,
-            "predicted_error": step_ms / predicted.step_time_ms - 1,
-            "apart_step_ms": simulate(profile, apart, two, num_steps=2,
-                                      with_timeline=False).step_time_ms}
+    apart = plan.model_copy(
+        update={
+            "stages": [
+                stage.model_copy(update={"devices": [idx]}) for idx, stage in enumerate(plan.stages)
+            ]
+        }
+    )
+    two = cluster_template([2], [None], host_bandwidth_gbps=cluster.devices[0].host_to_device_gbps)
+    return {
+        "layers": [stage.layers for stage in plan.stages],
+        "step_ms": step_ms,
+        "boundary_bytes": boundary,
+        "staging_gbps": staging,
+        "predicted_step_ms": predicted.step_time_ms,
+        "predicted_error": step_ms / predicted.step_time_ms - 1,
+        "apart_step_ms": simulate(
+            profile, apart, two, num_steps=2, with_timeline=False
+        ).step_time_ms,
+    }
 
 
 def plain_run(options: argparse.Namespace, args: dict[str, str]) -> dict[str, Any]:

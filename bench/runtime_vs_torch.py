@@ -56,14 +56,26 @@ def wait_for_quiet(max_load: float, max_wait_s: float) -> float:
     return os.getloadavg()[0]
 
 
-def equal_plan(model: str, layer_names: list[str], schedule: str, num_stages: int,
-               num_microbatches: int, microbatch_size: int) -> Plan:
+def equal_plan(
+    model: str,
+    layer_names: list[str],
+    schedule: str,
+    num_stages: int,
+    num_microbatches: int,
+    microbatch_size: int,
+) -> Plan:
     """Stages of consecutive layers, as equal in count as the layers allow."""
     bounds = [round(idx * len(layer_names) / num_stages) for idx in range(num_stages + 1)]
-    return Plan.model_validate({
-        "model": model, "schedule": schedule, "num_microbatches": num_microbatches,
-        "microbatch_size": microbatch_size, "optimizer": "adam",
-        "stages": [{"layers": layer_names[a:b]} for a, b in pairwise(bounds)]})
+    return Plan.model_validate(
+        {
+            "model": model,
+            "schedule": schedule,
+            "num_microbatches": num_microbatches,
+            "microbatch_size": microbatch_size,
+            "optimizer": "adam",
+            "stages": [{"layers": layer_names[a:b]} for a, b in pairwise(bounds)],
+        }
+    )
 
 
 def timed_samples_per_s(step_ends_ms: list[float], warm_steps: int, plan: Plan) -> float:
@@ -73,11 +85,18 @@ def timed_samples_per_s(step_ends_ms: list[float], warm_steps: int, plan: Plan) 
     return num_steps * plan.num_microbatches * plan.microbatch_size / timed_ms * 1e3
 
 
-def run_ours(plan: Plan, model: str, args: dict[str, str], num_steps: int, warm_steps: int,
-             threads: int) -> float:
-    config = EngineConfig(plan=plan, model=model, model_args=args,
-                          steps=warm_steps + num_steps, threads_per_rank=threads,
-                          device="cpu", timeout_s=TIMEOUT_S)
+def run_ours(
+    plan: Plan, model: str, args: dict[str, str], num_steps: int, warm_steps: int, threads: int
+) -> float:
+    config = EngineConfig(
+        plan=plan,
+        model=model,
+        model_args=args,
+        steps=warm_steps + num_steps,
+        threads_per_rank=threads,
+        device="cpu",
+        timeout_s=TIMEOUT_S,
+    )
     result = launch(config)
     if not result.ok or result.summary is None:
         raise RuntimeError(f"the engine failed: {result.message}")
@@ -90,21 +109,28 @@ def run_ours(plan: Plan, model: str, args: dict[str, str], num_steps: int, warm_
 
 def _torch_batch(spec: Any, plan: Plan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     first = step * plan.num_microbatches
-    pairs = [spec.sample(plan.microbatch_size, first + k)
-             for k in range(plan.num_microbatches)]
+    pairs = [spec.sample(plan.microbatch_size, first + k) for k in range(plan.num_microbatches)]
     return torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])
 
 
-def _torch_rank(rank: int, port: int, plan: Plan, model: str, args: dict[str, str],
-                num_steps: int, threads: int, conn: Any) -> None:
+def _torch_rank(
+    rank: int,
+    port: int,
+    plan: Plan,
+    model: str,
+    args: dict[str, str],
+    num_steps: int,
+    threads: int,
+    conn: Any,
+) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     torch.set_num_threads(threads)
     world = plan.num_stages
-    store = dist.TCPStore("127.0.0.1", port, world, False,
-                          timeout=timedelta(seconds=TIMEOUT_S))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=TIMEOUT_S))
+    store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=TIMEOUT_S)
+    )
     spec = load_model(model, args)
     layers = dict(spec.layers)
     module = nn.Sequential(*[layers[name] for name in plan.stages[rank].layers])
@@ -129,16 +155,25 @@ def _torch_rank(rank: int, port: int, plan: Plan, model: str, args: dict[str, st
     dist.destroy_process_group()
 
 
-def run_torch(plan: Plan, model: str, args: dict[str, str], num_steps: int,
-              warm_steps: int, threads: int) -> float:
-    store = dist.TCPStore("127.0.0.1", 0, plan.num_stages + 1, True, wait_for_workers=False,
-                          timeout=timedelta(seconds=TIMEOUT_S))
+def run_torch(
+    plan: Plan, model: str, args: dict[str, str], num_steps: int, warm_steps: int, threads: int
+) -> float:
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        plan.num_stages + 1,
+        True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=TIMEOUT_S),
+    )
     context = mp.get_context("spawn")
     readers, processes = [], []
     for rank in range(plan.num_stages):
         reader, writer = context.Pipe(duplex=False)
-        process = context.Process(target=_torch_rank, args=(
-            rank, store.port, plan, model, args, warm_steps + num_steps, threads, writer))
+        process = context.Process(
+            target=_torch_rank,
+            args=(rank, store.port, plan, model, args, warm_steps + num_steps, threads, writer),
+        )
         process.start()
         writer.close()
         readers.append(reader)
@@ -154,32 +189,47 @@ def run_torch(plan: Plan, model: str, args: dict[str, str], num_steps: int,
             process.join(TIMEOUT_S)
             if process.is_alive():
                 process.kill()
-    ends = [max(rank_ends[step] for rank_ends in per_rank)
-            for step in range(warm_steps + num_steps)]
+    ends = [
+        max(rank_ends[step] for rank_ends in per_rank) for step in range(warm_steps + num_steps)
+    ]
     return timed_samples_per_s(ends, warm_steps, plan)
 
 
-def compare(model: str, schedule: str, options: argparse.Namespace
-            ) -> tuple[float, float, float]:
+def compare(model: str, schedule: str, options: argparse.Namespace) -> tuple[float, float, float]:
     """Median samples/s of ours and of torch over alternating rounds, and the median of
     the rounds' ratios (each round's two runs ran back to back, under the same load)."""
     spec = load_model(model, MODELS[model])
-    plan = equal_plan(model, spec.layer_names, schedule, options.stages,
-                      options.microbatches, MICROBATCH_SIZE[model])
+    plan = equal_plan(
+        model,
+        spec.layer_names,
+        schedule,
+        options.stages,
+        options.microbatches,
+        MICROBATCH_SIZE[model],
+    )
     runners = {"ours": run_ours, "torch": run_torch}
     figures: dict[str, list[float]] = {"ours": [], "torch": []}
     for round_idx in range(options.rounds):
         wait_for_quiet(options.quiet_load, options.quiet_wait)
         order = ["ours", "torch"] if round_idx % 2 == 0 else ["torch", "ours"]
         for name in order:
-            figures[name].append(runners[name](plan, model, MODELS[model], options.steps,
-                                               options.warm_steps, options.threads))
-        print(f"  {model} {schedule} round {round_idx}: ours {figures['ours'][-1]:.1f} "
-              f"torch {figures['torch'][-1]:.1f} samples/s (load average "
-              f"{os.getloadavg()[0]:.1f})", flush=True)
+            figures[name].append(
+                runners[name](
+                    plan, model, MODELS[model], options.steps, options.warm_steps, options.threads
+                )
+            )
+        print(
+            f"  {model} {schedule} round {round_idx}: ours {figures['ours'][-1]:.1f} "
+            f"torch {figures['torch'][-1]:.1f} samples/s (load average "
+            f"{os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
     ratios = [a / b for a, b in zip(figures["ours"], figures["torch"], strict=True)]
-    return (statistics.median(figures["ours"]), statistics.median(figures["torch"]),
-            statistics.median(ratios))
+    return (
+        statistics.median(figures["ours"]),
+        statistics.median(figures["torch"]),
+        statistics.median(ratios),
+    )
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -191,13 +241,25 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-steps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads per rank (default: cores // stages, at least 1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per rank (default: cores // stages, at least 1)",
+    )
     parser.add_argument("--target", type=float, default=1.0)
-    parser.add_argument("--quiet-load", type=float, default=3.0,
-                        help="before each round, wait for the load average to fall below this")
-    parser.add_argument("--quiet-wait", type=float, default=90.0,
-                        help="but wait no longer than this many seconds (default 90)")
+    parser.add_argument(
+        "--quiet-load",
+        type=float,
+        default=3.0,
+        help="before each round, wait for the load average to fall below this",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=90.0,
+        help="but wait no longer than this many seconds (default 90)",
+    )
     options = parser.parse_args(argv)
     if options.threads is None:
         options.threads = max(1, (os.cpu_count() or 1) // options.stages)
@@ -208,16 +270,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
-    print(f"{options.stages} stages, {options.microbatches} micro-batches, "
-          f"{options.threads} threads per rank, {os.cpu_count()} cores, torch "
-          f"{torch.__version__}; {options.warm_steps} warm + {options.steps} timed steps, "
-          f"{options.rounds} alternating rounds; load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"{options.stages} stages, {options.microbatches} micro-batches, "
+        f"{options.threads} threads per rank, {os.cpu_count()} cores, torch "
+        f"{torch.__version__}; {options.warm_steps} warm + {options.steps} timed steps, "
+        f"{options.rounds} alternating rounds; load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     rows = []
     for model in options.models.split(","):
         for schedule in options.schedules.split(","):
             rows.append((model, schedule, *compare(model, schedule, options)))
-    print(f"\n{'model':<6} {'schedule':<9} {'ours/s':>9} {'torch/s':>9} {'ratio':>6}  "
-          "(median samples/s; median of the rounds' ratios)")
+    print(
+        f"\n{'model':<6} {'schedule':<9} {'ours/s':>9} {'torch/s':>9} {'ratio':>6}  "
+        "(median samples/s; median of the rounds' ratios)"
+    )
     for model, schedule, ours, theirs, ratio in rows:
         print(f"{model:<6} {schedule:<9} {ours:>9.1f} {theirs:>9.1f} {ratio:>6.2f}")
     worst = min(row[-1] for row in rows)

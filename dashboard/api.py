@@ -37,8 +37,12 @@ def error_message(response: httpx.Response) -> str:
             where = ".".join(loc)
             text = str(item.get("msg", ""))
             value = item.get("input")
-            if isinstance(value, (int, float, str)) and not isinstance(value, bool) \
-                    and len(str(value)) <= 80 and str(value) not in text:
+            if (
+                isinstance(value, (int, float, str))
+                and not isinstance(value, bool)
+                and len(str(value)) <= 80
+                and str(value) not in text
+            ):
                 text += f" (got {value!r})"
             lines.append(f"{where}: {text}" if where else text)
         return "\n".join(lines)
@@ -50,9 +54,14 @@ class ApiClient:
     dashboard: the signed-in person's session token, ``signin.session_token``), else
     ``token`` (a script's, or a test's), else nothing."""
 
-    def __init__(self, base_url: str, token: str | None = None, *,
-                 http: httpx.Client | None = None,
-                 credential: Callable[[], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        http: httpx.Client | None = None,
+        credential: Callable[[], str | None] | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token, self.credential = token, credential
         self.http = http or httpx.Client(base_url=self.base_url, timeout=TIMEOUT_S)
@@ -61,8 +70,7 @@ class ApiClient:
         token = token or (self.credential() if self.credential else None) or self.token
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    def request(self, method: str, path: str, *, token: str | None = None,
-                **kwargs: Any) -> Any:
+    def request(self, method: str, path: str, *, token: str | None = None, **kwargs: Any) -> Any:
         """The decoded answer; ``token`` replaces the credential for this call."""
         headers = {**self._auth(token), **kwargs.pop("headers", {})}
         try:
@@ -91,13 +99,13 @@ class ApiClient:
             return self.request("GET", "/api/auth/me", headers={"Authorization": ""})
         return self.request("GET", "/api/auth/me", token=token)
 
-    def sign_in(self, user: str | None, password: str, client: str | None = None
-                ) -> dict[str, Any]:
+    def sign_in(self, user: str | None, password: str, client: str | None = None) -> dict[str, Any]:
         """A session; ``client`` is the address of the browser signing in (forwarded, so
         that the backend brakes each browser's failed attempts apart)."""
         headers = {"Authorization": "", **({"X-Forwarded-For": client} if client else {})}
-        return self.request("POST", "/api/auth/session", headers=headers,
-                            json={"user": user, "password": password})
+        return self.request(
+            "POST", "/api/auth/session", headers=headers, json={"user": user, "password": password}
+        )
 
     def sign_out(self, token: str) -> None:
         self.request("DELETE", "/api/auth/session", token=token)
@@ -122,14 +130,15 @@ class ApiClient:
     def cluster(self, cluster_id: int) -> dict[str, Any]:
         return self.get(f"/api/clusters/{cluster_id}")
 
-    def create_cluster(self, document: dict[str, Any], name: str | None = None
-                       ) -> dict[str, Any]:
+    def create_cluster(self, document: dict[str, Any], name: str | None = None) -> dict[str, Any]:
         return self.post("/api/clusters", {"name": name, "cluster": document})
 
-    def replace_cluster(self, cluster_id: int, document: dict[str, Any],
-                        name: str | None = None) -> dict[str, Any]:
-        return self.request("PUT", f"/api/clusters/{cluster_id}",
-                            json={"name": name, "cluster": document})
+    def replace_cluster(
+        self, cluster_id: int, document: dict[str, Any], name: str | None = None
+    ) -> dict[str, Any]:
+        return self.request(
+            "PUT", f"/api/clusters/{cluster_id}", json={"name": name, "cluster": document}
+        )
 
     def delete_cluster(self, cluster_id: int) -> None:
         self.request("DELETE", f"/api/clusters/{cluster_id}")
@@ -166,10 +175,17 @@ class ApiClient:
     def stop_run(self, run_id: int) -> dict[str, Any]:
         return self.post(f"/api/runs/{run_id}/stop")
 
-    def metrics(self, run_id: int, kinds: list[str], *, start_ms: float | None = None,
-                max_points: int = 5000) -> list[dict[str, Any]]:
-        return self.get(f"/api/runs/{run_id}/metrics", kind=kinds, start_ms=start_ms,
-                        max_points=max_points)["data"]
+    def metrics(
+        self,
+        run_id: int,
+        kinds: list[str],
+        *,
+        start_ms: float | None = None,
+        max_points: int = 5000,
+    ) -> list[dict[str, Any]]:
+        return self.get(
+            f"/api/runs/{run_id}/metrics", kind=kinds, start_ms=start_ms, max_points=max_points
+        )["data"]
 
     def calibrated_profile(self, run_id: int, window: int = 20) -> dict[str, Any]:
         return self.get(f"/api/runs/{run_id}/calibrated-profile", window=window)

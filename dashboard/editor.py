@@ -25,14 +25,31 @@ _cache: OrderedDict[str, SimResult] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def new_editor(profile_id: int, cluster_id: int | None, *, schedule: str,
-               num_microbatches: int, microbatch_size: int | None,
-               device_memory_bytes: int | None, optimizer: str = "adam") -> Editor:
-    return {"profile_id": profile_id, "cluster_id": cluster_id, "schedule": schedule,
-            "num_microbatches": num_microbatches, "microbatch_size": microbatch_size,
-            "device_memory_bytes": device_memory_bytes, "optimizer": optimizer,
-            "replicas": None, "devices": None, "policies": {}, "source": "manual",
-            "plan_id": None, "plan_state": None}
+def new_editor(
+    profile_id: int,
+    cluster_id: int | None,
+    *,
+    schedule: str,
+    num_microbatches: int,
+    microbatch_size: int | None,
+    device_memory_bytes: int | None,
+    optimizer: str = "adam",
+) -> Editor:
+    return {
+        "profile_id": profile_id,
+        "cluster_id": cluster_id,
+        "schedule": schedule,
+        "num_microbatches": num_microbatches,
+        "microbatch_size": microbatch_size,
+        "device_memory_bytes": device_memory_bytes,
+        "optimizer": optimizer,
+        "replicas": None,
+        "devices": None,
+        "policies": {},
+        "source": "manual",
+        "plan_id": None,
+        "plan_state": None,
+    }
 
 
 def equal_boundaries(num_layers: int, num_stages: int) -> list[int]:
@@ -65,10 +82,12 @@ def plan_document(profile: Profile, editor: Editor, boundaries: list[int]) -> di
             stage["devices"] = devices[stage_idx]
         stages.append(stage)
     return {
-        "model": profile.model, "schedule": editor["schedule"],
+        "model": profile.model,
+        "schedule": editor["schedule"],
         "num_microbatches": editor["num_microbatches"],
         "microbatch_size": editor.get("microbatch_size") or profile.microbatch_size,
-        "optimizer": editor.get("optimizer", "adam"), "precision": profile.precision,
+        "optimizer": editor.get("optimizer", "adam"),
+        "precision": profile.precision,
         "stages": stages,
         "policies": dict(editor.get("policies") or {}),
         "provenance": {"planner": editor.get("source", "manual"), "edited_in": "dashboard"},
@@ -79,24 +98,35 @@ def build_plan(profile: Profile, editor: Editor, boundaries: list[int]) -> Plan:
     return parse_document(Plan, plan_document(profile, editor, boundaries), source="plan")
 
 
-def editor_from_plan(editor: Editor, profile: Profile, plan: dict[str, Any],
-                     source: str) -> tuple[Editor, list[int]]:
+def editor_from_plan(
+    editor: Editor, profile: Profile, plan: dict[str, Any], source: str
+) -> tuple[Editor, list[int]]:
     """Load a plan (from a planner) into the editor: its shape, replicas, policies and cuts.
 
     Stages must be contiguous runs of the profile's layer order; the planners' plans are.
     """
     index = profile.layer_index
     boundaries = [min(index[name] for name in stage["layers"]) for stage in plan["stages"][1:]]
-    policies = {name: policy for name, policy in plan.get("policies", {}).items()
-                if policy != "keep"}
-    loaded = {**editor, "schedule": plan["schedule"],
-              "num_microbatches": plan["num_microbatches"],
-              "microbatch_size": plan["microbatch_size"],
-              "optimizer": plan.get("optimizer", "adam"),
-              "replicas": [stage.get("replicas", 1) for stage in plan["stages"]],
-              "devices": (None if any(stage.get("devices") is None for stage in plan["stages"])
-                          else [stage["devices"] for stage in plan["stages"]]),
-              "policies": policies, "source": source, "plan_id": None, "plan_state": None}
+    policies = {
+        name: policy for name, policy in plan.get("policies", {}).items() if policy != "keep"
+    }
+    loaded = {
+        **editor,
+        "schedule": plan["schedule"],
+        "num_microbatches": plan["num_microbatches"],
+        "microbatch_size": plan["microbatch_size"],
+        "optimizer": plan.get("optimizer", "adam"),
+        "replicas": [stage.get("replicas", 1) for stage in plan["stages"]],
+        "devices": (
+            None
+            if any(stage.get("devices") is None for stage in plan["stages"])
+            else [stage["devices"] for stage in plan["stages"]]
+        ),
+        "policies": policies,
+        "source": source,
+        "plan_id": None,
+        "plan_state": None,
+    }
     return loaded, boundaries
 
 
@@ -111,17 +141,20 @@ def editor_cluster(editor: Editor, cluster: Cluster | None, plan: Plan) -> Clust
     return memory_only_cluster(num_devices, memory)
 
 
-def predict(profile_id: int, profile: Profile, plan: Plan, cluster: Cluster | None
-            ) -> SimResult:
+def predict(profile_id: int, profile: Profile, plan: Plan, cluster: Cluster | None) -> SimResult:
     """``simulate`` with its timeline, remembered for the last few plans.
 
     The prediction and the timeline of one edit are asked for at once; simulating under
     the lock makes the second wait for the first's result instead of simulating again.
     """
-    key = json.dumps([profile_id,
-                      plan.model_dump(mode="json"),
-                      None if cluster is None else cluster.model_dump(mode="json")],
-                     sort_keys=True)
+    key = json.dumps(
+        [
+            profile_id,
+            plan.model_dump(mode="json"),
+            None if cluster is None else cluster.model_dump(mode="json"),
+        ],
+        sort_keys=True,
+    )
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)

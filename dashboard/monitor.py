@@ -58,8 +58,10 @@ NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 def flatten(metric: dict[str, Any]) -> dict[str, Any]:
     """A stored metric as the engine's event: its data, with stage, replica and step."""
-    event = {key: NON_FINITE.get(value, value) if isinstance(value, str) else value
-             for key, value in (metric.get("data") or {}).items()}
+    event = {
+        key: NON_FINITE.get(value, value) if isinstance(value, str) else value
+        for key, value in (metric.get("data") or {}).items()
+    }
     for key in ("stage", "replica", "step"):
         if event.get(key) is None and metric.get(key) is not None:
             event[key] = metric[key]
@@ -68,13 +70,11 @@ def flatten(metric: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
-def migration_markers(events: list[dict[str, Any]], steps: list[dict[str, Any]]
-                      ) -> list[Marker]:
+def migration_markers(events: list[dict[str, Any]], steps: list[dict[str, Any]]) -> list[Marker]:
     """A marker per migration: where it was requested (the last step received before the
     request was recorded) and where it took effect (the engine's step, once that step was
     measured: a migration scheduled for a later step is not drawn before it comes)."""
-    received = sorted((str(e.get("received_at")), e["step"]) for e in steps
-                      if e.get("received_at"))
+    received = sorted((str(e.get("received_at")), e["step"]) for e in steps if e.get("received_at"))
     times = [time for time, _ in received]
     last = max((e["step"] for e in steps), default=-1)
     markers = []
@@ -84,19 +84,31 @@ def migration_markers(events: list[dict[str, Any]], steps: list[dict[str, Any]]
         step = event.get("step")
         if step is None:
             idx = bisect.bisect_right(times, str(event["created_at"])) - 1
-            step = max((s for _, s in received[:idx + 1]), default=0)
+            step = max((s for _, s in received[: idx + 1]), default=0)
         elif step > last:
             continue  # not reached yet
         data = event.get("data") or {}
         # the backend's request, a worker's answer to it (before the switch: scheduled),
         # or the engine's report of the switch at its step
-        verb = ("requested" if event["kind"] == "migration_requested"
-                else "failed" if not data.get("ok", True)
-                else "scheduled" if event.get("step") is None else "migrated")
+        verb = (
+            "requested"
+            if event["kind"] == "migration_requested"
+            else "failed"
+            if not data.get("ok", True)
+            else "scheduled"
+            if event.get("step") is None
+            else "migrated"
+        )
         moves = data.get("moves") or (data.get("payload") or {}).get("moves") or []
-        text = (f"migration {verb}" if verb != "migrated" else verb) + ": " + (
-            ", ".join(f"{m['layer']} {m['from_stage']}→{m['to_stage']}" for m in moves[:3])
-            or event.get("message") or "")
+        text = (
+            (f"migration {verb}" if verb != "migrated" else verb)
+            + ": "
+            + (
+                ", ".join(f"{m['layer']} {m['from_stage']}→{m['to_stage']}" for m in moves[:3])
+                or event.get("message")
+                or ""
+            )
+        )
         label = verb
         markers.append(Marker(step + 0.5, text[:200], f"⇄ {label} (step {step})"))
     return merge_markers(markers)
@@ -112,8 +124,10 @@ def merge_markers(markers: list[Marker]) -> list[Marker]:
             texts[marker.step].append(marker.text)
         if marker.label and marker.label not in labels.setdefault(marker.step, []):
             labels[marker.step].append(marker.label)
-    return [Marker(step, "<br>".join(found), ", ".join(labels.get(step, [])))
-            for step, found in texts.items()]
+    return [
+        Marker(step, "<br>".join(found), ", ".join(labels.get(step, [])))
+        for step, found in texts.items()
+    ]
 
 
 def latest_attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -129,12 +143,14 @@ def latest_attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(kept.values(), key=lambda e: (e["step"], e["stage"], e.get("replica", 0)))
 
 
-def measured_steps(client: ApiClient, run_id: int, kind: str, max_points: int = 5000
-                   ) -> list[dict[str, Any]]:
+def measured_steps(
+    client: ApiClient, run_id: int, kind: str, max_points: int = 5000
+) -> list[dict[str, Any]]:
     """The run's ``step`` or ``memory`` metrics as engine events, one per worker and step
     (``latest_attempts``)."""
-    return latest_attempts([flatten(m) for m in client.metrics(run_id, [kind],
-                                                                max_points=max_points)])
+    return latest_attempts(
+        [flatten(m) for m in client.metrics(run_id, [kind], max_points=max_points)]
+    )
 
 
 def last_step_ops(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -156,8 +172,7 @@ def fetch_view(client: ApiClient, run_id: int) -> RunView:
     if view.steps:
         newest = max(e["step"] for e in view.steps)
         since = min(e["start_ms"] for e in view.steps if e["step"] == newest)
-        ops = [flatten(m) for m in client.metrics(run_id, ["op"], start_ms=since,
-                                                   max_points=20000)]
+        ops = [flatten(m) for m in client.metrics(run_id, ["op"], start_ms=since, max_points=20000)]
         view.ops = last_step_ops(ops)
     view.events = client.events(run_id)
     view.markers = migration_markers(view.events, view.steps)
@@ -177,8 +192,11 @@ LIVE_STATES = ("starting", "running", "resuming")
 def _calibration(client: ApiClient, run_id: int, state: str) -> dict[str, Any] | None:
     now = time.monotonic()
     known = _CALIBRATED.get(run_id)
-    if known is not None and known[1] == state and (
-            state not in LIVE_STATES or now - known[0] < CALIBRATE_EVERY_S):
+    if (
+        known is not None
+        and known[1] == state
+        and (state not in LIVE_STATES or now - known[0] < CALIBRATE_EVERY_S)
+    ):
         return known[2]
     try:
         calibration: dict[str, Any] | None = client.calibrated_profile(run_id)
@@ -195,16 +213,21 @@ def figures(view: RunView) -> list[Figure]:
     summary = view.plan.get("summary") or {}
     limits = dict(enumerate(summary.get("stage_device_memory_bytes") or []))
     step = view.ops[0]["step"] if view.ops else None
-    gantt = ops_gantt(view.ops, f"Measured schedule of step {step}" if step is not None
-                      else "Measured schedule",
-                      empty_message="Waiting for the first measured step…")
-    return [gantt,
-            throughput_figure(view.steps, view.markers, summary.get("samples_per_s"),
-                              _calibrated_rate(view)),
-            stage_busy_figure(view.steps, view.markers),
-            run_memory_figure(view.memory, limits, view.markers),
-            swap_recompute_figure(view.steps, view.markers),
-            loss_figure(view.steps, view.markers)]
+    gantt = ops_gantt(
+        view.ops,
+        f"Measured schedule of step {step}" if step is not None else "Measured schedule",
+        empty_message="Waiting for the first measured step…",
+    )
+    return [
+        gantt,
+        throughput_figure(
+            view.steps, view.markers, summary.get("samples_per_s"), _calibrated_rate(view)
+        ),
+        stage_busy_figure(view.steps, view.markers),
+        run_memory_figure(view.memory, limits, view.markers),
+        swap_recompute_figure(view.steps, view.markers),
+        loss_figure(view.steps, view.markers),
+    ]
 
 
 def _calibrated_rate(view: RunView) -> float | None:
@@ -224,8 +247,11 @@ def progress(view: RunView) -> tuple[int, float | None]:
     for event in view.steps:
         spans[event["step"]] = max(spans.get(event["step"], 0.0), event["end_ms"])
     ends = [spans[step] for step in sorted(spans)][-11:]
-    rate = ((len(ends) - 1) / (ends[-1] - ends[0]) * 1e3
-            if len(ends) > 1 and ends[-1] > ends[0] else None)
+    rate = (
+        (len(ends) - 1) / (ends[-1] - ends[0]) * 1e3
+        if len(ends) > 1 and ends[-1] > ends[0]
+        else None
+    )
     return min(done, int(run["steps"])), rate
 
 
@@ -251,13 +277,17 @@ def status_text(view: RunView) -> str:
     """The run's state and why it ended; and how many worker messages the backend
     rejected (it could not store them: a stranger's, or malformed), with the latest."""
     run = view.run
-    text = (f"Run {run['id']} of plan {run['plan_id']} ({run['model']}): {run['state']}, "
-            f"{progress_text(view)}, {len(run.get('ranks') or [])} ranks")
+    text = (
+        f"Run {run['id']} of plan {run['plan_id']} ({run['model']}): {run['state']}, "
+        f"{progress_text(view)}, {len(run.get('ranks') or [])} ranks"
+    )
     text += f" — {run['message']}" if run.get("message") else ""
     rejected = [e for e in view.events if e["kind"] == "rejected"]
     if rejected:
-        text += (f" · {len(rejected)} worker message(s) rejected, the latest: "
-                 f"{rejected[-1].get('message', '')}")
+        text += (
+            f" · {len(rejected)} worker message(s) rejected, the latest: "
+            f"{rejected[-1].get('message', '')}"
+        )
     return text
 
 
@@ -268,17 +298,41 @@ def measured_trace(ops: list[dict[str, Any]], run_id: int) -> str:
     workers = sorted({(op["stage"], op.get("replica", 0)) for op in ops})
     pid = {worker: idx for idx, worker in enumerate(workers)}
     events: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": idx,
-         "args": {"name": f"stage {stage} replica {replica}"}}
-        for (stage, replica), idx in pid.items()]
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": idx,
+            "args": {"name": f"stage {stage} replica {replica}"},
+        }
+        for (stage, replica), idx in pid.items()
+    ]
     for op in ops:
         kind = op["op"]
-        thread = ("send" if kind.startswith("send_") else "swap" if kind.startswith("swap_")
-                  else "allreduce" if kind == "allreduce" else "compute")
-        events.append({"ph": "X", "name": kind if op.get("microbatch") is None
-                       else f"{kind} {op['microbatch']}", "cat": kind,
-                       "pid": pid[(op["stage"], op.get("replica", 0))], "tid": threads[thread],
-                       "ts": op["start_ms"] * 1e3, "dur": (op["end_ms"] - op["start_ms"]) * 1e3,
-                       "args": {"step": op["step"]}})
-    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
-                       "otherData": {"run_id": run_id, "measured": True}})
+        thread = (
+            "send"
+            if kind.startswith("send_")
+            else "swap"
+            if kind.startswith("swap_")
+            else "allreduce"
+            if kind == "allreduce"
+            else "compute"
+        )
+        events.append(
+            {
+                "ph": "X",
+                "name": kind if op.get("microbatch") is None else f"{kind} {op['microbatch']}",
+                "cat": kind,
+                "pid": pid[(op["stage"], op.get("replica", 0))],
+                "tid": threads[thread],
+                "ts": op["start_ms"] * 1e3,
+                "dur": (op["end_ms"] - op["start_ms"]) * 1e3,
+                "args": {"step": op["step"]},
+            }
+        )
+    return json.dumps(
+        {
+            "traceEvents": events,
+            "displayTimeUnit": "ms",
+            "otherData": {"run_id": run_id, "measured": True},
+        }
+    )

@@ -19,25 +19,43 @@ from pipestudio.planner.planners.optimal import step_claim
 from pipestudio.planner.trace import chrome_trace
 
 
-def planner_body(editor: Editor, num_stages: int | None, algorithms: list[str] | None
-                 ) -> dict[str, Any]:
+def planner_body(
+    editor: Editor, num_stages: int | None, algorithms: list[str] | None
+) -> dict[str, Any]:
     """The ``POST /api/plans/compare`` body for the editor's shape."""
-    return {"profile_id": editor["profile_id"], "cluster_id": editor["cluster_id"],
-            "num_stages": num_stages, "num_microbatches": editor["num_microbatches"],
-            "schedule": editor["schedule"], "microbatch_size": editor["microbatch_size"],
-            "optimizer": editor.get("optimizer", "adam"),
-            "device_memory_bytes": (None if editor["cluster_id"] is not None
-                                    else editor["device_memory_bytes"]),
-            "straight": bool(editor.get("straight")), "algorithms": algorithms, "save": False}
+    return {
+        "profile_id": editor["profile_id"],
+        "cluster_id": editor["cluster_id"],
+        "num_stages": num_stages,
+        "num_microbatches": editor["num_microbatches"],
+        "schedule": editor["schedule"],
+        "microbatch_size": editor["microbatch_size"],
+        "optimizer": editor.get("optimizer", "adam"),
+        "device_memory_bytes": (
+            None if editor["cluster_id"] is not None else editor["device_memory_bytes"]
+        ),
+        "straight": bool(editor.get("straight")),
+        "algorithms": algorithms,
+        "save": False,
+    }
 
 
-def run_planners(context: Context, editor: Editor, num_stages: int | None,
-                 algorithms: list[str] | None) -> list[dict[str, Any]]:
+def run_planners(
+    context: Context, editor: Editor, num_stages: int | None, algorithms: list[str] | None
+) -> list[dict[str, Any]]:
     """The backend's planners on the editor's request: one row per planner."""
     rows = context.client.compare(planner_body(editor, num_stages, algorithms))
-    return [{"algorithm": row["algorithm"], "plan": row["plan"], "summary": row["summary"],
-             "error": row["error"], "planner_ms": row["planner_ms"],
-             "min_memory_bytes": row["min_memory_bytes"]} for row in rows]
+    return [
+        {
+            "algorithm": row["algorithm"],
+            "plan": row["plan"],
+            "summary": row["summary"],
+            "error": row["error"],
+            "planner_ms": row["planner_ms"],
+            "min_memory_bytes": row["min_memory_bytes"],
+        }
+        for row in rows
+    ]
 
 
 def candidate(row: dict[str, Any]) -> Candidate:
@@ -48,20 +66,26 @@ def candidate(row: dict[str, Any]) -> Candidate:
     stages = (row.get("plan") or {}).get("stages") or []
     replicas = tuple(int(stage.get("replicas", 1)) for stage in stages)
     if summary is None:
-        return Candidate(row["algorithm"], None, error, row.get("planner_ms"),
-                         replicas=replicas)
+        return Candidate(row["algorithm"], None, error, row.get("planner_ms"), replicas=replicas)
     limits = [m for m in summary["stage_device_memory_bytes"] if m]
-    return Candidate(row["algorithm"], summary["step_time_ms"], error, row.get("planner_ms"),
-                     samples_per_s=summary["samples_per_s"],
-                     bubble_fraction=summary["bubble_fraction"], fits=summary["fits"],
-                     peak_bytes=max(summary["stage_peak_bytes"]),
-                     device_memory_bytes=min(limits) if limits else None,
-                     claim=step_claim((row.get("plan") or {}).get("provenance") or {}),
-                     replicas=replicas)
+    return Candidate(
+        row["algorithm"],
+        summary["step_time_ms"],
+        error,
+        row.get("planner_ms"),
+        samples_per_s=summary["samples_per_s"],
+        bubble_fraction=summary["bubble_fraction"],
+        fits=summary["fits"],
+        peak_bytes=max(summary["stage_peak_bytes"]),
+        device_memory_bytes=min(limits) if limits else None,
+        claim=step_claim((row.get("plan") or {}).get("provenance") or {}),
+        replicas=replicas,
+    )
 
 
-def editor_documents(context: Context, editor: Editor, boundaries: list[int]
-                     ) -> tuple[Plan, Cluster | None, SimResult]:
+def editor_documents(
+    context: Context, editor: Editor, boundaries: list[int]
+) -> tuple[Plan, Cluster | None, SimResult]:
     """The edited plan, the cluster it is simulated on, and its prediction."""
     profile = context.profile(editor["profile_id"])
     plan = build_plan(profile, editor, boundaries)
@@ -73,21 +97,27 @@ def editor_documents(context: Context, editor: Editor, boundaries: list[int]
 def prediction_text(result: SimResult) -> str:
     peak = max(stage.peak_bytes for stage in result.stages)
     verdict = "fits in device memory" if result.fits else "does NOT fit in device memory"
-    return (f"Predicted step {result.step_time_ms:.2f} ms · {result.samples_per_s:.1f} "
-            f"samples/s · bubble {result.bubble_fraction:.1%} · largest peak "
-            f"{format_bytes(peak)} · {verdict}")
+    return (
+        f"Predicted step {result.step_time_ms:.2f} ms · {result.samples_per_s:.1f} "
+        f"samples/s · bubble {result.bubble_fraction:.1%} · largest peak "
+        f"{format_bytes(peak)} · {verdict}"
+    )
 
 
-def plan_view(context: Context, editor: Editor | None, boundaries: list[int] | None
-              ) -> tuple[str, bool, list[Figure]]:
+def plan_view(
+    context: Context, editor: Editor | None, boundaries: list[int] | None
+) -> tuple[str, bool, list[Figure]]:
     """(prediction text, whether it is an error, [compute bars, memory bars]): what must
     follow a drag at once; ``timeline_view`` draws the rest from the same prediction."""
-    return (*prediction_view(context, editor, boundaries),
-            stage_figures(context, editor, boundaries))
+    return (
+        *prediction_view(context, editor, boundaries),
+        stage_figures(context, editor, boundaries),
+    )
 
 
-def prediction_view(context: Context, editor: Editor | None, boundaries: list[int] | None
-                    ) -> tuple[str, bool]:
+def prediction_view(
+    context: Context, editor: Editor | None, boundaries: list[int] | None
+) -> tuple[str, bool]:
     """The prediction's text and whether it is an error (no figures built)."""
     if not editor or boundaries is None:
         return "No plan yet: pick a profile and press 'Equal layers' or run a planner.", False
@@ -98,22 +128,25 @@ def prediction_view(context: Context, editor: Editor | None, boundaries: list[in
     return prediction_text(result), False
 
 
-def stage_figures(context: Context, editor: Editor | None, boundaries: list[int] | None
-                  ) -> list[Figure]:
+def stage_figures(
+    context: Context, editor: Editor | None, boundaries: list[int] | None
+) -> list[Figure]:
     """[compute bars, memory bars] of the edited plan (its prediction is remembered)."""
     result = _prediction(context, editor, boundaries)
     return [stage_compute_figure(result), stage_memory_figure(result)]
 
 
-def timeline_view(context: Context, editor: Editor | None, boundaries: list[int] | None
-                  ) -> list[Figure]:
+def timeline_view(
+    context: Context, editor: Editor | None, boundaries: list[int] | None
+) -> list[Figure]:
     """[Gantt, memory over time] of the edited plan (its prediction is remembered)."""
     result = _prediction(context, editor, boundaries)
     return [schedule_gantt(result), memory_timeline_figure(result)]
 
 
-def _prediction(context: Context, editor: Editor | None, boundaries: list[int] | None
-                ) -> SimResult | None:
+def _prediction(
+    context: Context, editor: Editor | None, boundaries: list[int] | None
+) -> SimResult | None:
     """The edited plan's remembered prediction; None when there is none to draw."""
     if not editor or boundaries is None:
         return None
@@ -130,10 +163,10 @@ def candidate_gantt(context: Context, editor: Editor, row: dict[str, Any] | None
     profile = context.profile(editor["profile_id"])
     plan = parse_document(Plan, row["plan"], source=row["algorithm"])
     cluster = None if editor["cluster_id"] is None else context.cluster(editor["cluster_id"])
-    figure = schedule_gantt(predict(editor["profile_id"], profile, plan,
-                                    editor_cluster(editor, cluster, plan)))
-    figure["layout"]["title"]["text"] = f"{row['algorithm']}: " + figure["layout"]["title"][
-        "text"]
+    figure = schedule_gantt(
+        predict(editor["profile_id"], profile, plan, editor_cluster(editor, cluster, plan))
+    )
+    figure["layout"]["title"]["text"] = f"{row['algorithm']}: " + figure["layout"]["title"]["text"]
     return figure
 
 
@@ -160,15 +193,26 @@ class NeedsConfirmation(Exception):
 
 def fingerprint(document: dict[str, Any]) -> str:
     """What makes two plans the same plan to store (not their provenance or name)."""
-    stages = [{"layers": list(s["layers"]), "replicas": s.get("replicas", 1),
-               "devices": s.get("devices")} for s in document["stages"]]
+    stages = [
+        {"layers": list(s["layers"]), "replicas": s.get("replicas", 1), "devices": s.get("devices")}
+        for s in document["stages"]
+    ]
     policies = {k: v for k, v in (document.get("policies") or {}).items() if v != "keep"}
-    return json.dumps([stages, policies, document["schedule"], document["num_microbatches"],
-                       document["microbatch_size"]], sort_keys=True)
+    return json.dumps(
+        [
+            stages,
+            policies,
+            document["schedule"],
+            document["num_microbatches"],
+            document["microbatch_size"],
+        ],
+        sort_keys=True,
+    )
 
 
-def save_plan(context: Context, editor: Editor, boundaries: list[int], name: str | None,
-              approve: bool) -> tuple[Editor, str]:
+def save_plan(
+    context: Context, editor: Editor, boundaries: list[int], name: str | None, approve: bool
+) -> tuple[Editor, str]:
     """Store the edited plan as a draft (and approve it): the new editor state and a notice.
 
     An unchanged plan that was saved already is approved as it is, not stored twice. A
@@ -183,11 +227,19 @@ def save_plan(context: Context, editor: Editor, boundaries: list[int], name: str
     if plan_id is None or editor.get("saved") != saved_as:
         cluster_id = _memory_cluster(context, editor, plan)
         if cluster_id is not None and editor["cluster_id"] is None:
-            made = (f" It is judged on cluster {cluster_id}, made for its memory per device "
-                    "(listed on the Workers & clusters page).")
-        created = context.client.create_plan({
-            "profile_id": editor["profile_id"], "cluster_id": cluster_id,
-            "name": name or None, "author": "dashboard", "plan": document})
+            made = (
+                f" It is judged on cluster {cluster_id}, made for its memory per device "
+                "(listed on the Workers & clusters page)."
+            )
+        created = context.client.create_plan(
+            {
+                "profile_id": editor["profile_id"],
+                "cluster_id": cluster_id,
+                "name": name or None,
+                "author": "dashboard",
+                "plan": document,
+            }
+        )
         plan_id = created["id"]
         editor = {**editor, "plan_id": plan_id, "plan_state": "draft", "saved": saved_as}
     if approve:
@@ -206,8 +258,7 @@ def save_plan(context: Context, editor: Editor, boundaries: list[int], name: str
 def approve_anyway(context: Context, editor: Editor) -> tuple[Editor, str]:
     """Approve the editor's saved plan though the backend named problems (confirmed)."""
     plan_id = editor["plan_id"]
-    context.client.update_plan(plan_id, {"state": "approved", "force": True,
-                                         "author": "dashboard"})
+    context.client.update_plan(plan_id, {"state": "approved", "force": True, "author": "dashboard"})
     return {**editor, "plan_state": "approved"}, f"Plan {plan_id} is approved."
 
 

@@ -82,7 +82,7 @@ class Gate:
     def check(self) -> Response | None:
         """``before_request``: None lets the request through (module docstring)."""
         request = flask.request
-        relative = request.path[len(self.base):] if request.path.startswith(self.base) else ""
+        relative = request.path[len(self.base) :] if request.path.startswith(self.base) else ""
         if relative.startswith(_OPEN_PREFIXES) or relative in _OPEN_PATHS:
             return None
         token = request.cookies.get(SESSION_COOKIE, "")
@@ -96,8 +96,7 @@ class Gate:
                 return _json({"error": "sign in first"}, 401)
             return flask.redirect(f"{self.base}login?next={quote(request.full_path.rstrip('?'))}")
         if person is not None and request.method == "POST" and not self._csrf_ok():
-            return _json({"error": "the request did not come from this dashboard's pages"},
-                         403)
+            return _json({"error": "the request did not come from this dashboard's pages"}, 403)
         flask.g.session_token = token if person else None
         flask.g.person = person
         return None
@@ -123,18 +122,29 @@ class Gate:
             return _json({"error": "sign-in from another site is refused"}, 403)
         user = request.form.get("user", "").strip() or None
         try:
-            created = self.client.sign_in(user, request.form.get("password", ""),
-                                          request.remote_addr)
+            created = self.client.sign_in(
+                user, request.form.get("password", ""), request.remote_addr
+            )
         except ApiError as exc:
-            return flask.make_response(_login_page(self.base, target, str(exc)),
-                                       429 if exc.status == 429 else 401)
+            return flask.make_response(
+                _login_page(self.base, target, str(exc)), 429 if exc.status == 429 else 401
+            )
         response = flask.redirect(target)
         expires = datetime.fromisoformat(created["expires_at"])
         max_age = max(0, int((expires - datetime.now(timezone.utc)).total_seconds()))
-        for name, value, http_only in ((SESSION_COOKIE, created["token"], True),
-                                       (CSRF_COOKIE, secrets.token_urlsafe(24), False)):
-            response.set_cookie(name, value, max_age=max_age, path=self.base,
-                                httponly=http_only, samesite="Strict", secure=self.secure)
+        for name, value, http_only in (
+            (SESSION_COOKIE, created["token"], True),
+            (CSRF_COOKIE, secrets.token_urlsafe(24), False),
+        ):
+            response.set_cookie(
+                name,
+                value,
+                max_age=max_age,
+                path=self.base,
+                httponly=http_only,
+                samesite="Strict",
+                secure=self.secure,
+            )
         return response
 
     def logout(self) -> Response:
@@ -156,12 +166,13 @@ def install(app: Dash, gate: Gate) -> None:
     page when a callback is refused for want of a session."""
     server = app.server
     server.before_request(gate.check)
-    server.add_url_rule(f"{gate.base}login", "pipestudio_login", gate.login,
-                        methods=["GET", "POST"])
-    server.add_url_rule(f"{gate.base}logout", "pipestudio_logout", gate.logout,
-                        methods=["POST"])
-    app.index_string = app.index_string.replace("{%scripts%}", "{%scripts%}" + _ON_401.replace(
-        "BASE", gate.base))
+    server.add_url_rule(
+        f"{gate.base}login", "pipestudio_login", gate.login, methods=["GET", "POST"]
+    )
+    server.add_url_rule(f"{gate.base}logout", "pipestudio_logout", gate.logout, methods=["POST"])
+    app.index_string = app.index_string.replace(
+        "{%scripts%}", "{%scripts%}" + _ON_401.replace("BASE", gate.base)
+    )
 
 
 def session_token() -> str | None:
@@ -182,8 +193,14 @@ def _safe_next(target: str, base: str) -> str:
     """Where to go after signing in: a path of this dashboard, never another site (a
     browser reads ``/\\evil`` as ``//evil``, so backslashes and control characters go)."""
     parts = urlsplit(target)
-    if (parts.scheme or parts.netloc or not target.startswith(base) or target.startswith("//")
-            or "\\" in target or any(ord(c) < 32 for c in target)):
+    if (
+        parts.scheme
+        or parts.netloc
+        or not target.startswith(base)
+        or target.startswith("//")
+        or "\\" in target
+        or any(ord(c) < 32 for c in target)
+    ):
         return base
     return target
 
@@ -211,8 +228,9 @@ _ON_401 = """<script>
 
 
 def _login_page(base: str, target: str, error: str) -> str:
-    notice = (f'<div class="ps-message ps-error" role="alert">{html.escape(error)}</div>'
-              if error else "")
+    notice = (
+        f'<div class="ps-message ps-error" role="alert">{html.escape(error)}</div>' if error else ""
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>PipeStudio · Sign in</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">

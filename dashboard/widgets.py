@@ -6,8 +6,10 @@ from typing import Any
 from dash import dcc, html
 
 #: Every chart's modebar offers "Download plot as a PNG" (Plotly's toImage).
-GRAPH_CONFIG: dict[str, Any] = {"displaylogo": False,
-                                "toImageButtonOptions": {"format": "png", "scale": 2}}
+GRAPH_CONFIG: dict[str, Any] = {
+    "displaylogo": False,
+    "toImageButtonOptions": {"format": "png", "scale": 2},
+}
 
 
 def field(label: str, control: Any, hint: str = "") -> html.Div:
@@ -18,29 +20,32 @@ def field(label: str, control: Any, hint: str = "") -> html.Div:
 
 
 def graph(component_id: str, figure: dict[str, Any] | None = None) -> dcc.Graph:
-    config: Any = {**GRAPH_CONFIG, "toImageButtonOptions": {
-        **GRAPH_CONFIG["toImageButtonOptions"], "filename": component_id}}
-    return dcc.Graph(id=component_id, figure=figure or {"data": [], "layout": {}},
-                     config=config)
+    config: Any = {
+        **GRAPH_CONFIG,
+        "toImageButtonOptions": {**GRAPH_CONFIG["toImageButtonOptions"], "filename": component_id},
+    }
+    return dcc.Graph(id=component_id, figure=figure or {"data": [], "layout": {}}, config=config)
 
 
 def message(text: str, kind: str = "info") -> html.Div:
     """A notice: ``info``, ``ok`` or ``error``; errors keep their line breaks."""
-    return html.Div(text, className=f"ps-message ps-{kind}", role="alert"
-                    if kind == "error" else "status")
+    return html.Div(
+        text, className=f"ps-message ps-{kind}", role="alert" if kind == "error" else "status"
+    )
 
 
-def table(columns: Sequence[str], rows: Sequence[dict[str, Any]], empty: str,
-          table_id: str | None = None) -> html.Div:
+def table(
+    columns: Sequence[str], rows: Sequence[dict[str, Any]], empty: str, table_id: str | None = None
+) -> html.Div:
     """A plain table, or the ``empty`` sentence when there are no rows."""
     if not rows:
         return html.Div(empty, className="ps-empty", id=table_id or "")
     head = html.Thead(html.Tr([html.Th(column) for column in columns]))
-    body = html.Tbody([html.Tr([html.Td(row.get(column, "")) for column in columns])
-                       for row in rows])
+    body = html.Tbody(
+        [html.Tr([html.Td(row.get(column, "")) for column in columns]) for row in rows]
+    )
     return html.Div(html.Table([head, body], className="ps-table"), id=table_id or "")
 
 
 def section(title: str, *children: Any, section_id: str | None = None) -> html.Section:
-    return html.Section([html.H3(title), *children], className="ps-section",
-                        id=section_id or "")
+    return html.Section([html.H3(title), *children], className="ps-section", id=section_id or "")

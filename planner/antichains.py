@@ -137,8 +137,9 @@ def closure(neighbours: Sequence[Sequence[int]], order: Iterable[int]) -> list[i
     return result
 
 
-def antichain_dag(succs: Sequence[Sequence[int]], preds: Sequence[Sequence[int]], *,
-                  max_states: int | None = None) -> AntichainDag:
+def antichain_dag(
+    succs: Sequence[Sequence[int]], preds: Sequence[Sequence[int]], *, max_states: int | None = None
+) -> AntichainDag:
     """The antichain DAG of a graph whose nodes 0..n-1 are in a topological order.
 
     ``max_states`` defaults to MAX_STATES plus the number of layers.
@@ -168,7 +169,8 @@ def antichain_dag(succs: Sequence[Sequence[int]], preds: Sequence[Sequence[int]]
                         f"the layer graph of {len(succs)} layers has more than {max_states} "
                         "antichain states; "
                         "PipeDream's optimizer needs its parallel branches compressed first "
-                        "(as its compress_graph_branches script does for Inception-v3)")
+                        "(as its compress_graph_branches script does for Inception-v3)"
+                    )
                 keys[nxt_key] = len(lists)
                 lists.append(nxt)
                 edges.append([])
@@ -198,8 +200,9 @@ def _reverse_postorder(edges: list[list[int]]) -> list[int]:
     return postorder[::-1]
 
 
-def _in_topological_order(walk: _Enumerator, lists: list[list[int]],
-                          edges: list[list[int]]) -> AntichainDag:
+def _in_topological_order(
+    walk: _Enumerator, lists: list[list[int]], edges: list[list[int]]
+) -> AntichainDag:
     order = _reverse_postorder(edges)
     position = {old: new for new, old in enumerate(order)}
     successors = [tuple(dict.fromkeys(position[w] for w in edges[old])) for old in order]

@@ -100,21 +100,28 @@ class Workload:
             else:
                 per_step += stage.replicas * stage.updates + replicated
         total_steps = self.num_steps + self.num_padding_steps
-        return (total_steps * (self.num_microbatches * per_microbatch + per_step)
-                + self.num_workers * self.num_shared_devices // _SCANS_PER_OP)
+        return (
+            total_steps * (self.num_microbatches * per_microbatch + per_step)
+            + self.num_workers * self.num_shared_devices // _SCANS_PER_OP
+        )
 
 
-def plan_workload(profile: Profile, plan: Plan, layout: StageLayout, num_steps: int
-                  ) -> Workload:
+def plan_workload(profile: Profile, plan: Plan, layout: StageLayout, num_steps: int) -> Workload:
     """The workload of simulating ``num_steps`` steps of ``plan`` (resolved to ``layout``)."""
     stages = []
     for stage, indices in zip(plan.stages, layout.stage_layers, strict=True):
         policies = {plan.policy(profile.layers[idx].name) for idx in indices}
         updates = stage.replicas > 1 or any(profile.layers[idx].update_ms for idx in indices)
-        stages.append(StageWork(stage.replicas, "recompute" in policies, "swap" in policies,
-                                updates))
-    return Workload(plan.schedule, num_steps, plan.num_microbatches, tuple(stages),
-                    len(boundary_bytes(profile, layout)))
+        stages.append(
+            StageWork(stage.replicas, "recompute" in policies, "swap" in policies, updates)
+        )
+    return Workload(
+        plan.schedule,
+        num_steps,
+        plan.num_microbatches,
+        tuple(stages),
+        len(boundary_bytes(profile, layout)),
+    )
 
 
 def most_boundaries(profile: Profile, num_stages: int) -> int:
@@ -139,20 +146,33 @@ def most_boundaries(profile: Profile, num_stages: int) -> int:
 def shared_devices(worker_devices: list[list[int]], cluster: Cluster) -> int:
     """Devices with a memory that two or more workers share (their check scans them all)."""
     counts = Counter(device for devices in worker_devices for device in devices)
-    return sum(1 for device, count in counts.items()
-               if count > 1 and device < cluster.num_devices
-               and cluster.devices[device].memory_bytes is not None)
+    return sum(
+        1
+        for device, count in counts.items()
+        if count > 1
+        and device < cluster.num_devices
+        and cluster.devices[device].memory_bytes is not None
+    )
 
 
-def check_simulation(profile: Profile, plan: Plan, layout: StageLayout, cluster: Cluster | None,
-                     num_steps: int, max_ops: int | None) -> None:
+def check_simulation(
+    profile: Profile,
+    plan: Plan,
+    layout: StageLayout,
+    cluster: Cluster | None,
+    num_steps: int,
+    max_ops: int | None,
+) -> None:
     """Refuse to simulate ``plan`` when it would build more than ``max_ops`` ops: first by
     its ops, counted from its stages alone; then, its workers known to be few enough to
     list, with the memory checks of the devices they share."""
     if max_ops is None:
         return
-    fields = {"num_microbatches": plan.num_microbatches, "num_steps": num_steps,
-              "stages": plan.num_stages}
+    fields = {
+        "num_microbatches": plan.num_microbatches,
+        "num_steps": num_steps,
+        "stages": plan.num_stages,
+    }
     workload = plan_workload(profile, plan, layout, num_steps)
     check_budget(workload, max_ops, fields=fields)
     if cluster is not None:
@@ -181,4 +201,7 @@ def check_budget(workload: Workload, max_ops: int | None, *, fields: dict[str, i
         f"{field}={value}: simulating {steps} of {workload.num_microbatches} micro-batches on "
         f"{workload.num_workers} workers is {num_ops} operations, more than the limit of "
         f"{max_ops}; use fewer {_ADVICE.get(field, 'micro-batches or steps')}",
-        field=field, limit=max_ops, num_ops=num_ops)
+        field=field,
+        limit=max_ops,
+        num_ops=num_ops,
+    )

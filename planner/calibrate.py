@@ -125,15 +125,24 @@ class Calibration:
         return plan, cluster
 
     def summary(self) -> dict[str, Any]:
-        return {"steps": [self.steps[0], self.steps[-1]] if self.steps else [],
-                "stages": [{"stage": s.stage, "measured_ms": s.measured,
-                            "predicted_ms": s.predicted, "factors": s.factors}
-                           for s in self.stages],
-                "link_gbps": {str(level): gbps for level, gbps in self.link_gbps.items()}}
+        return {
+            "steps": [self.steps[0], self.steps[-1]] if self.steps else [],
+            "stages": [
+                {
+                    "stage": s.stage,
+                    "measured_ms": s.measured,
+                    "predicted_ms": s.predicted,
+                    "factors": s.factors,
+                }
+                for s in self.stages
+            ],
+            "link_gbps": {str(level): gbps for level, gbps in self.link_gbps.items()},
+        }
 
 
-def op_events(events: Iterable[Mapping[str, Any]], steps: range | None = None
-              ) -> list[dict[str, Any]]:
+def op_events(
+    events: Iterable[Mapping[str, Any]], steps: range | None = None
+) -> list[dict[str, Any]]:
     """The well-formed ``op`` events (``_is_op``: a worker's malformed report is left out)
     of the latest attempt (a resumed run repeats steps), in ``steps`` when given."""
     ops = [dict(e) for e in events if e.get("type", "op") == "op" and _is_op(e)]
@@ -145,9 +154,15 @@ def op_events(events: Iterable[Mapping[str, Any]], steps: range | None = None
     return ops
 
 
-def calibrate(profile: Profile, plan: Plan, events: Iterable[Mapping[str, Any]],
-              cluster: Cluster | None = None, steps: range | None = None,
-              max_ops: int | None = None, sharing: Sharing | None = None) -> Calibration:
+def calibrate(
+    profile: Profile,
+    plan: Plan,
+    events: Iterable[Mapping[str, Any]],
+    cluster: Cluster | None = None,
+    steps: range | None = None,
+    max_ops: int | None = None,
+    sharing: Sharing | None = None,
+) -> Calibration:
     """The calibration of the module docstring from a run of ``plan`` on ``cluster``;
     ``steps`` picks the measured steps (default: all but the first, which warms up);
     ``max_ops`` bounds the simulation (``simulate``); ``sharing`` says where the ranks
@@ -158,23 +173,34 @@ def calibrate(profile: Profile, plan: Plan, events: Iterable[Mapping[str, Any]],
         steps = range(measured_steps[1] if len(measured_steps) > 1 else 0, 1 << 62)
     ops = [e for e in ops if e["step"] in steps]
     if not ops:
-        raise CalibrationError(f"no op events in steps {_describe(steps)}: calibrate from "
-                               "a run's metrics (pipestudio train --metrics FILE.jsonl)")
+        raise CalibrationError(
+            f"no op events in steps {_describe(steps)}: calibrate from "
+            "a run's metrics (pipestudio train --metrics FILE.jsonl)"
+        )
     if max(e["stage"] for e in ops) >= plan.num_stages:
-        raise CalibrationError(f"the measurements have {max(e['stage'] for e in ops) + 1} "
-                               f"stages, the plan {plan.num_stages}: give the plan the run "
-                               "ran")
+        raise CalibrationError(
+            f"the measurements have {max(e['stage'] for e in ops) + 1} "
+            f"stages, the plan {plan.num_stages}: give the plan the run "
+            "ran"
+        )
     predicted = simulate(profile, plan, cluster, num_steps=2, max_ops=max_ops).timeline
     assert predicted is not None
     overhead = op_overhead_ms(ops, plan.num_stages)
-    stages = [_stage(idx, [e for e in ops if e["stage"] == idx],
-                     [op.model_dump() for op in predicted if op.stage == idx], overhead)
-              for idx in range(plan.num_stages)]
+    stages = [
+        _stage(
+            idx,
+            [e for e in ops if e["stage"] == idx],
+            [op.model_dump() for op in predicted if op.stage == idx],
+            overhead,
+        )
+        for idx in range(plan.num_stages)
+    ]
     calibrated = _scaled(profile, plan, stages)
     link_gbps = _link_gbps(ops, plan, cluster, overhead)
     new_cluster = _with_links(cluster, plan, link_gbps)
-    return Calibration(calibrated, new_cluster, stages, sorted({e["step"] for e in ops}),
-                       link_gbps, sharing)
+    return Calibration(
+        calibrated, new_cluster, stages, sorted({e["step"] for e in ops}), link_gbps, sharing
+    )
 
 
 def op_overhead_ms(ops: list[dict[str, Any]], num_stages: int) -> float:
@@ -192,15 +218,20 @@ def op_overhead_ms(ops: list[dict[str, Any]], num_stages: int) -> float:
     for (stage, _), mine in by_worker.items():
         mine.sort(key=lambda op: op["start_ms"])
         for before, op in itertools.pairwise(mine):
-            local = ((op["op"] == "forward" and stage == 0)
-                     or (op["op"] == "backward" and stage == num_stages - 1))
+            local = (op["op"] == "forward" and stage == 0) or (
+                op["op"] == "backward" and stage == num_stages - 1
+            )
             if local and op["step"] == before["step"]:
                 gaps.append(max(0.0, op["start_ms"] - before["end_ms"]))
     return statistics.median(gaps) if gaps else 0.0
 
 
-def _stage(idx: int, measured_ops: list[dict[str, Any]], predicted_ops: list[dict[str, Any]],
-           overhead_ms: float) -> StageCalibration:
+def _stage(
+    idx: int,
+    measured_ops: list[dict[str, Any]],
+    predicted_ops: list[dict[str, Any]],
+    overhead_ms: float,
+) -> StageCalibration:
     measured = _means(measured_ops, recompute_inside=True)
     predicted = _means(predicted_ops, recompute_inside=False)
     for kind in ("forward", "backward"):
@@ -213,11 +244,18 @@ def _stage(idx: int, measured_ops: list[dict[str, Any]], predicted_ops: list[dic
     # backward proper gets the rest of the measured backward: their sum is what the run
     # measured, whatever share of it the recompute really took
     predicted_recompute = predicted.get("recompute", 0.0)
-    backward = max(_MIN_FACTOR, _ratio(
-        measured["backward"] + overhead_ms - forward * predicted_recompute,
-        predicted.get("backward", 0.0) - predicted_recompute))
-    factors = {"forward": forward, "backward": backward,
-               "update": _ratio(measured.get("update", 0.0), predicted.get("update", 0.0))}
+    backward = max(
+        _MIN_FACTOR,
+        _ratio(
+            measured["backward"] + overhead_ms - forward * predicted_recompute,
+            predicted.get("backward", 0.0) - predicted_recompute,
+        ),
+    )
+    factors = {
+        "forward": forward,
+        "backward": backward,
+        "update": _ratio(measured.get("update", 0.0), predicted.get("update", 0.0)),
+    }
     return StageCalibration(idx, measured, predicted, factors)
 
 
@@ -230,8 +268,9 @@ def _means(ops: list[dict[str, Any]], recompute_inside: bool) -> dict[str, float
     for op in ops:
         if op["op"] in _KINDS:
             durations[op["op"]].append(op["end_ms"] - op["start_ms"])
-    means = {kind: statistics.fmean(values) for kind, values in durations.items()
-             if kind != "recompute"}
+    means = {
+        kind: statistics.fmean(values) for kind, values in durations.items() if kind != "recompute"
+    }
     if durations.get("recompute") and durations.get("backward"):
         means["recompute"] = sum(durations["recompute"]) / len(durations["backward"])
         if not recompute_inside:
@@ -253,18 +292,28 @@ def _scaled(profile: Profile, plan: Plan, stages: list[StageCalibration]) -> Pro
         stage = stages[stage_of[layer.name]]
         update = layer.update_ms * stage.factors["update"]
         if stage.predicted.get("update", 0.0) == 0 and stage.measured.get("update", 0.0) > 0:
-            share = layer.param_bytes / param_bytes[stage.stage] if param_bytes[
-                stage.stage] else 1 / len(plan.stages[stage.stage].layers)
+            share = (
+                layer.param_bytes / param_bytes[stage.stage]
+                if param_bytes[stage.stage]
+                else 1 / len(plan.stages[stage.stage].layers)
+            )
             update = stage.measured["update"] * share
-        layers.append(layer.model_copy(update={
-            "fwd_ms": layer.fwd_ms * stage.factors["forward"],
-            "bwd_ms": layer.bwd_ms * stage.factors["backward"], "update_ms": update}))
+        layers.append(
+            layer.model_copy(
+                update={
+                    "fwd_ms": layer.fwd_ms * stage.factors["forward"],
+                    "bwd_ms": layer.bwd_ms * stage.factors["backward"],
+                    "update_ms": update,
+                }
+            )
+        )
     metadata = {**profile.metadata, "calibrated_from": "run measurements (per-stage op times)"}
     return profile.model_copy(update={"layers": layers, "metadata": metadata})
 
 
-def _link_gbps(ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None,
-               overhead_ms: float) -> dict[int, float]:
+def _link_gbps(
+    ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None, overhead_ms: float
+) -> dict[int, float]:
     """Calibrated bandwidth per cluster level from the idle receivers' gaps (module
     docstring), less the overhead every op starts after (``op_overhead_ms``, which the
     calibrated ops carry); levels are those of ``cluster`` (one level without one)."""
@@ -274,8 +323,11 @@ def _link_gbps(ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None,
             compute[(op["stage"], op["replica"])].append(op)
     for mine in compute.values():
         mine.sort(key=lambda op: op["start_ms"])
-    receiving = {(op["stage"], op["replica"], op["op"], op["microbatch"], op["step"]): op
-                 for op in ops if op["op"] in ("forward", "backward")}
+    receiving = {
+        (op["stage"], op["replica"], op["op"], op["microbatch"], op["step"]): op
+        for op in ops
+        if op["op"] in ("forward", "backward")
+    }
     devices = plan.worker_devices()
     gaps: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for send in ops:
@@ -285,8 +337,11 @@ def _link_gbps(ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None,
             continue
         peer = (send.get("peer_stage"), send.get("peer_replica", 0))
         receiver = receiving.get((*peer, kind, send.get("microbatch"), send["step"]))
-        if receiver is None or not _placed(devices, send["stage"], send["replica"]) \
-                or not _placed(devices, *peer):
+        if (
+            receiver is None
+            or not _placed(devices, send["stage"], send["replica"])
+            or not _placed(devices, *peer)
+        ):
             continue
         before = [op for op in compute[peer] if op["start_ms"] < receiver["start_ms"]]
         if before and before[-1]["end_ms"] > send["start_ms"]:
@@ -295,8 +350,13 @@ def _link_gbps(ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None,
         if gap <= 0:
             continue  # there before the receiver could take it: nothing to learn
         peer_stage, peer_replica = int(peer[0]), int(peer[1])  # type: ignore[arg-type]
-        level = 0 if cluster is None else cluster.level_between(
-            devices[send["stage"]][send["replica"]], devices[peer_stage][peer_replica])
+        level = (
+            0
+            if cluster is None
+            else cluster.level_between(
+                devices[send["stage"]][send["replica"]], devices[peer_stage][peer_replica]
+            )
+        )
         if level < 0:
             continue  # one device: the simulator moves nothing
         gaps[level].append((gap, num_bytes))
@@ -308,26 +368,37 @@ def _link_gbps(ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None,
 
 
 def _placed(devices: list[list[int]], stage: Any, replica: Any) -> bool:
-    return (isinstance(stage, int) and isinstance(replica, int) and 0 <= stage < len(devices)
-            and 0 <= replica < len(devices[stage]))
+    return (
+        isinstance(stage, int)
+        and isinstance(replica, int)
+        and 0 <= stage < len(devices)
+        and 0 <= replica < len(devices[stage])
+    )
 
 
-def _with_links(cluster: Cluster | None, plan: Plan, link_gbps: dict[int, float]
-                ) -> Cluster | None:
+def _with_links(cluster: Cluster | None, plan: Plan, link_gbps: dict[int, float]) -> Cluster | None:
     if not link_gbps:
         return cluster
     if cluster is None:
         num_devices = 1 + max(d for stage in plan.worker_devices() for d in stage)
         cluster = cluster_template([num_devices], [None], name="calibrated")
-    levels = [level.model_copy(update={"bandwidth_gbps": link_gbps[idx]})
-              if idx in link_gbps and math.isfinite(link_gbps[idx]) else level
-              for idx, level in enumerate(cluster.levels)]
+    levels = [
+        level.model_copy(update={"bandwidth_gbps": link_gbps[idx]})
+        if idx in link_gbps and math.isfinite(link_gbps[idx])
+        else level
+        for idx, level in enumerate(cluster.levels)
+    ]
     return cluster.model_copy(update={"levels": levels})
 
 
-def report(calibration: Calibration, profile: Profile, plan: Plan, cluster: Cluster | None,
-           events: Iterable[Mapping[str, Any]], max_ops: int | None = None
-           ) -> dict[str, Any]:
+def report(
+    calibration: Calibration,
+    profile: Profile,
+    plan: Plan,
+    cluster: Cluster | None,
+    events: Iterable[Mapping[str, Any]],
+    max_ops: int | None = None,
+) -> dict[str, Any]:
     """The calibration's factors, and over the calibrated steps the step and each stage's
     compute per step (forwards, backwards with their recomputes, update, and the overhead
     between ops that calibration adds to each forward and backward; mean over replicas):
@@ -343,38 +414,53 @@ def report(calibration: Calibration, profile: Profile, plan: Plan, cluster: Clus
     placed = calibration.placed(plan, cluster)
     times = list(measured_step_times(ops).values())
     before = simulate(profile, *placed, with_timeline=False, max_ops=max_ops)
-    after = simulate(calibration.profile, plan, calibration.cluster, with_timeline=False,
-                     max_ops=max_ops)
+    after = simulate(
+        calibration.profile, plan, calibration.cluster, with_timeline=False, max_ops=max_ops
+    )
     busy: dict[tuple[int, int], dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    overhead = calibration.stages[0].measured.get("overhead", 0.0) if calibration.stages \
-        else 0.0
+    overhead = calibration.stages[0].measured.get("overhead", 0.0) if calibration.stages else 0.0
     for op in ops:  # a run's backwards hold their recomputes
         if op["op"] in ("forward", "backward", "update"):
             extra = overhead if op["op"] != "update" else 0.0  # as calibration counts it
-            busy[(op["stage"], op["replica"])][op["step"]] += (
-                op["end_ms"] - op["start_ms"] + extra)
+            busy[(op["stage"], op["replica"])][op["step"]] += op["end_ms"] - op["start_ms"] + extra
     stages = []
     for idx in range(plan.num_stages):
-        per_step = [statistics.fmean(by_step.values())
-                    for (stage, _), by_step in busy.items() if stage == idx and by_step]
+        per_step = [
+            statistics.fmean(by_step.values())
+            for (stage, _), by_step in busy.items()
+            if stage == idx and by_step
+        ]
         measured = statistics.fmean(per_step) if per_step else None
-        stages.append(_compared(measured, before.stages[idx].busy_ms,
-                                after.stages[idx].busy_ms, stage=idx))
-    return {**calibration.summary(), "shared_cores": placed[0] is not plan,
-            "step_ms": _compared(statistics.fmean(times) if times else None,
-                                 before.step_time_ms, after.step_time_ms),
-            "stage_busy_ms": stages, "model_flops": before.model_flops,
-            "num_devices": plan.num_workers,
-            "peak_tflops": profile_peak(profile)}
+        stages.append(
+            _compared(measured, before.stages[idx].busy_ms, after.stages[idx].busy_ms, stage=idx)
+        )
+    return {
+        **calibration.summary(),
+        "shared_cores": placed[0] is not plan,
+        "step_ms": _compared(
+            statistics.fmean(times) if times else None, before.step_time_ms, after.step_time_ms
+        ),
+        "stage_busy_ms": stages,
+        "model_flops": before.model_flops,
+        "num_devices": plan.num_workers,
+        "peak_tflops": profile_peak(profile),
+    }
 
 
-def _compared(measured: float | None, predicted: float, calibrated: float,
-              **extra: Any) -> dict[str, Any]:
+def _compared(
+    measured: float | None, predicted: float, calibrated: float, **extra: Any
+) -> dict[str, Any]:
     def error(value: float) -> float | None:
         return None if not measured or not value else measured / value - 1
 
-    return {**extra, "measured": measured, "predicted": predicted, "calibrated": calibrated,
-            "predicted_error": error(predicted), "calibrated_error": error(calibrated)}
+    return {
+        **extra,
+        "measured": measured,
+        "predicted": predicted,
+        "calibrated": calibrated,
+        "predicted_error": error(predicted),
+        "calibrated_error": error(calibrated),
+    }
 
 
 def measured_step_times(ops: list[dict[str, Any]]) -> dict[int, float]:
@@ -385,8 +471,11 @@ def measured_step_times(ops: list[dict[str, Any]]) -> dict[int, float]:
     for op in ops:
         ends[op["step"]] = max(ends.get(op["step"], -math.inf), op["end_ms"])
     order = sorted(ends)
-    return {step: ends[step] - ends[previous] for previous, step in itertools.pairwise(order)
-            if step == previous + 1}
+    return {
+        step: ends[step] - ends[previous]
+        for previous, step in itertools.pairwise(order)
+        if step == previous + 1
+    }
 
 
 def read_events(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
@@ -402,8 +491,10 @@ def read_events(lines: Iterable[str], source: str) -> list[dict[str, Any]]:
         if not isinstance(event, dict):
             raise CalibrationError(f"{source} line {number}: not a JSON object")
         if event.get("type") == "op" and not _is_op(event):
-            raise CalibrationError(f"{source} line {number}: an op event needs stage, replica, "
-                                   "op, step, start_ms and end_ms")
+            raise CalibrationError(
+                f"{source} line {number}: an op event needs stage, replica, "
+                "op, step, start_ms and end_ms"
+            )
         events.append(event)
     return events
 
@@ -414,16 +505,24 @@ def run_plan(events: Sequence[Mapping[str, Any]], source: str) -> tuple[Plan, in
     the run then migrated layers (None if it did not): from there on it ran another plan."""
     where = [idx for idx, event in enumerate(events) if event.get("type") == "plan"]
     if not where:
-        raise CalibrationError(f"{source} names no plan (metrics written before plans were "
-                               "recorded in them): give the plan the run ran, --plan PLAN")
+        raise CalibrationError(
+            f"{source} names no plan (metrics written before plans were "
+            "recorded in them): give the plan the run ran, --plan PLAN"
+        )
     try:
         plan = Plan.model_validate(events[where[-1]].get("plan"))
     except ValueError as exc:
-        raise CalibrationError(f"{source}: the run's plan is not a valid plan: "
-                               f"{str(exc).splitlines()[0]}") from None
-    migrated = [event["step"] for event in events[where[-1]:]
-                if event.get("type") == "migration" and event.get("phase") == "done"
-                and isinstance(event.get("step"), int) and not isinstance(event["step"], bool)]
+        raise CalibrationError(
+            f"{source}: the run's plan is not a valid plan: {str(exc).splitlines()[0]}"
+        ) from None
+    migrated = [
+        event["step"]
+        for event in events[where[-1] :]
+        if event.get("type") == "migration"
+        and event.get("phase") == "done"
+        and isinstance(event.get("step"), int)
+        and not isinstance(event["step"], bool)
+    ]
     return plan, min(migrated, default=None)
 
 
@@ -434,12 +533,20 @@ def _attempt(event: Mapping[str, Any]) -> int:
 
 def _is_op(event: Mapping[str, Any]) -> bool:
     ints = ("stage", "replica", "step")
-    return (all(isinstance(event.get(k), int) and not isinstance(event.get(k), bool)
-                and event[k] >= 0 for k in ints)
-            and event.get("op") in _OP_KINDS
-            and all(isinstance(event.get(k), int | float) and not isinstance(event.get(k), bool)
-                    and math.isfinite(event[k]) for k in ("start_ms", "end_ms"))
-            and event["end_ms"] >= event["start_ms"])
+    return (
+        all(
+            isinstance(event.get(k), int) and not isinstance(event.get(k), bool) and event[k] >= 0
+            for k in ints
+        )
+        and event.get("op") in _OP_KINDS
+        and all(
+            isinstance(event.get(k), int | float)
+            and not isinstance(event.get(k), bool)
+            and math.isfinite(event[k])
+            for k in ("start_ms", "end_ms")
+        )
+        and event["end_ms"] >= event["start_ms"]
+    )
 
 
 def _describe(steps: range) -> str:

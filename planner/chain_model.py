@@ -54,13 +54,25 @@ class ChainCosts:
             params.append(params[-1] + layer.param_bytes)
             saved.append(saved[-1] + layer.saved_bytes)
         outputs = [layer.output_bytes for layer in layers]
-        ratios = [layer.saved_bytes / layer.fwd_ms if layer.fwd_ms > 0 else math.inf
-                  for layer in layers]
-        return cls(fwd, bwd, update, params, saved, [layer.fwd_ms for layer in layers],
-                   [layer.bwd_ms for layer in layers], [layer.saved_bytes for layer in layers],
-                   [request.scaled.input_bytes, *outputs[:-1]], outputs,
-                   RangeMax([layer.workspace_bytes for layer in layers]),
-                   RangeMax([layer.saved_bytes for layer in layers]), RangeMax(ratios), ratios)
+        ratios = [
+            layer.saved_bytes / layer.fwd_ms if layer.fwd_ms > 0 else math.inf for layer in layers
+        ]
+        return cls(
+            fwd,
+            bwd,
+            update,
+            params,
+            saved,
+            [layer.fwd_ms for layer in layers],
+            [layer.bwd_ms for layer in layers],
+            [layer.saved_bytes for layer in layers],
+            [request.scaled.input_bytes, *outputs[:-1]],
+            outputs,
+            RangeMax([layer.workspace_bytes for layer in layers]),
+            RangeMax([layer.saved_bytes for layer in layers]),
+            RangeMax(ratios),
+            ratios,
+        )
 
     @property
     def num_layers(self) -> int:
@@ -120,24 +132,29 @@ class StageEvaluator:
         chain, ctx = self.chain, self.contexts[s]
         params = chain.params[j] - chain.params[i]
         static = params * (2 + ctx.optimizer_factor + ctx.weight_versions - 1)
-        return (static + chain.workspace(i, j)
-                + ctx.inflight * (chain.saved[j] - chain.saved[i]))
+        return static + chain.workspace(i, j) + ctx.inflight * (chain.saved[j] - chain.saved[i])
 
     def floor_bytes(self, i: int, j: int, s: int) -> float:
         """Peak memory no choice of the stage goes below: its static bytes, workspace and
         every layer's saved bytes once (kept k x, swapped c x, recomputed once; checkpoints
         only add). It grows as the stage takes more layers."""
         chain, ctx = self.chain, self.contexts[s]
-        return (self.keep_all_bytes(i, j, s)
-                - (ctx.inflight - 1) * (chain.saved[j] - chain.saved[i]))
+        return self.keep_all_bytes(i, j, s) - (ctx.inflight - 1) * (chain.saved[j] - chain.saved[i])
 
     def context_key(self, s: int) -> tuple[object, ...]:
         """What problem(i, j, s) depends on besides i and j: contexts with equal keys (all of
         GPipe's stages with as many replicas, say) pose the same problem for the same layers."""
         ctx = self.contexts[s]
         mode = "gpipe" if ctx.schedule == "gpipe" else ("last" if ctx.warmup == 0 else "warm")
-        return (ctx.inflight, ctx.swap_buffers, ctx.weight_versions, ctx.memory_bytes, mode,
-                ctx.host_in_bytes_per_ms, ctx.host_out_bytes_per_ms)
+        return (
+            ctx.inflight,
+            ctx.swap_buffers,
+            ctx.weight_versions,
+            ctx.memory_bytes,
+            mode,
+            ctx.host_in_bytes_per_ms,
+            ctx.host_out_bytes_per_ms,
+        )
 
     def problem(self, i: int, j: int, s: int) -> StageProblem:
         chain, ctx = self.chain, self.contexts[s]
@@ -145,12 +162,19 @@ class StageEvaluator:
         need = keep_all - ctx.memory_bytes if ctx.memory_bytes is not None else -1
         mode = "gpipe" if ctx.schedule == "gpipe" else ("last" if ctx.warmup == 0 else "warm")
         return StageProblem(
-            fwd_ms=tuple(chain.layer_fwd[i:j]), saved_bytes=tuple(chain.layer_saved[i:j]),
+            fwd_ms=tuple(chain.layer_fwd[i:j]),
+            saved_bytes=tuple(chain.layer_saved[i:j]),
             input_bytes=tuple(chain.layer_input[i:j]),
-            forward_ms=chain.fwd[j] - chain.fwd[i], backward_ms=chain.bwd[j] - chain.bwd[i],
-            inflight=ctx.inflight, swap_buffers=ctx.swap_buffers, need_bytes=need,
-            swap_mode=mode, host_in_bytes_per_ms=ctx.host_in_bytes_per_ms,
-            host_out_bytes_per_ms=ctx.host_out_bytes_per_ms, worth=tuple(chain.layer_worth[i:j]))
+            forward_ms=chain.fwd[j] - chain.fwd[i],
+            backward_ms=chain.bwd[j] - chain.bwd[i],
+            inflight=ctx.inflight,
+            swap_buffers=ctx.swap_buffers,
+            need_bytes=need,
+            swap_mode=mode,
+            host_in_bytes_per_ms=ctx.host_in_bytes_per_ms,
+            host_out_bytes_per_ms=ctx.host_out_bytes_per_ms,
+            worth=tuple(chain.layer_worth[i:j]),
+        )
 
     def bounds(self, i: int, j: int, s: int) -> tuple[float, bool]:
         """(lower bound on stage(i, j, s), whether it is the exact value); inf when nothing
@@ -184,8 +208,11 @@ class StageEvaluator:
         # Each ms more frees at most (k-1) x the best saved bytes per forward ms by recompute
         # plus (k-c) x the faster host link's bytes per ms by swap.
         rates = [ctx.host_in_bytes_per_ms, ctx.host_out_bytes_per_ms]
-        swap_rate = 0.0 if per_byte <= 0 else per_byte * max(
-            math.inf if rate is None else rate for rate in rates)
+        swap_rate = (
+            0.0
+            if per_byte <= 0
+            else per_byte * max(math.inf if rate is None else rate for rate in rates)
+        )
         return base + rest / ((k - 1) * chain.best_ratio(i, j) + swap_rate), False
 
     def solve(self, i: int, j: int, s: int, solver: Solver) -> tuple[float, StageChoice | None]:
@@ -229,8 +256,9 @@ def link_costs(request: PlanRequest, chain: ChainCosts, num_devices: int) -> lis
     return result
 
 
-def partition_policies(evaluator: StageEvaluator, bounds: list[int], solver: Solver
-                       ) -> tuple[list[float], dict[int, str]]:
+def partition_policies(
+    evaluator: StageEvaluator, bounds: list[int], solver: Solver
+) -> tuple[list[float], dict[int, str]]:
     """Each stage's time for the cut points ``bounds`` (0, ..., n) and the non-keep policies
     ``solver`` chose, by layer index; a stage that cannot fit has time inf."""
     times: list[float] = []

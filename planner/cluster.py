@@ -37,7 +37,8 @@ class Level(BaseModel):
     name: Name = Field("", description="Name of the group at this level, e.g. server, rack.")
     size: LevelSize = Field(description="Number of members (devices or lower groups) per group.")
     bandwidth_gbps: Gbps | None = Field(
-        description="Bandwidth of a link between two members; null = free (no transfer time).")
+        description="Bandwidth of a link between two members; null = free (no transfer time)."
+    )
 
 
 class Device(BaseModel):
@@ -50,8 +51,10 @@ class Device(BaseModel):
     host_to_device_gbps: Gbps | None = Field(None, description="Swap-in bandwidth; null = free.")
     device_to_host_gbps: Gbps | None = Field(None, description="Swap-out bandwidth; null = free.")
     staging_gbps: Gbps | None = Field(
-        None, description="Between two processes that share this device: the hop through "
-        "host memory from one to the other (gloo on the host); null = free.")
+        None,
+        description="Between two processes that share this device: the hop through "
+        "host memory from one to the other (gloo on the host); null = free.",
+    )
 
 
 class Cluster(Document):
@@ -60,8 +63,9 @@ class Cluster(Document):
     format: Literal["pipestudio.cluster"] = "pipestudio.cluster"
     version: Literal[1] = 1
     name: Name = "cluster"
-    levels: list[Level] = Field(min_length=1, max_length=MAX_LEVELS,
-                                description="Innermost level first.")
+    levels: list[Level] = Field(
+        min_length=1, max_length=MAX_LEVELS, description="Innermost level first."
+    )
     devices: list[Device] = Field(min_length=1, max_length=MAX_DEVICES)
 
     @model_validator(mode="after")
@@ -141,12 +145,14 @@ def cluster_template(
     name: str = "cluster",
 ) -> Cluster:
     """A homogeneous cluster: ``devices_per_level`` and ``bandwidths_gbps`` innermost first."""
-    _check_template(devices_per_level, bandwidths_gbps, device_memory_bytes,
-                    host_bandwidth_gbps, name)
+    _check_template(
+        devices_per_level, bandwidths_gbps, device_memory_bytes, host_bandwidth_gbps, name
+    )
     levels = [
         Level(name=f"level{idx}", size=size, bandwidth_gbps=bandwidth)
         for idx, (size, bandwidth) in enumerate(
-            zip(devices_per_level, bandwidths_gbps, strict=True))
+            zip(devices_per_level, bandwidths_gbps, strict=True)
+        )
     ]
     count = math.prod(devices_per_level)
     devices = [
@@ -161,9 +167,13 @@ def cluster_template(
     return Cluster(name=name, levels=levels, devices=devices)
 
 
-def _check_template(devices_per_level: list[int], bandwidths_gbps: list[float | None],
-                    device_memory_bytes: int | None, host_bandwidth_gbps: float | None,
-                    name: str) -> None:
+def _check_template(
+    devices_per_level: list[int],
+    bandwidths_gbps: list[float | None],
+    device_memory_bytes: int | None,
+    host_bandwidth_gbps: float | None,
+    name: str,
+) -> None:
     """The Cluster document's limits, checked before a device list is built."""
     if len(devices_per_level) != len(bandwidths_gbps):
         raise ClusterError(
@@ -171,25 +181,33 @@ def _check_template(devices_per_level: list[int], bandwidths_gbps: list[float | 
             f"{len(bandwidths_gbps)} bandwidths ({bandwidths_gbps}): give one bandwidth per level"
         )
     if not 1 <= len(devices_per_level) <= MAX_LEVELS:
-        raise ClusterError(f"a cluster has 1 to {MAX_LEVELS} levels, got "
-                           f"{len(devices_per_level)}")
+        raise ClusterError(f"a cluster has 1 to {MAX_LEVELS} levels, got {len(devices_per_level)}")
     for size in devices_per_level:
         if not 1 <= size <= MAX_LEVEL_SIZE:
             raise ClusterError(f"a level size must be between 1 and {MAX_LEVEL_SIZE}, got {size}")
     count = math.prod(devices_per_level)
     if count > MAX_DEVICES:
-        raise ClusterError(f"levels of {' x '.join(map(str, devices_per_level))} devices hold "
-                           f"{count} devices, more than the limit of {MAX_DEVICES}")
+        raise ClusterError(
+            f"levels of {' x '.join(map(str, devices_per_level))} devices hold "
+            f"{count} devices, more than the limit of {MAX_DEVICES}"
+        )
     for bandwidth in bandwidths_gbps:
         if bandwidth is not None and not 0 < bandwidth <= MAX_GBPS:
-            raise ClusterError(f"a bandwidth must be a positive number of Gbit/s up to "
-                               f"{MAX_GBPS:g}, got {bandwidth}")
+            raise ClusterError(
+                f"a bandwidth must be a positive number of Gbit/s up to "
+                f"{MAX_GBPS:g}, got {bandwidth}"
+            )
     if host_bandwidth_gbps is not None and not 0 < host_bandwidth_gbps <= MAX_GBPS:
-        raise ClusterError(f"host bandwidth must be positive and at most {MAX_GBPS:g} Gbit/s, "
-                           f"got {host_bandwidth_gbps}")
+        raise ClusterError(
+            f"host bandwidth must be positive and at most {MAX_GBPS:g} Gbit/s, "
+            f"got {host_bandwidth_gbps}"
+        )
     if device_memory_bytes is not None and not 1 <= device_memory_bytes <= MAX_BYTES:
-        raise ClusterError(f"device memory must be between 1 and {MAX_BYTES} bytes, got "
-                           f"{device_memory_bytes}")
+        raise ClusterError(
+            f"device memory must be between 1 and {MAX_BYTES} bytes, got {device_memory_bytes}"
+        )
     if len(name) > MAX_NAME_CHARS:
-        raise ClusterError(f"a cluster name has at most {MAX_NAME_CHARS} characters, got "
-                           f"{len(name)}: {name[:40]!r}...")
+        raise ClusterError(
+            f"a cluster name has at most {MAX_NAME_CHARS} characters, got "
+            f"{len(name)}: {name[:40]!r}..."
+        )

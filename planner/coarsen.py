@@ -44,13 +44,16 @@ def backbone(profile: Profile) -> Profile:
     if profile.is_chain:
         return profile
     crossing = crossing_bytes(profile)
-    layers = [layer.model_copy(update={"output_bytes": crossing[idx] or layer.output_bytes})
-              for idx, layer in enumerate(profile.layers)]
+    layers = [
+        layer.model_copy(update={"output_bytes": crossing[idx] or layer.output_bytes})
+        for idx, layer in enumerate(profile.layers)
+    ]
     return profile.model_copy(update={"layers": layers, "edges": None})
 
 
-def plan_on_backbone(request: PlanRequest, planner: Callable[[PlanRequest], PlannerOutput]
-                     ) -> PlannerOutput:
+def plan_on_backbone(
+    request: PlanRequest, planner: Callable[[PlanRequest], PlannerOutput]
+) -> PlannerOutput:
     """Run a chain planner on the backbone and give its plan the graph's layers back.
 
     What the planner proved of the simulated step holds for the backbone, whose transfers
@@ -64,9 +67,15 @@ def plan_on_backbone(request: PlanRequest, planner: Callable[[PlanRequest], Plan
     details = output.details
     if "step_ms" in details:
         step = simulate(request.scaled, plan, request.cluster, with_timeline=False)
-        details = {**details, "step_backbone_ms": details["step_ms"],
-                   "step_ms": step.step_time_ms, "step_optimal": False,
-                   "step_lower_bound_ms": None, "step_gap": None}
+        details = {
+            **details,
+            "step_backbone_ms": details["step_ms"],
+            "step_ms": step.step_time_ms,
+            "step_optimal": False,
+            "step_lower_bound_ms": None,
+            "step_gap": None,
+        }
         provenance.update(step_optimal=False, step_gap=None)
-    return PlannerOutput(plan.model_copy(update={"provenance": provenance}),
-                         output.objective_ms, details)
+    return PlannerOutput(
+        plan.model_copy(update={"provenance": provenance}), output.objective_ms, details
+    )

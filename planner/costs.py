@@ -45,14 +45,19 @@ def stage_costs(profile: Profile, plan: Plan, layout: StageLayout) -> list[Stage
     """Work and memory of every stage, for the plan's policies."""
     factor = OPTIMIZER_STATE_FACTOR[plan.optimizer]
     return [
-        layer_set_costs(profile, indices,
-                        {idx: plan.policy(profile.layers[idx].name) for idx in indices}, factor)
+        layer_set_costs(
+            profile,
+            indices,
+            {idx: plan.policy(profile.layers[idx].name) for idx in indices},
+            factor,
+        )
         for indices in layout.stage_layers
     ]
 
 
-def layer_set_costs(profile: Profile, indices: Sequence[int], policy: dict[int, str],
-                    optimizer_factor: int) -> StageCosts:
+def layer_set_costs(
+    profile: Profile, indices: Sequence[int], policy: dict[int, str], optimizer_factor: int
+) -> StageCosts:
     """Work and memory of one stage made of the layers ``indices`` under ``policy``."""
     layers, preds = profile.layers, profile.graph.preds
     keep = swap = recompute = 0

@@ -59,7 +59,6 @@ MAX_CANDIDATES = 100
 MAX_SIMULATED_STEPS = 100_000
 
 
-
 def _integral(value: Any) -> Any:
     """An integral float as the integer it is: JSON Schema's ``integer`` admits 6.0, and
     strict validation (``STRICT``) would otherwise refuse it."""
@@ -99,11 +98,14 @@ DeviceIdx = Annotated[int, Field(ge=0, le=MAX_DEVICE_IDX), Integral]
 StageIdx = Annotated[int, Field(ge=0, lt=MAX_STAGES), Integral]
 LevelSize = Annotated[int, Field(ge=1, le=MAX_LEVEL_SIZE), Integral]
 #: A metadata or provenance value; integers as exact as JavaScript holds them.
-MetadataValue = (Text | Annotated[int, Field(ge=-MAX_BYTES, le=MAX_BYTES), Integral]
-                 | Annotated[float, Field(allow_inf_nan=False)] | bool)
+MetadataValue = (
+    Text
+    | Annotated[int, Field(ge=-MAX_BYTES, le=MAX_BYTES), Integral]
+    | Annotated[float, Field(allow_inf_nan=False)]
+    | bool
+)
 Metadata = Annotated[dict[Name, MetadataValue], Field(max_length=MAX_METADATA_ENTRIES)]
-Provenance = Annotated[dict[Name, MetadataValue | None],
-                       Field(max_length=MAX_METADATA_ENTRIES)]
+Provenance = Annotated[dict[Name, MetadataValue | None], Field(max_length=MAX_METADATA_ENTRIES)]
 
 
 class DocumentError(PlannerError):

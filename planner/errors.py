@@ -29,8 +29,9 @@ class InfeasibleError(PlannerError):
     where no memory is enough.
     """
 
-    def __init__(self, message: str, min_memory_bytes: int | None = None,
-                 precision_bytes: int | None = None) -> None:
+    def __init__(
+        self, message: str, min_memory_bytes: int | None = None, precision_bytes: int | None = None
+    ) -> None:
         super().__init__(message)
         self.min_memory_bytes = min_memory_bytes
         self.precision_bytes = precision_bytes

@@ -78,13 +78,18 @@ class MaxBatch:
         }
 
 
-def max_microbatch_size(planner: Planner, request: PlanRequest, *,
-                        limit: int = MAX_MICROBATCH_SIZE,
-                        with_timeline: bool = False) -> MaxBatch:
+def max_microbatch_size(
+    planner: Planner,
+    request: PlanRequest,
+    *,
+    limit: int = MAX_MICROBATCH_SIZE,
+    with_timeline: bool = False,
+) -> MaxBatch:
     """The largest micro-batch size up to ``limit`` that fits (see the module docstring)."""
     if smallest_device_memory(request.cluster) is None:
-        raise PlannerError("max-batch needs a device memory: --device-memory or a cluster "
-                           "with memory_bytes")
+        raise PlannerError(
+            "max-batch needs a device memory: --device-memory or a cluster with memory_bytes"
+        )
     if limit < 1:
         raise PlannerError(f"the micro-batch size limit must be >= 1, got {limit}")
     started = time.perf_counter()
@@ -110,11 +115,25 @@ def max_microbatch_size(planner: Planner, request: PlanRequest, *,
     result = best.result
     if with_timeline:
         result = simulate(request.profile.rescaled(low), best.output.plan, request.cluster)
-    trace = [BatchTry(size, entry.fits, entry.peak_bytes, entry.planner_ms,
-                      None if entry.error is None else str(entry.error))
-             for size, entry in tried.items()]
-    return MaxBatch(low, request.num_microbatches, best.output.plan, result, high is None,
-                    trace, (time.perf_counter() - started) * 1e3)
+    trace = [
+        BatchTry(
+            size,
+            entry.fits,
+            entry.peak_bytes,
+            entry.planner_ms,
+            None if entry.error is None else str(entry.error),
+        )
+        for size, entry in tried.items()
+    ]
+    return MaxBatch(
+        low,
+        request.num_microbatches,
+        best.output.plan,
+        result,
+        high is None,
+        trace,
+        (time.perf_counter() - started) * 1e3,
+    )
 
 
 def _bracket(fits: Callable[[int], bool], start: int, limit: int) -> tuple[int, int | None]:
@@ -147,12 +166,14 @@ def _nothing_fits(planner: Planner, request: PlanRequest, one: Attempt) -> Plann
         reason = str(one.error)
     else:
         reason = f"its plan needs {format_bytes(one.peak_bytes or 0)} on its fullest device"
-    message = (f"not even a micro-batch of 1 sample fits {format_bytes(given)} per device "
-               f"({reason})")
-    search = search_min_memory(planner, dataclasses.replace(request, microbatch_size=1),
-                               infeasible_bytes=given)
+    message = f"not even a micro-batch of 1 sample fits {format_bytes(given)} per device ({reason})"
+    search = search_min_memory(
+        planner, dataclasses.replace(request, microbatch_size=1), infeasible_bytes=given
+    )
     if search.min_memory_bytes is None:
         return InfeasibleError(f"{message}; no device memory is enough: {search.failure}")
-    return InfeasibleError(f"{message}; the smallest device memory that fits it is "
-                           f"{search.describe()}", search.min_memory_bytes,
-                           search.precision_bytes)
+    return InfeasibleError(
+        f"{message}; the smallest device memory that fits it is {search.describe()}",
+        search.min_memory_bytes,
+        search.precision_bytes,
+    )

@@ -134,29 +134,38 @@ class StageChoice:
 _State: TypeAlias = "tuple[float, int, int, bool, tuple[_State, str] | None]"
 
 
-def solve_exact(problem: StageProblem, cutoff_ms: float = math.inf, max_states: int = 4096,
-                floor_ms: float = -math.inf) -> StageChoice | None:
+def solve_exact(
+    problem: StageProblem,
+    cutoff_ms: float = math.inf,
+    max_states: int = 4096,
+    floor_ms: float = -math.inf,
+) -> StageChoice | None:
     """The fastest choice that frees ``need_bytes`` (see the module docstring), or None when
     none does within ``cutoff_ms``. Any choice within ``floor_ms`` is good enough: the search
     stops at the first one it finds."""
     return _search(problem, cutoff_ms, max_states, floor_ms, give_up=False)[1]
 
 
-def solve_if_small(problem: StageProblem, cutoff_ms: float, max_states: int,
-                   floor_ms: float = -math.inf) -> tuple[bool, StageChoice | None]:
+def solve_if_small(
+    problem: StageProblem, cutoff_ms: float, max_states: int, floor_ms: float = -math.inf
+) -> tuple[bool, StageChoice | None]:
     """``solve_exact`` where its states never outnumber ``max_states``: (True, its answer,
     proven); otherwise (False, None) as soon as they do, so a large stage costs at most
     about its layers x ``max_states`` before a caller falls back to a bounded choice."""
     return _search(problem, cutoff_ms, max_states, floor_ms, give_up=True)
 
 
-def _search(problem: StageProblem, cutoff_ms: float, max_states: int, floor_ms: float,
-            give_up: bool) -> tuple[bool, StageChoice | None]:
+def _search(
+    problem: StageProblem, cutoff_ms: float, max_states: int, floor_ms: float, give_up: bool
+) -> tuple[bool, StageChoice | None]:
     """The program of the module docstring: (whether it ran to the end, its answer)."""
     count = len(problem.fwd_ms)
     if problem.need_bytes <= 0:
-        return True, (StageChoice(problem.base_ms, (KEEP,) * count, True)
-                      if problem.base_ms <= cutoff_ms else None)
+        return True, (
+            StageChoice(problem.base_ms, (KEEP,) * count, True)
+            if problem.base_ms <= cutoff_ms
+            else None
+        )
     k, c = problem.inflight, problem.swap_buffers
     if k <= 1:
         return True, None  # with one micro-batch in flight no policy frees memory
@@ -181,8 +190,9 @@ def _search(problem: StageProblem, cutoff_ms: float, max_states: int, floor_ms: 
                 gain = (k - 1) * saved - (0 if last_rc else k * inp)
                 children.append((recompute + fwd, swap, freed + gain, True, (state, RECOMPUTE)))
             if k > c and saved and swap + saved <= max_swap:
-                children.append((recompute, swap + saved, freed + (k - c) * saved, False,
-                                 (state, SWAP)))
+                children.append(
+                    (recompute, swap + saved, freed + (k - c) * saved, False, (state, SWAP))
+                )
         states = []
         for child in children:
             recompute, swap, freed = child[0], child[1], child[2]

@@ -48,11 +48,15 @@ class _Ranked:
     def of(cls, problem: StageProblem) -> "_Ranked":
         fwd, saved = problem.fwd_ms, problem.saved_bytes
         worth = problem.worth or tuple(
-            size / ms if ms > 0 else math.inf for ms, size in zip(fwd, saved, strict=True))
+            size / ms if ms > 0 else math.inf for ms, size in zip(fwd, saved, strict=True)
+        )
         order = sorted(range(len(fwd)), key=worth.__getitem__, reverse=True)
-        return cls(order, [0.0, *accumulate(map(fwd.__getitem__, order))],
-                   [0, *accumulate(map(saved.__getitem__, order))],
-                   [0, *accumulate(map(problem.input_bytes.__getitem__, order))])
+        return cls(
+            order,
+            [0.0, *accumulate(map(fwd.__getitem__, order))],
+            [0, *accumulate(map(saved.__getitem__, order))],
+            [0, *accumulate(map(problem.input_bytes.__getitem__, order))],
+        )
 
 
 def _swap_room(problem: StageProblem, time_ms: float) -> float:
@@ -109,12 +113,18 @@ def lower_bound_ms(problem: StageProblem, ranked: _Ranked | None = None) -> floa
     layer = ranked.order[low - 1]
     if problem.fwd_ms[layer] == 0:  # recomputing it is free: enough at its breakpoint
         return base + fwd_prefix[low]
-    return _segment_time(problem, base + fwd_prefix[low - 1], saved_prefix[low - 1],
-                         problem.saved_bytes[layer] / problem.fwd_ms[layer], total)
+    return _segment_time(
+        problem,
+        base + fwd_prefix[low - 1],
+        saved_prefix[low - 1],
+        problem.saved_bytes[layer] / problem.fwd_ms[layer],
+        total,
+    )
 
 
-def _segment_time(problem: StageProblem, start_ms: float, first_bytes: float, rate: float,
-                  total: float) -> float:
+def _segment_time(
+    problem: StageProblem, start_ms: float, first_bytes: float, rate: float, total: float
+) -> float:
     """The least t >= start_ms at which the relaxation frees enough, while the recompute
     budget crosses one layer: recomputed bytes are first_bytes + (t - start_ms) x rate.
 
@@ -157,8 +167,9 @@ def _swap_room_pieces(problem: StageProblem) -> list[tuple[float, float]]:
     return pieces or [(math.inf, 0.0)]
 
 
-def _quick(problem: StageProblem, ranked: _Ranked, time_ms: float
-           ) -> tuple[list[str], float, int] | None:
+def _quick(
+    problem: StageProblem, ranked: _Ranked, time_ms: float
+) -> tuple[list[str], float, int] | None:
     """A sufficient test in O(log n): recompute the best-ranked layers that fit the budget
     and swap the worst-ranked that fit the room, counting a checkpoint for every recomputed
     layer (runs need fewer). The choice, as ``_choose`` gives it, when that frees enough."""
@@ -184,8 +195,9 @@ def _quick(problem: StageProblem, ranked: _Ranked, time_ms: float
     return policies, fwd_prefix[count], total - saved_prefix[first_swap]
 
 
-def _choose(problem: StageProblem, ranked: _Ranked, time_ms: float
-            ) -> tuple[list[str], float, int] | None:
+def _choose(
+    problem: StageProblem, ranked: _Ranked, time_ms: float
+) -> tuple[list[str], float, int] | None:
     """Whole layers within time ``time_ms`` that free enough, or None (module docstring):
     (policies, recompute ms, swap bytes). The inner loop of the bounded search, so it
     works on plain lists."""
@@ -215,8 +227,9 @@ def _recompute_gain(problem: StageProblem, policies: list[str], idx: int) -> int
     return gain
 
 
-def _recompute_into(problem: StageProblem, policies: list[str], order: list[int],
-                    budget_ms: float, freed: int) -> tuple[int, float]:
+def _recompute_into(
+    problem: StageProblem, policies: list[str], order: list[int], budget_ms: float, freed: int
+) -> tuple[int, float]:
     need, fwd = problem.need_bytes, problem.fwd_ms
     recompute_ms = 0.0
     for idx in order:
@@ -232,8 +245,14 @@ def _recompute_into(problem: StageProblem, policies: list[str], order: list[int]
     return freed, recompute_ms
 
 
-def _swap_into(problem: StageProblem, policies: list[str], order: list[int], room: float,
-               freed: int, swap_bytes: int) -> tuple[int, int]:
+def _swap_into(
+    problem: StageProblem,
+    policies: list[str],
+    order: list[int],
+    room: float,
+    freed: int,
+    swap_bytes: int,
+) -> tuple[int, int]:
     per_byte = problem.inflight - problem.swap_buffers
     if per_byte <= 0:
         return freed, swap_bytes
@@ -249,8 +268,9 @@ def _swap_into(problem: StageProblem, policies: list[str], order: list[int], roo
     return freed, swap_bytes
 
 
-def _trim(problem: StageProblem, policies: list[str], order: list[int], freed: int,
-          recompute_ms: float) -> float:
+def _trim(
+    problem: StageProblem, policies: list[str], order: list[int], freed: int, recompute_ms: float
+) -> float:
     """Undo recomputes, least worth it first, that the memory no longer needs."""
     for idx in order:
         if policies[idx] != RECOMPUTE:
@@ -265,22 +285,30 @@ def _trim(problem: StageProblem, policies: list[str], order: list[int], freed: i
     return recompute_ms
 
 
-def solve_bounded(problem: StageProblem, cutoff_ms: float = math.inf,
-                  floor_ms: float = -math.inf, lower_ms: float | None = None
-                  ) -> StageChoice | None:
+def solve_bounded(
+    problem: StageProblem,
+    cutoff_ms: float = math.inf,
+    floor_ms: float = -math.inf,
+    lower_ms: float | None = None,
+) -> StageChoice | None:
     """A choice within ``cutoff_ms`` that frees enough, with its lower bound (pass
     ``lower_ms`` when it is known); any choice within ``floor_ms`` is good enough. None when
     none is found within the cutoff."""
     count = len(problem.fwd_ms)
     if problem.need_bytes <= 0:
-        return StageChoice(problem.base_ms, (KEEP,) * count, True, problem.base_ms) \
-            if problem.base_ms <= cutoff_ms else None
+        return (
+            StageChoice(problem.base_ms, (KEEP,) * count, True, problem.base_ms)
+            if problem.base_ms <= cutoff_ms
+            else None
+        )
     ranked = _Ranked.of(problem)
     lower = lower_bound_ms(problem, ranked) if lower_ms is None else lower_ms
     if lower > cutoff_ms:
         return None
-    high = min(cutoff_ms, max(problem.base_ms + ranked.fwd_prefix[-1],
-                              problem.swap_ms(ranked.saved_prefix[-1])))
+    high = min(
+        cutoff_ms,
+        max(problem.base_ms + ranked.fwd_prefix[-1], problem.swap_ms(ranked.saved_prefix[-1])),
+    )
     start = max(lower, floor_ms)
     found = None
     if start <= high:

@@ -163,8 +163,7 @@ def _best_step(state: GreedyState) -> tuple[str, int, int] | None:
             continue
         gain = state.recompute_gain(idx)
         if gain > 0:
-            cost = problem.time_ms(state.recompute_ms + problem.fwd_ms[idx],
-                                   state.swap_bytes) - now
+            cost = problem.time_ms(state.recompute_ms + problem.fwd_ms[idx], state.swap_bytes) - now
             rate = gain / cost if cost > 0 else math.inf
             if best is None or rate > best[0]:
                 best = (rate, RECOMPUTE, idx, gain)

@@ -38,8 +38,16 @@ class MemoryLedger:
         self._events: list[list[_Event]] = [[] for _ in workers]
         self._peaks: list[WorkerPeak] | None = None
 
-    def record(self, worker: int, seq: int, time_ms: float, delta: tuple[int, int], kind: str,
-               *, at_end: bool) -> None:
+    def record(
+        self,
+        worker: int,
+        seq: int,
+        time_ms: float,
+        delta: tuple[int, int],
+        kind: str,
+        *,
+        at_end: bool,
+    ) -> None:
         inflight = 0
         if kind == "forward" and not at_end:
             inflight = 1
@@ -49,8 +57,9 @@ class MemoryLedger:
             act, ws = delta
             if act * ws < 0:  # allocate before freeing: the op's end holds both a moment
                 self._events[worker].append((2 * seq, time_ms, max(act, 0), max(ws, 0), 0))
-                self._events[worker].append((2 * seq + 1, time_ms, min(act, 0), min(ws, 0),
-                                             inflight))
+                self._events[worker].append(
+                    (2 * seq + 1, time_ms, min(act, 0), min(ws, 0), inflight)
+                )
             else:
                 self._events[worker].append((2 * seq, time_ms, act, ws, inflight))
 
@@ -83,8 +92,9 @@ class MemoryLedger:
         versions = max(max_inflight, 1) if self._stashes_weights else 1
         static = self._static(worker, versions)
         total = sum(static.values()) + sum(best)
-        memory = MemoryBreakdown(**static, activations_bytes=best[0], workspace_bytes=best[1],
-                                 total_bytes=total)
+        memory = MemoryBreakdown(
+            **static, activations_bytes=best[0], workspace_bytes=best[1], total_bytes=total
+        )
         return WorkerPeak(memory, max_inflight, versions)
 
     def static_bytes(self, worker: int) -> int:
@@ -105,8 +115,9 @@ class MemoryLedger:
             peak = max(peak, level)
         return peak <= limit
 
-    def tracks(self, workers: list[tuple[int, int]], window: tuple[float, float]
-               ) -> list[MemoryTrack]:
+    def tracks(
+        self, workers: list[tuple[int, int]], window: tuple[float, float]
+    ) -> list[MemoryTrack]:
         """Each worker's total bytes over ``window``, starting with the level at its start.
 
         At an instant where memory rises and falls again (an op of zero duration), the track
@@ -139,6 +150,7 @@ class MemoryLedger:
                     times.append(time_ms)
                     values.append(level)
                     instant_peak = level
-            result.append(MemoryTrack(stage=stage_idx, replica=replica, times_ms=times,
-                                      bytes=values))
+            result.append(
+                MemoryTrack(stage=stage_idx, replica=replica, times_ms=times, bytes=values)
+            )
         return result

@@ -50,13 +50,16 @@ def layer_moves(profile: Profile, current: Plan, new: Plan) -> list[LayerMove]:
     """Layers whose stage index differs between the plans, in the profile's layer order."""
     before = {name: idx for idx, stage in enumerate(current.stages) for name in stage.layers}
     after = {name: idx for idx, stage in enumerate(new.stages) for name in stage.layers}
-    return [LayerMove(layer=layer.name, from_stage=before[layer.name],
-                      to_stage=after[layer.name])
-            for layer in profile.layers if before[layer.name] != after[layer.name]]
+    return [
+        LayerMove(layer=layer.name, from_stage=before[layer.name], to_stage=after[layer.name])
+        for layer in profile.layers
+        if before[layer.name] != after[layer.name]
+    ]
 
 
-def plan_migration(profile: Profile, current: Plan, new: Plan,
-                   cluster: Cluster | None) -> Migration:
+def plan_migration(
+    profile: Profile, current: Plan, new: Plan, cluster: Cluster | None
+) -> Migration:
     """The moves from ``current`` to ``new`` (same stages, replicas and devices) and their
     transfers (module docstring)."""
     moves = layer_moves(profile, current, new)
@@ -80,12 +83,23 @@ def plan_migration(profile: Profile, current: Plan, new: Plan,
         per_param = 2 + factor + stashed_versions(current, src)
         num_bytes = per_param * sum(params[name] for name in names)
         bandwidth = None if cluster is None else cluster.bandwidth_gbps(from_device, to_device)
-        transfers.append(Transfer(from_stage=src, to_stage=dst, from_device=from_device,
-                                  to_device=to_device, layers=names, transfer_bytes=num_bytes,
-                                  transfer_ms=transfer_ms(num_bytes, bandwidth)))
+        transfers.append(
+            Transfer(
+                from_stage=src,
+                to_stage=dst,
+                from_device=from_device,
+                to_device=to_device,
+                layers=names,
+                transfer_bytes=num_bytes,
+                transfer_ms=transfer_ms(num_bytes, bandwidth),
+            )
+        )
     breakdown = MigrationBreakdown(
-        parameter_bytes=kinds["parameter"], gradient_bytes=kinds["gradient"],
-        optimizer_bytes=kinds["optimizer"], weight_version_bytes=kinds["weight_version"])
+        parameter_bytes=kinds["parameter"],
+        gradient_bytes=kinds["gradient"],
+        optimizer_bytes=kinds["optimizer"],
+        weight_version_bytes=kinds["weight_version"],
+    )
     return Migration(moves, breakdown, transfers)
 
 

@@ -68,8 +68,7 @@ class Attempt:
         return max(stage.peak_bytes for stage in self.result.stages)
 
 
-def attempt(planner: "Planner", request: "PlanRequest", *,
-            with_timeline: bool = False) -> Attempt:
+def attempt(planner: "Planner", request: "PlanRequest", *, with_timeline: bool = False) -> Attempt:
     """Ask ``planner`` and simulate its plan on the request's cluster."""
     started = time.perf_counter()
     try:
@@ -89,18 +88,20 @@ def smallest_device_memory(cluster: Cluster | None) -> int | None:
     return min(memories) if memories else None
 
 
-def with_device_memory(request: "PlanRequest", memory_bytes: int | None
-                       ) -> "PlanRequest | None":
+def with_device_memory(request: "PlanRequest", memory_bytes: int | None) -> "PlanRequest | None":
     """The request with every device's memory set to ``memory_bytes`` (None: unlimited);
     None when the request has neither a cluster nor a stage count to make one."""
     if request.cluster is None:
         if request.num_stages is None:
             return None
-        cluster = cluster_template([request.num_stages], [None],
-                                   device_memory_bytes=memory_bytes, name="memory-only")
+        cluster = cluster_template(
+            [request.num_stages], [None], device_memory_bytes=memory_bytes, name="memory-only"
+        )
     else:
-        devices = [device.model_copy(update={"memory_bytes": memory_bytes})
-                   for device in request.cluster.devices]
+        devices = [
+            device.model_copy(update={"memory_bytes": memory_bytes})
+            for device in request.cluster.devices
+        ]
         cluster = request.cluster.model_copy(update={"devices": devices})
     return dataclasses.replace(request, cluster=cluster)
 
@@ -124,14 +125,20 @@ class MemorySearch:
         assert self.min_memory_bytes is not None
         text = f"{format_bytes(self.min_memory_bytes)} ({self.min_memory_bytes} bytes)"
         if self.stopped_early:
-            text += (f" (to within {format_bytes(self.precision_bytes or 0)}: the search "
-                     "ran out of time)")
+            text += (
+                f" (to within {format_bytes(self.precision_bytes or 0)}: the search "
+                "ran out of time)"
+            )
         return text
 
 
-def search_min_memory(planner: "Planner", request: "PlanRequest", *,
-                      infeasible_bytes: int = 0,
-                      budget_s: float = SEARCH_BUDGET_S) -> MemorySearch:
+def search_min_memory(
+    planner: "Planner",
+    request: "PlanRequest",
+    *,
+    infeasible_bytes: int = 0,
+    budget_s: float = SEARCH_BUDGET_S,
+) -> MemorySearch:
     """The smallest memory per device at which ``planner`` answers ``request`` with a plan
     that fits (module docstring); ``infeasible_bytes`` is a memory already known to fail."""
     deadline = time.perf_counter() + budget_s
@@ -156,8 +163,9 @@ def search_min_memory(planner: "Planner", request: "PlanRequest", *,
             break
         low, high = high, 2 * high
     else:
-        return MemorySearch(None, None, 1 + len(tried),
-                            f"no memory up to {format_bytes(low)} per device fits")
+        return MemorySearch(
+            None, None, 1 + len(tried), f"no memory up to {format_bytes(low)} per device fits"
+        )
     while high - low > precision_bytes(high):
         if time.perf_counter() > deadline:
             return MemorySearch(high, high - low, 1 + len(tried), stopped_early=True)
@@ -169,8 +177,9 @@ def search_min_memory(planner: "Planner", request: "PlanRequest", *,
     return MemorySearch(high, precision_bytes(high), 1 + len(tried))
 
 
-def explain_infeasible(planner: "Planner", request: "PlanRequest",
-                       exc: InfeasibleError) -> InfeasibleError:
+def explain_infeasible(
+    planner: "Planner", request: "PlanRequest", exc: InfeasibleError
+) -> InfeasibleError:
     """``exc`` with the smallest memory that fits found and named in its message."""
     if exc.min_memory_bytes is not None:
         return exc
@@ -180,5 +189,7 @@ def explain_infeasible(planner: "Planner", request: "PlanRequest",
         return InfeasibleError(f"{exc}; no device memory is enough: {search.failure}")
     against = "" if given is None else f", against {format_bytes(given)} given"
     return InfeasibleError(
-        f"{exc}; the smallest device memory that fits is {search.describe()} per device"
-        f"{against}", search.min_memory_bytes, search.precision_bytes)
+        f"{exc}; the smallest device memory that fits is {search.describe()} per device{against}",
+        search.min_memory_bytes,
+        search.precision_bytes,
+    )

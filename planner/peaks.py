@@ -31,8 +31,9 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
-def peak_tflops(device: str, precision: str,
-                extra: Mapping[str, Mapping[str, float]] | None = None) -> float | None:
+def peak_tflops(
+    device: str, precision: str, extra: Mapping[str, Mapping[str, float]] | None = None
+) -> float | None:
     """The peak TFLOP/s of ``device`` (a profile's device name) in ``precision``; None when
     neither ``extra`` nor the table knows it (or the device lacks that precision)."""
     for table in (extra or {}, PEAK_TFLOPS):
@@ -48,8 +49,9 @@ def profile_peak(profile: Profile) -> float | None:
     return profile.peak_tflops or peak_tflops(profile.device, profile.precision)
 
 
-def model_flop_utilisation(model_tflops: float, num_devices: int, peak: float | None
-                           ) -> float | None:
+def model_flop_utilisation(
+    model_tflops: float, num_devices: int, peak: float | None
+) -> float | None:
     """The model's achieved TFLOP/s over what ``num_devices`` devices of ``peak`` could
     do; None without a peak."""
     if peak is None or peak <= 0 or num_devices < 1:

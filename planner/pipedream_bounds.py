@@ -45,9 +45,10 @@ def memory_caps(machines: int, memory_bytes: float | None, straight: bool) -> li
     if memory_bytes is None:
         return caps
     for used in range(1, machines):
-        caps[used] = max(caps[used - replicas] + memory_bytes
-                         / math.ceil((machines - used) / replicas)
-                         for replicas in range(1, 2 if straight else used + 1))
+        caps[used] = max(
+            caps[used - replicas] + memory_bytes / math.ceil((machines - used) / replicas)
+            for replicas in range(1, 2 if straight else used + 1)
+        )
     return caps
 
 
@@ -63,8 +64,14 @@ def _largest_drop(parameter_bytes: Sequence[float]) -> float:
 class SearchBounds:
     """The bounds above for one set of state costs, levels and memory size."""
 
-    def __init__(self, costs: "StateCosts", levels: Sequence["Level"], *,
-                 memory_bytes: float | None, straight: bool) -> None:
+    def __init__(
+        self,
+        costs: "StateCosts",
+        levels: Sequence["Level"],
+        *,
+        memory_bytes: float | None,
+        straight: bool,
+    ) -> None:
         self.costs, self.levels, self.memory_bytes = costs, levels, memory_bytes
         drop = _largest_drop(costs.parameter_bytes)
         self.below: list[int] = []  # M_l
@@ -82,13 +89,30 @@ class SearchBounds:
             width = machines
         total = costs.compute_s[-1] if costs.compute_s else 0.0
         self.abs_slack = SLACK * (total + shortfall) + 1e-300
-        self.byte_slack = SLACK * max((abs(act) + abs(par) for act, par in zip(
-            costs.activation_bytes, costs.parameter_bytes, strict=True)), default=0.0)
+        self.byte_slack = SLACK * max(
+            (
+                abs(act) + abs(par)
+                for act, par in zip(costs.activation_bytes, costs.parameter_bytes, strict=True)
+            ),
+            default=0.0,
+        )
         self.caps = [memory_caps(level.num_machines, memory_bytes, straight) for level in levels]
-        self.reach = None if memory_bytes is None else ChainReach(
-            costs, levels, memory_bytes=memory_bytes, straight=straight, below=self.below,
-            width=self.width, shortfall=self.shortfall, relative_slack=SLACK,
-            abs_slack_s=self.abs_slack, abs_slack_bytes=self.byte_slack)
+        self.reach = (
+            None
+            if memory_bytes is None
+            else ChainReach(
+                costs,
+                levels,
+                memory_bytes=memory_bytes,
+                straight=straight,
+                below=self.below,
+                width=self.width,
+                shortfall=self.shortfall,
+                relative_slack=SLACK,
+                abs_slack_s=self.abs_slack,
+                abs_slack_bytes=self.byte_slack,
+            )
+        )
 
     def may_finish(self, lv: int, row: int, col: int, m: int, limit: float) -> bool:
         """False only when A_lv[row][col][m] > ``limit``."""
@@ -103,8 +127,9 @@ class SearchBounds:
         end, short_below = comp[col], self.shortfall[lv - 1] if lv else 0.0
         return (prefix * (end - short_below) + replicas * (start + short)) / (prefix + replicas)
 
-    def stage(self, lv: int, col: int, m: int, replicas: int, order: AncestorOrder
-              ) -> Callable[[int, float], float]:
+    def stage(
+        self, lv: int, col: int, m: int, replicas: int, order: AncestorOrder
+    ) -> Callable[[int, float], float]:
         """bound(idx, limit): lower bound on the last stage after the state at ``order``
         position idx, or INF when it cannot fit the memory or beat ``limit``.
 
@@ -115,17 +140,18 @@ class SearchBounds:
         comp, peak_par, peak_held = order.compute_s, order.peak_par_bytes, order.peak_held_bytes
         end_held = costs.activation_bytes[col] + costs.parameter_bytes[col]
         stash = math.ceil((level.num_machines - (m + 1)) / replicas)
-        room = (INF if self.memory_bytes is None or stash == 0
-                else loosen(self.memory_bytes / stash))
+        room = INF if self.memory_bytes is None or stash == 0 else loosen(self.memory_bytes / stash)
         below, slack = self.below[lv], self.abs_slack
         short_below = self.shortfall[lv - 1] if lv else 0.0
         end, end_par = costs.compute_s[col], costs.parameter_bytes[col]
         per_byte = 4 * (replicas - 1) / (level.bandwidth_bytes_per_s * replicas)
 
         def bound(idx: int, limit: float) -> float:
-            value = ((end - comp[idx] - short_below) / below
-                     + per_byte * (end_par - peak_par[idx])) / replicas - slack
+            value = (
+                (end - comp[idx] - short_below) / below + per_byte * (end_par - peak_par[idx])
+            ) / replicas - slack
             return INF if value >= limit or end_held - peak_held[idx] > room else value
+
         return bound
 
     def prefix_room(self, lv: int, row: int, prefix: int) -> float:
@@ -133,12 +159,14 @@ class SearchBounds:
         if self.memory_bytes is None:
             return INF
         costs = self.costs
-        start_held = (costs.activation_bytes[row - 1] + costs.parameter_bytes[row - 1]
-                      if row > 0 else 0.0)
+        start_held = (
+            costs.activation_bytes[row - 1] + costs.parameter_bytes[row - 1] if row > 0 else 0.0
+        )
         return start_held + loosen(self.caps[lv][prefix]) + self.byte_slack
 
-    def prefix(self, lv: int, row: int, prefix: int, order: AncestorOrder
-               ) -> Callable[[int], float]:
+    def prefix(
+        self, lv: int, row: int, prefix: int, order: AncestorOrder
+    ) -> Callable[[int], float]:
         """bound(idx): lower bound on states row..k on ``prefix`` machines for the state at
         ``order`` position idx and every later one, INF when none of them fits the memory.
 
@@ -151,4 +179,5 @@ class SearchBounds:
 
         def bound(idx: int) -> float:
             return INF if rest_held[idx] > room else (comp[idx] - start - short) / scale - slack
+
         return bound

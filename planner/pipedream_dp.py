@@ -87,9 +87,15 @@ class StageSpan:
 class HierarchicalDP:
     """PipeDream's DP for one set of state costs and levels (see the module docstring)."""
 
-    def __init__(self, costs: StateCosts, levels: Sequence[Level], *,
-                 memory_bytes: float | None = None, straight: bool = False,
-                 activation_compression_ratio: float | None = 1.0) -> None:
+    def __init__(
+        self,
+        costs: StateCosts,
+        levels: Sequence[Level],
+        *,
+        memory_bytes: float | None = None,
+        straight: bool = False,
+        activation_compression_ratio: float | None = 1.0,
+    ) -> None:
         self.costs = costs
         self.levels = list(levels)
         self.memory_bytes = memory_bytes
@@ -99,10 +105,10 @@ class HierarchicalDP:
         self.evaluations = 0
         self._exact: dict[tuple[int, int, int, int], tuple[float, Split | None]] = {}
         self._above: dict[tuple[int, int, int, int], float] = {}
-        self._orders = AncestorOrders(costs.compute_s, costs.activation_bytes,
-                                      costs.parameter_bytes, costs.ancestors)
-        self.bounds = SearchBounds(costs, self.levels, memory_bytes=memory_bytes,
-                                   straight=straight)
+        self._orders = AncestorOrders(
+            costs.compute_s, costs.activation_bytes, costs.parameter_bytes, costs.ancestors
+        )
+        self.bounds = SearchBounds(costs, self.levels, memory_bytes=memory_bytes, straight=straight)
 
     def optimum_s(self) -> float | None:
         """A_L[0][n-1][N_L-1] in seconds per minibatch; None when no plan is allowed."""
@@ -113,8 +119,7 @@ class HierarchicalDP:
             limit = sys.getrecursionlimit()
             sys.setrecursionlimit(depth)
         try:
-            value = self.entry(top, 0, self.num_states - 1,
-                               self.levels[top].num_machines - 1, INF)
+            value = self.entry(top, 0, self.num_states - 1, self.levels[top].num_machines - 1, INF)
         finally:
             if limit:
                 sys.setrecursionlimit(limit)
@@ -140,8 +145,9 @@ class HierarchicalDP:
         self._above[key] = cutoff if above is None else max(above, cutoff)
         return INF
 
-    def _solve(self, lv: int, row: int, col: int, m: int, cutoff: float
-               ) -> tuple[float, Split | None]:
+    def _solve(
+        self, lv: int, row: int, col: int, m: int, cutoff: float
+    ) -> tuple[float, Split | None]:
         best = self._base(lv, row, col, m, cutoff)
         split: Split | None = None
         if m == 0 or col == row:
@@ -160,8 +166,8 @@ class HierarchicalDP:
         level = self.levels[lv]
         machines = level.num_machines
         if self.memory_bytes is not None and (
-                math.ceil((machines - (m + 1)) / (m + 1)) * (cum_act + cum_par)
-                > self.memory_bytes):
+            math.ceil((machines - (m + 1)) / (m + 1)) * (cum_act + cum_par) > self.memory_bytes
+        ):
             return INF
         compute = self._segment_time(lv, row, col, loosen(cutoff * (m + 1)))
         if compute == INF:
@@ -178,8 +184,17 @@ class HierarchicalDP:
         below = self.levels[lv - 1].num_machines
         return self.entry(lv - 1, row, col, below - 1, cutoff)
 
-    def _scan(self, lv: int, row: int, col: int, m: int, replicas: int, best: float,
-              split: Split | None, cutoff: float) -> tuple[float, Split | None]:
+    def _scan(
+        self,
+        lv: int,
+        row: int,
+        col: int,
+        m: int,
+        replicas: int,
+        best: float,
+        split: Split | None,
+        cutoff: float,
+    ) -> tuple[float, Split | None]:
         """Best (k, replicas) split of A_lv[row][col][m], outwards from the bounds' crossing."""
         order = self._orders.of(col)
         states, comp, count = order.states, order.compute_s, order.size
@@ -188,8 +203,9 @@ class HierarchicalDP:
         prefix_bound = self.bounds.prefix(lv, row, prefix, order)
         room = self.bounds.prefix_room(lv, row, prefix)
         act, par = self.costs.activation_bytes, self.costs.parameter_bytes
-        hi = bisect.bisect_left(comp, self.bounds.crossing(lv, row, col, prefix, replicas),
-                                0, count)
+        hi = bisect.bisect_left(
+            comp, self.bounds.crossing(lv, row, col, prefix, replicas), 0, count
+        )
         lo = hi - 1
         while True:
             if hi < count:
@@ -211,8 +227,9 @@ class HierarchicalDP:
                 if value < best:
                     best, split = value, (k, m - replicas, replicas)
 
-    def _candidate(self, lv: int, row: int, col: int, m: int, k: int, replicas: int,
-                   best: float, cutoff: float) -> float:
+    def _candidate(
+        self, lv: int, row: int, col: int, m: int, k: int, replicas: int, best: float, cutoff: float
+    ) -> float:
         """max(A[row][k][m-replicas], last stage k+1..col) or INF when it cannot win."""
         limit = min(best, cutoff)
         if self._known_not_below(lv, row, k, m - replicas, best, limit):
@@ -225,8 +242,9 @@ class HierarchicalDP:
             return INF
         return max(prefix, stage)
 
-    def _known_not_below(self, lv: int, row: int, col: int, m: int, best: float,
-                         limit: float) -> bool:
+    def _known_not_below(
+        self, lv: int, row: int, col: int, m: int, best: float, limit: float
+    ) -> bool:
         """Whether the memo already shows A_lv[row][col][m] cannot be below ``best``."""
         key = (lv, row, col, m)
         known = self._exact.get(key)
@@ -234,16 +252,16 @@ class HierarchicalDP:
             return known[0] >= best
         return self._above.get(key, -INF) >= limit
 
-    def _last_stage(self, lv: int, k: int, col: int, m: int, replicas: int,
-                    limit: float) -> float:
+    def _last_stage(self, lv: int, k: int, col: int, m: int, replicas: int, limit: float) -> float:
         """Time of stage k+1..col on ``replicas`` replicas, communication included."""
         costs, level = self.costs, self.levels[lv]
         bandwidth = level.bandwidth_bytes_per_s
         cum_act = costs.activation_bytes[col] - costs.activation_bytes[k]
         cum_par = costs.parameter_bytes[col] - costs.parameter_bytes[k]
         if self.memory_bytes is not None and (
-                (cum_act + cum_par) * math.ceil((level.num_machines - (m + 1)) / replicas)
-                > self.memory_bytes):
+            (cum_act + cum_par) * math.ceil((level.num_machines - (m + 1)) / replicas)
+            > self.memory_bytes
+        ):
             return INF
         comm = -INF
         if self.ratio is not None:
@@ -263,9 +281,11 @@ class HierarchicalDP:
         """The optimum's stages in pipeline order (``analyze_partitioning``, top level down)."""
         spans = [StageSpan(0, self.num_states, ())]
         for lv in reversed(range(len(self.levels))):
-            spans = [StageSpan(start, end, (replicas, *span.replicas))
-                     for span in spans
-                     for start, end, replicas in self._splits(lv, span.start, span.end)]
+            spans = [
+                StageSpan(start, end, (replicas, *span.replicas))
+                for span in spans
+                for start, end, replicas in self._splits(lv, span.start, span.end)
+            ]
         return spans
 
     def level_splits(self) -> list[list[tuple[int, int, int]]]:

@@ -27,12 +27,10 @@ from pipestudio.planner.errors import ImportFormatError
 from pipestudio.planner.profile import Profile, find_cycle
 
 _FIELD_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\s]+)")
-_REQUIRED = ("forward_compute_time", "backward_compute_time", "activation_size",
-             "parameter_size")
+_REQUIRED = ("forward_compute_time", "backward_compute_time", "activation_size", "parameter_size")
 
 
-def import_pipedream(path: str | Path, *, batch_size: int = 1, model: str | None = None
-                     ) -> Profile:
+def import_pipedream(path: str | Path, *, batch_size: int = 1, model: str | None = None) -> Profile:
     """Read a PipeDream ``graph.txt``; ``model`` defaults to the parent folder's name."""
     path = Path(path)
     try:
@@ -43,13 +41,16 @@ def import_pipedream(path: str | Path, *, batch_size: int = 1, model: str | None
     return parse_pipedream(text, model=name, batch_size=batch_size, source=str(path))
 
 
-def parse_pipedream(text: str, *, model: str, batch_size: int = 1, source: str = "graph.txt"
-                    ) -> Profile:
+def parse_pipedream(
+    text: str, *, model: str, batch_size: int = 1, source: str = "graph.txt"
+) -> Profile:
     if batch_size < 1:
         raise ImportFormatError(f"--batch-size must be >= 1, got {batch_size}")
     if batch_size > MAX_MICROBATCH_SIZE:
-        raise ImportFormatError(f"--batch-size must be <= {MAX_MICROBATCH_SIZE} (a profile's "
-                                f"largest microbatch_size), got {batch_size}")
+        raise ImportFormatError(
+            f"--batch-size must be <= {MAX_MICROBATCH_SIZE} (a profile's "
+            f"largest microbatch_size), got {batch_size}"
+        )
     nodes: dict[str, dict[str, Any]] = {}
     edges: list[tuple[str, str]] = []
     input_load_ms = 0.0
@@ -59,8 +60,10 @@ def parse_pipedream(text: str, *, model: str, batch_size: int = 1, source: str =
         if line.startswith("\t"):
             parts = [part.strip() for part in line.strip().split(" -- ")]
             if len(parts) != 2:
-                raise ImportFormatError(f"{source}:{line_no}: an edge line must read "
-                                        f"'<src> -- <dst>', got {line.strip()!r}")
+                raise ImportFormatError(
+                    f"{source}:{line_no}: an edge line must read "
+                    f"'<src> -- <dst>', got {line.strip()!r}"
+                )
             edges.append((parts[0], parts[1]))
             continue
         layer, load_ms = _parse_node(line, line_no, source)
@@ -73,8 +76,7 @@ def parse_pipedream(text: str, *, model: str, batch_size: int = 1, source: str =
     for src, dst in edges:
         for end in (src, dst):
             if end not in nodes:
-                raise ImportFormatError(f"{source}: edge {src} -- {dst} names unknown node "
-                                        f"{end!r}")
+                raise ImportFormatError(f"{source}: edge {src} -- {dst} names unknown node {end!r}")
     order = _topological_order(list(nodes), edges, source)
     document = {
         "model": model,
@@ -83,8 +85,11 @@ def parse_pipedream(text: str, *, model: str, batch_size: int = 1, source: str =
         "device": "unknown (PipeDream profile)",
         "layers": [nodes[name] for name in order],
         "edges": [{"src": src, "dst": dst} for src, dst in edges],
-        "metadata": {"source": source, "source_format": "pipedream graph.txt",
-                     "input_load_ms": round(input_load_ms, 6)},
+        "metadata": {
+            "source": source,
+            "source_format": "pipedream graph.txt",
+            "input_load_ms": round(input_load_ms, 6),
+        },
     }
     try:
         return parse_document(Profile, document, source=f"the profile read from {source}")
@@ -95,8 +100,10 @@ def parse_pipedream(text: str, *, model: str, batch_size: int = 1, source: str =
 def _parse_node(line: str, line_no: int, source: str) -> tuple[dict[str, Any], float]:
     parts = line.split(" -- ")
     if len(parts) not in (3, 4):
-        raise ImportFormatError(f"{source}:{line_no}: a node line must read '<id> -- <desc> "
-                                f"-- <fields>', got {line[:80]!r}")
+        raise ImportFormatError(
+            f"{source}:{line_no}: a node line must read '<id> -- <desc> "
+            f"-- <fields>', got {line[:80]!r}"
+        )
     node_id, description, fields_text = (part.strip() for part in parts[:3])
     fields = dict(_FIELD_RE.findall(fields_text))
     missing = [key for key in _REQUIRED if key not in fields]
@@ -105,20 +112,30 @@ def _parse_node(line: str, line_no: int, source: str) -> tuple[dict[str, Any], f
     try:
         values = {key: _number(fields[key]) for key in _REQUIRED}
     except ValueError:
-        raise ImportFormatError(f"{source}:{line_no}: node {node_id} has a field that is not a "
-                                f"number: {fields_text[:120]!r}") from None
+        raise ImportFormatError(
+            f"{source}:{line_no}: node {node_id} has a field that is not a "
+            f"number: {fields_text[:120]!r}"
+        ) from None
     for key, value in values.items():
         if value < 0:
-            raise ImportFormatError(f"{source}:{line_no}: node {node_id} has negative "
-                                    f"{key}={value}")
+            raise ImportFormatError(
+                f"{source}:{line_no}: node {node_id} has negative {key}={value}"
+            )
         if not math.isfinite(value):
-            raise ImportFormatError(f"{source}:{line_no}: node {node_id} has {key}={value}; "
-                                    "expected a finite number")
+            raise ImportFormatError(
+                f"{source}:{line_no}: node {node_id} has {key}={value}; expected a finite number"
+            )
     kind = description.split("(", 1)[0].strip() or "layer"
     activation = round(values["activation_size"])
     if kind.startswith("Input"):
-        layer = {"name": node_id, "kind": "Input", "fwd_ms": 0.0, "bwd_ms": 0.0,
-                 "output_bytes": activation, "description": description}
+        layer = {
+            "name": node_id,
+            "kind": "Input",
+            "fwd_ms": 0.0,
+            "bwd_ms": 0.0,
+            "output_bytes": activation,
+            "description": description,
+        }
         return layer, values["forward_compute_time"]
     layer = {
         "name": node_id,
@@ -139,8 +156,7 @@ def _number(text: str) -> float:
     return float(text)
 
 
-def _topological_order(names: list[str], edges: list[tuple[str, str]], source: str
-                       ) -> list[str]:
+def _topological_order(names: list[str], edges: list[tuple[str, str]], source: str) -> list[str]:
     """Kahn's algorithm, taking the lowest node number first among the ready nodes."""
     index = {name: idx for idx, name in enumerate(names)}
     succs: list[list[int]] = [[] for _ in names]
@@ -160,8 +176,9 @@ def _topological_order(names: list[str], edges: list[tuple[str, str]], source: s
                 heapq.heappush(heap, (_node_number(names[succ]), names[succ]))
     if len(order) != len(names):
         cycle = find_cycle(len(names), [(index[s], index[d]) for s, d in edges])
-        raise ImportFormatError(f"{source}: the graph has a cycle: "
-                                + " -> ".join(names[i] for i in cycle))
+        raise ImportFormatError(
+            f"{source}: the graph has a cycle: " + " -> ".join(names[i] for i in cycle)
+        )
     return order
 
 

@@ -33,8 +33,12 @@ class AncestorOrder(NamedTuple):
     size: int
 
 
-def _ordered(states: Sequence[int], compute_s: Sequence[float], activation_bytes: Sequence[float],
-             parameter_bytes: Sequence[float]) -> AncestorOrder:
+def _ordered(
+    states: Sequence[int],
+    compute_s: Sequence[float],
+    activation_bytes: Sequence[float],
+    parameter_bytes: Sequence[float],
+) -> AncestorOrder:
     peak_par, peak_held = [], []
     most_par = most_held = -float("inf")
     for k in states:
@@ -48,8 +52,9 @@ def _ordered(states: Sequence[int], compute_s: Sequence[float], activation_bytes
         k = states[idx]
         least_held = min(least_held, activation_bytes[k] + parameter_bytes[k])
         rest_min_held[idx] = least_held
-    return AncestorOrder(states, [compute_s[k] for k in states], peak_par, peak_held,
-                         rest_min_held, len(states))
+    return AncestorOrder(
+        states, [compute_s[k] for k in states], peak_par, peak_held, rest_min_held, len(states)
+    )
 
 
 def _nondecreasing_run(values: Iterable[float]) -> int:
@@ -65,8 +70,13 @@ def _nondecreasing_run(values: Iterable[float]) -> int:
 class AncestorOrders:
     """``of(col)``: the ancestors of s_col by (C(s), s), computed once per column."""
 
-    def __init__(self, compute_s: Sequence[float], activation_bytes: Sequence[float],
-                 parameter_bytes: Sequence[float], ancestors: Sequence[int]) -> None:
+    def __init__(
+        self,
+        compute_s: Sequence[float],
+        activation_bytes: Sequence[float],
+        parameter_bytes: Sequence[float],
+        ancestors: Sequence[int],
+    ) -> None:
         self.compute_s = compute_s
         self.activation_bytes = activation_bytes
         self.parameter_bytes = parameter_bytes

@@ -40,19 +40,37 @@ class ChainReach:
     comparison by more than its rounding.
     """
 
-    def __init__(self, costs: "StateCosts", levels: Sequence["Level"], *, memory_bytes: float,
-                 straight: bool, below: Sequence[int], width: Sequence[int],
-                 shortfall: Sequence[float], relative_slack: float, abs_slack_s: float,
-                 abs_slack_bytes: float) -> None:
+    def __init__(
+        self,
+        costs: "StateCosts",
+        levels: Sequence["Level"],
+        *,
+        memory_bytes: float,
+        straight: bool,
+        below: Sequence[int],
+        width: Sequence[int],
+        shortfall: Sequence[float],
+        relative_slack: float,
+        abs_slack_s: float,
+        abs_slack_bytes: float,
+    ) -> None:
         # Index 0 is the empty start (row 0), index s+1 is state s.
         self.compute_s = [0.0, *costs.compute_s]
         self.parameter_bytes = [0.0, *costs.parameter_bytes]
-        self.held_bytes = [0.0, *(act + par for act, par in zip(
-            costs.activation_bytes, costs.parameter_bytes, strict=True))]
+        self.held_bytes = [
+            0.0,
+            *(
+                act + par
+                for act, par in zip(costs.activation_bytes, costs.parameter_bytes, strict=True)
+            ),
+        ]
         self.levels, self.memory_bytes, self.straight = levels, memory_bytes, straight
         self.below, self.width, self.shortfall = below, width, shortfall
         self.slack, self.abs_slack_s, self.abs_slack_bytes = (
-            relative_slack, abs_slack_s, abs_slack_bytes)
+            relative_slack,
+            abs_slack_s,
+            abs_slack_bytes,
+        )
         self.run_start = self._run_starts()
         self._time_keys: dict[tuple[int, int, int], list[float]] = {}
 
@@ -61,8 +79,11 @@ class ChainReach:
         comp, par, held = self.compute_s, self.parameter_bytes, self.held_bytes
         starts = [0]
         for idx in range(1, len(comp)):
-            rises = (comp[idx - 1] <= comp[idx] and par[idx - 1] <= par[idx]
-                     and held[idx - 1] <= held[idx])
+            rises = (
+                comp[idx - 1] <= comp[idx]
+                and par[idx - 1] <= par[idx]
+                and held[idx - 1] <= held[idx]
+            )
             starts.append(starts[idx - 1] if rises else idx)
         return starts
 
@@ -85,8 +106,17 @@ class ChainReach:
             reach.append(most)
         return False
 
-    def _farthest(self, lv: int, start: int, end: int, used: int, replicas: int,
-                  limit: float, *, first: bool = False) -> int:
+    def _farthest(
+        self,
+        lv: int,
+        start: int,
+        end: int,
+        used: int,
+        replicas: int,
+        limit: float,
+        *,
+        first: bool = False,
+    ) -> int:
         """The last index a stage from ``start`` on ``replicas`` ending at machine ``used``
         might reach (``start`` when none)."""
         last = end
@@ -99,8 +129,9 @@ class ChainReach:
         key = self._time_key(lv, replicas, self.width[lv] if first else 1)
         below_s = self.shortfall[lv - 1] / self.below[lv] if lv else 0.0
         reach_s = below_s + replicas * (limit + self.abs_slack_s)
-        threshold = (key[start] + reach_s + self.abs_slack_s
-                     + self.slack * (abs(key[end]) + abs(reach_s)))
+        threshold = (
+            key[start] + reach_s + self.abs_slack_s + self.slack * (abs(key[end]) + abs(reach_s))
+        )
         return min(last, bisect.bisect_right(key, threshold, start + 1, end + 1) - 1)
 
     def _time_key(self, lv: int, replicas: int, width: int) -> list[float]:
@@ -111,7 +142,9 @@ class ChainReach:
             bandwidth = self.levels[lv].bandwidth_bytes_per_s
             per_byte = 4 * (replicas - 1) / (bandwidth * replicas) / width
             below = self.below[lv]
-            cached = [comp / below + per_byte * par
-                      for comp, par in zip(self.compute_s, self.parameter_bytes, strict=True)]
+            cached = [
+                comp / below + per_byte * par
+                for comp, par in zip(self.compute_s, self.parameter_bytes, strict=True)
+            ]
             self._time_keys[key] = cached
         return cached

@@ -37,8 +37,9 @@ class Host:
         return max(1, self.cores // max(1, self.threads))
 
 
-def shared_placement(plan: Plan, cluster: Cluster | None, hosts: Sequence[Host],
-                     host_of: Sequence[Sequence[int]]) -> tuple[Plan, Cluster] | None:
+def shared_placement(
+    plan: Plan, cluster: Cluster | None, hosts: Sequence[Host], host_of: Sequence[Sequence[int]]
+) -> tuple[Plan, Cluster] | None:
     """The plan and cluster of ranks placed on their hosts' compute slots, when some host
     runs more of ``plan``'s ranks than it has slots (else None: nothing is shared).
     ``host_of[s][r]`` indexes ``hosts`` for replica r of stage s. Links keep the
@@ -67,19 +68,27 @@ def shared_placement(plan: Plan, cluster: Cluster | None, hosts: Sequence[Host],
             if hosts[host].gpu and cluster is not None and slot not in slot_devices:
                 slot_devices[slot] = cluster.devices[device % cluster.num_devices]
         devices.append(placed)
-    stages = [stage.model_copy(update={"devices": placed})
-              for stage, placed in zip(plan.stages, devices, strict=True)]
+    stages = [
+        stage.model_copy(update={"devices": placed})
+        for stage, placed in zip(plan.stages, devices, strict=True)
+    ]
     bandwidth = None if cluster is None else cluster.levels[0].bandwidth_gbps
-    shared = Cluster(name=f"{total} compute slots, shared",
-                     levels=[Level(name="level0", size=total, bandwidth_gbps=bandwidth)],
-                     devices=[slot_devices[slot].model_copy(update={"name": f"device{slot}"})
-                              if slot in slot_devices else Device(name=f"device{slot}")
-                              for slot in range(total)])
+    shared = Cluster(
+        name=f"{total} compute slots, shared",
+        levels=[Level(name="level0", size=total, bandwidth_gbps=bandwidth)],
+        devices=[
+            slot_devices[slot].model_copy(update={"name": f"device{slot}"})
+            if slot in slot_devices
+            else Device(name=f"device{slot}")
+            for slot in range(total)
+        ],
+    )
     return plan.model_copy(update={"stages": stages}), shared
 
 
-def started_hosts(plan: Plan, events: Iterable[Mapping[str, Any]]
-                  ) -> tuple[list[Host], list[list[int]]] | None:
+def started_hosts(
+    plan: Plan, events: Iterable[Mapping[str, Any]]
+) -> tuple[list[Host], list[list[int]]] | None:
     """The hosts (and GPUs) of a run and which one ran each stage replica of ``plan``
     (``shared_placement``'s ``hosts`` and ``host_of``), from the ``start`` events of its
     latest attempt; None when some stage replica has none, or one without the host's
@@ -128,5 +137,4 @@ def _place(event: Mapping[str, Any]) -> Host | None:
 
 
 def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
-        else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

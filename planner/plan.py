@@ -53,11 +53,13 @@ class Stage(BaseModel):
 
     model_config = STRICT
 
-    layers: list[Name] = Field(min_length=1, max_length=MAX_LAYERS,
-                               description="Names of the layers in this stage.")
+    layers: list[Name] = Field(
+        min_length=1, max_length=MAX_LAYERS, description="Names of the layers in this stage."
+    )
     replicas: Replicas = Field(1, description="Data-parallel copies of this stage.")
     devices: list[DeviceIdx] | None = Field(
-        None, max_length=MAX_REPLICAS,
+        None,
+        max_length=MAX_REPLICAS,
         description="Cluster device index of each replica; null = assigned in order.",
     )
 
@@ -74,12 +76,16 @@ class Plan(Document):
     microbatch_size: MicrobatchSize = Field(description="Samples per micro-batch.")
     optimizer: Optimizer = "adam"
     precision: Precision = Field(
-        "fp32", description="Arithmetic to train in, as the profile was measured: fp32, tf32, "
-        "bf16 or fp16.")
-    stages: list[Stage] = Field(min_length=1, max_length=MAX_STAGES,
-                                description="Stages in pipeline order.")
+        "fp32",
+        description="Arithmetic to train in, as the profile was measured: fp32, tf32, "
+        "bf16 or fp16.",
+    )
+    stages: list[Stage] = Field(
+        min_length=1, max_length=MAX_STAGES, description="Stages in pipeline order."
+    )
     policies: dict[Name, Policy] = Field(
-        default_factory=dict, max_length=MAX_LAYERS,
+        default_factory=dict,
+        max_length=MAX_LAYERS,
         description="Memory policy per layer name; absent means keep.",
     )
     provenance: Provenance = Field(
@@ -154,15 +160,18 @@ def check_precision(precision: str, profiled: str, what: str) -> None:
     """Refuse to plan or predict in another precision than the profile's: its times and
     bytes hold only for the arithmetic they were measured in."""
     if precision != profiled:
-        raise PlanError(f"{what} asks for precision {precision!r} but the profile was measured "
-                        f"in {profiled!r}; profile the model with --precision {precision}")
+        raise PlanError(
+            f"{what} asks for precision {precision!r} but the profile was measured "
+            f"in {profiled!r}; profile the model with --precision {precision}"
+        )
 
 
 def resolve_plan(plan: Plan, profile: Profile) -> StageLayout:
     """Check that ``plan`` places every layer of ``profile`` exactly once, in pipeline order."""
     if plan.model != profile.model:
-        raise PlanError(f"the plan is for model {plan.model!r} but the profile is of "
-                        f"{profile.model!r}")
+        raise PlanError(
+            f"the plan is for model {plan.model!r} but the profile is of {profile.model!r}"
+        )
     check_precision(plan.precision, profile.precision, "the plan")
     index = profile.layer_index
     stage_of_layer = [-1] * profile.num_layers
@@ -172,13 +181,16 @@ def resolve_plan(plan: Plan, profile: Profile) -> StageLayout:
         for name in stage.layers:
             layer_idx = index.get(name)
             if layer_idx is None:
-                raise PlanError(f"stage {stage_idx} names layer {name!r}, which the profile "
-                                f"of {profile.model!r} does not have")
+                raise PlanError(
+                    f"stage {stage_idx} names layer {name!r}, which the profile "
+                    f"of {profile.model!r} does not have"
+                )
             if stage_of_layer[layer_idx] >= 0:
                 first = stage_of_layer[layer_idx]
                 where = "twice" if first == stage_idx else f"in stage {first} and"
-                raise PlanError(f"overlapping stages: layer {name!r} is {where} in stage "
-                                f"{stage_idx}")
+                raise PlanError(
+                    f"overlapping stages: layer {name!r} is {where} in stage {stage_idx}"
+                )
             stage_of_layer[layer_idx] = stage_idx
             indices.append(layer_idx)
         stage_layers.append(tuple(sorted(indices)))
@@ -197,8 +209,9 @@ def resolve_plan(plan: Plan, profile: Profile) -> StageLayout:
                 )
     for name in plan.policies:
         if name not in index:
-            raise PlanError(f"a policy is given for layer {name!r}, which the profile does "
-                            "not have")
+            raise PlanError(
+                f"a policy is given for layer {name!r}, which the profile does not have"
+            )
     return StageLayout(tuple(stage_layers), tuple(stage_of_layer))
 
 
@@ -213,15 +226,16 @@ def plan_template(
 ) -> Plan:
     """Stages with equal layer counts (the first ``n % k`` get one more), all layers kept."""
     if not 1 <= num_stages <= profile.num_layers:
-        raise PlanError(f"--stages {num_stages} is not between 1 and the profile's "
-                        f"{profile.num_layers} layers")
+        raise PlanError(
+            f"--stages {num_stages} is not between 1 and the profile's {profile.num_layers} layers"
+        )
     if schedule not in SCHEDULES:
         raise PlanError(f"schedule {schedule!r} is unknown; expected one of {', '.join(SCHEDULES)}")
     base, extra = divmod(profile.num_layers, num_stages)
     stages, start = [], 0
     for stage_idx in range(num_stages):
         size = base + (1 if stage_idx < extra else 0)
-        stages.append({"layers": [layer.name for layer in profile.layers[start:start + size]]})
+        stages.append({"layers": [layer.name for layer in profile.layers[start : start + size]]})
         start += size
     return parse_document(
         Plan,

@@ -46,10 +46,15 @@ class Layer(BaseModel):
     output_bytes: Bytes = Field(0, description="Bytes of the output sent to the next layer.")
     workspace_bytes: Bytes = Field(0, description="Transient bytes while the layer runs.")
     update_ms: Milliseconds = Field(0.0, description="Optimizer update time of the parameters.")
-    fwd_flops: Flops = Field(0, description="Floating-point operations of the forward of one "
-                                            "micro-batch (0: not counted).")
-    bwd_flops: Flops = Field(0, description="Floating-point operations of the backward of one "
-                                            "micro-batch (0: not counted).")
+    fwd_flops: Flops = Field(
+        0,
+        description="Floating-point operations of the forward of one micro-batch (0: not counted).",
+    )
+    bwd_flops: Flops = Field(
+        0,
+        description="Floating-point operations of the backward of one "
+        "micro-batch (0: not counted).",
+    )
     description: Text = Field("", description="Free text, e.g. the module's repr.")
 
 
@@ -77,20 +82,26 @@ class Profile(Document):
     version: Literal[1] = 1
     model: Name = Field(min_length=1, description="Name of the profiled model.")
     microbatch_size: MicrobatchSize = Field(
-        description="Micro-batch size the layers were measured at.")
+        description="Micro-batch size the layers were measured at."
+    )
     dtype: Label = Field("float32", description="Data type of parameters and activations.")
     precision: Precision = Field(
-        "fp32", description="Arithmetic the layers were measured in: fp32, tf32 (TF32 "
-        "matmuls), bf16 or fp16 (autocast over fp32 weights). Plans keep it.")
+        "fp32",
+        description="Arithmetic the layers were measured in: fp32, tf32 (TF32 "
+        "matmuls), bf16 or fp16 (autocast over fp32 weights). Plans keep it.",
+    )
     device: Label = Field("unknown", description="Device the profile was measured on.")
     peak_tflops: Tflops | None = Field(
-        None, description="The device's peak TFLOP/s in the profile's precision as measured "
+        None,
+        description="The device's peak TFLOP/s in the profile's precision as measured "
         "when it was profiled (a CPU: the best of a few large matmuls on the profile's "
-        "threads); null: the table of known devices gives it (planner/peaks.py).")
+        "threads); null: the table of known devices gives it (planner/peaks.py).",
+    )
     input_bytes: Bytes = Field(0, description="Bytes of one micro-batch of input data.")
     layers: list[Layer] = Field(min_length=1, max_length=MAX_LAYERS)
     edges: list[Edge] | None = Field(
-        None, max_length=MAX_EDGES,
+        None,
+        max_length=MAX_EDGES,
         description="Data-flow edges for non-sequential models; null means a chain.",
     )
     metadata: Metadata = Field(default_factory=dict)
@@ -107,8 +118,9 @@ class Profile(Document):
         for edge_idx, edge in enumerate(self.edges or []):
             for end in (edge.src, edge.dst):
                 if end not in index:
-                    raise ValueError(f"edge {edge_idx} ({edge.src} -> {edge.dst}) names "
-                                     f"unknown layer {end!r}")
+                    raise ValueError(
+                        f"edge {edge_idx} ({edge.src} -> {edge.dst}) names unknown layer {end!r}"
+                    )
             if edge.src == edge.dst:
                 raise ValueError(f"edge {edge_idx} is a self-loop on {edge.src!r}")
         if self.edges:
@@ -155,8 +167,10 @@ class Profile(Document):
         """The same model at another micro-batch size: times, FLOPs and activations scale
         linearly in the batch, parameters stay constant."""
         if not 1 <= microbatch_size <= MAX_MICROBATCH_SIZE:
-            raise ProfileError(f"micro-batch size must be between 1 and {MAX_MICROBATCH_SIZE}, "
-                               f"got {microbatch_size}")
+            raise ProfileError(
+                f"micro-batch size must be between 1 and {MAX_MICROBATCH_SIZE}, "
+                f"got {microbatch_size}"
+            )
         if microbatch_size == self.microbatch_size:
             return self
         factor = microbatch_size / self.microbatch_size

@@ -84,10 +84,12 @@ class Transfer(_Strict):
 class Hysteresis(_Strict):
     """When a repartition is worth doing: both conditions must hold (``replan.py``)."""
 
-    max_payback_steps: float = Field(gt=0, allow_inf_nan=False,
-                                     description="The gain must repay the migration within.")
-    min_gain_fraction: float = Field(ge=0, lt=1, allow_inf_nan=False,
-                                     description="Least relative step-time gain.")
+    max_payback_steps: float = Field(
+        gt=0, allow_inf_nan=False, description="The gain must repay the migration within."
+    )
+    min_gain_fraction: float = Field(
+        ge=0, lt=1, allow_inf_nan=False, description="Least relative step-time gain."
+    )
 
 
 class CandidateSummary(_Strict):
@@ -99,7 +101,8 @@ class CandidateSummary(_Strict):
     migration_bytes: Bytes | None = None
     migration_ms: float | None = None
     net_gain_ms: float | None = Field(
-        None, description="gain_ms - migration_ms / max_payback_steps: the ranking value.")
+        None, description="gain_ms - migration_ms / max_payback_steps: the ranking value."
+    )
     num_moves: Annotated[int, Field(ge=0, le=MAX_LAYERS), Integral] | None = None
     note: Text = ""
 
@@ -112,16 +115,16 @@ class Proposal(Document):
     model: Name = Field(min_length=1)
     schedule: Schedule
     algorithm: Name = Field(description="The candidate proposed; 'current' when none is.")
-    current_stages: list[Stage] = Field(min_length=1, max_length=MAX_STAGES,
-                                        description="The running plan's stages.")
+    current_stages: list[Stage] = Field(
+        min_length=1, max_length=MAX_STAGES, description="The running plan's stages."
+    )
     new_plan: Plan = Field(description="The plan after the repartition, executable as is.")
-    moves: list[LayerMove] = Field(max_length=MAX_LAYERS,
-                                   description="Layers whose stage changes, in layer order.")
+    moves: list[LayerMove] = Field(
+        max_length=MAX_LAYERS, description="Layers whose stage changes, in layer order."
+    )
     policy_changes: list[PolicyChange] = Field(max_length=MAX_LAYERS)
-    step_time_now_ms: TotalMilliseconds = Field(
-        description="Current plan on the observed profile.")
-    step_time_after_ms: TotalMilliseconds = Field(
-        description="New plan on the observed profile.")
+    step_time_now_ms: TotalMilliseconds = Field(description="Current plan on the observed profile.")
+    step_time_after_ms: TotalMilliseconds = Field(description="New plan on the observed profile.")
     gain_ms: float = Field(allow_inf_nan=False, description="Step time saved per step.")
     gain_fraction: float = Field(allow_inf_nan=False, description="gain_ms / step_time_now_ms.")
     migration_bytes: Bytes
@@ -129,10 +132,12 @@ class Proposal(Document):
     transfers: list[Transfer] = Field(max_length=MAX_TRANSFERS)
     migration_ms: TotalMilliseconds
     payback_steps: float | None = Field(
-        description="migration_ms / gain_ms; null when nothing is gained.")
+        description="migration_ms / gain_ms; null when nothing is gained."
+    )
     hysteresis: Hysteresis
     simulated_steps: Annotated[int, Field(ge=1, le=MAX_SIMULATED_STEPS), Integral] = Field(
-        description="Steps simulated for each step time.")
+        description="Steps simulated for each step time."
+    )
     worthwhile: bool
     reason: Text = Field(min_length=1)
     candidates: list[CandidateSummary] = Field(default_factory=list, max_length=MAX_CANDIDATES)
@@ -148,16 +153,22 @@ class Proposal(Document):
 def _check_plans(proposal: Proposal) -> None:
     new = proposal.new_plan
     if new.model != proposal.model or new.schedule != proposal.schedule:
-        raise ValueError(f"new_plan is for {new.model!r} under {new.schedule!r} but the "
-                         f"proposal for {proposal.model!r} under {proposal.schedule!r}")
+        raise ValueError(
+            f"new_plan is for {new.model!r} under {new.schedule!r} but the "
+            f"proposal for {proposal.model!r} under {proposal.schedule!r}"
+        )
     if len(new.stages) != len(proposal.current_stages):
-        raise ValueError(f"new_plan has {len(new.stages)} stages but current_stages "
-                         f"{len(proposal.current_stages)}: a repartition keeps the stages")
+        raise ValueError(
+            f"new_plan has {len(new.stages)} stages but current_stages "
+            f"{len(proposal.current_stages)}: a repartition keeps the stages"
+        )
     for idx, (old, now) in enumerate(zip(proposal.current_stages, new.stages, strict=True)):
         if (old.replicas, old.devices) != (now.replicas, now.devices):
-            raise ValueError(f"stage {idx} runs {old.replicas} replicas on {old.devices} now "
-                             f"but {now.replicas} on {now.devices} in new_plan: a repartition "
-                             "keeps replicas and devices")
+            raise ValueError(
+                f"stage {idx} runs {old.replicas} replicas on {old.devices} now "
+                f"but {now.replicas} on {now.devices} in new_plan: a repartition "
+                "keeps replicas and devices"
+            )
 
 
 def _stage_of(stages: list[Stage]) -> dict[str, int]:
@@ -169,26 +180,34 @@ def _check_moves(proposal: Proposal) -> None:
     if set(before) != set(after):
         odd = sorted(set(before) ^ set(after))[:5]
         raise ValueError(f"current_stages and new_plan hold different layers, e.g. {odd}")
-    changed = {name: (before[name], after[name]) for name in before
-               if before[name] != after[name]}
+    changed = {name: (before[name], after[name]) for name in before if before[name] != after[name]}
     listed = {move.layer: (move.from_stage, move.to_stage) for move in proposal.moves}
     if listed != changed:
         wrong = sorted(set(listed.items()) ^ set(changed.items()))[:3]
-        raise ValueError(f"moves must list exactly the layers whose stage changes "
-                         f"(layer, (from_stage, to_stage)); these differ: {wrong}")
+        raise ValueError(
+            f"moves must list exactly the layers whose stage changes "
+            f"(layer, (from_stage, to_stage)); these differ: {wrong}"
+        )
 
 
 def _check_numbers(proposal: Proposal) -> None:
     breakdown = proposal.migration_breakdown
-    kinds = (breakdown.parameter_bytes + breakdown.gradient_bytes + breakdown.optimizer_bytes
-             + breakdown.weight_version_bytes)
+    kinds = (
+        breakdown.parameter_bytes
+        + breakdown.gradient_bytes
+        + breakdown.optimizer_bytes
+        + breakdown.weight_version_bytes
+    )
     sent = sum(transfer.transfer_bytes for transfer in proposal.transfers)
     if not kinds == sent == proposal.migration_bytes:
-        raise ValueError(f"migration_bytes = {proposal.migration_bytes} but its breakdown sums "
-                         f"to {kinds} and the transfers to {sent}")
+        raise ValueError(
+            f"migration_bytes = {proposal.migration_bytes} but its breakdown sums "
+            f"to {kinds} and the transfers to {sent}"
+        )
     expected = proposal.step_time_now_ms - proposal.step_time_after_ms
     if not math.isclose(proposal.gain_ms, expected, rel_tol=1e-9, abs_tol=1e-9):
-        raise ValueError(f"gain_ms = {proposal.gain_ms} but step_time_now_ms - "
-                         f"step_time_after_ms = {expected}")
+        raise ValueError(
+            f"gain_ms = {proposal.gain_ms} but step_time_now_ms - step_time_after_ms = {expected}"
+        )
     if proposal.worthwhile and not proposal.gain_ms > 0:
         raise ValueError(f"a proposal with gain_ms = {proposal.gain_ms} cannot be worthwhile")

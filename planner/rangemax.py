@@ -11,8 +11,9 @@ class RangeMax:
         width = 1
         while 2 * width <= len(values):
             previous = self._levels[-1]
-            self._levels.append([max(previous[i], previous[i + width])
-                                 for i in range(len(previous) - width)])
+            self._levels.append(
+                [max(previous[i], previous[i + width]) for i in range(len(previous) - width)]
+            )
             width *= 2
 
     def __call__(self, start: int, end: int) -> float:

@@ -68,20 +68,40 @@ class _Scored:
         return not self.migration.moves and not self.policy_changes
 
 
-def replan(plan: Plan, observed_profile: Profile, cluster: Cluster | None = None, *,
-           payback_steps: float = 100, min_gain_fraction: float = 0.02,
-           algorithm: str = "auto", num_steps: int = 1) -> Proposal | None:
+def replan(
+    plan: Plan,
+    observed_profile: Profile,
+    cluster: Cluster | None = None,
+    *,
+    payback_steps: float = 100,
+    min_gain_fraction: float = 0.02,
+    algorithm: str = "auto",
+    num_steps: int = 1,
+) -> Proposal | None:
     """A worthwhile repartition of ``plan`` for ``observed_profile``, or None (module
     docstring)."""
-    proposal = evaluate_replan(plan, observed_profile, cluster, payback_steps=payback_steps,
-                               min_gain_fraction=min_gain_fraction, algorithm=algorithm,
-                               num_steps=num_steps)
+    proposal = evaluate_replan(
+        plan,
+        observed_profile,
+        cluster,
+        payback_steps=payback_steps,
+        min_gain_fraction=min_gain_fraction,
+        algorithm=algorithm,
+        num_steps=num_steps,
+    )
     return proposal if proposal.worthwhile else None
 
 
-def evaluate_replan(plan: Plan, observed_profile: Profile, cluster: Cluster | None = None, *,
-                    payback_steps: float = 100, min_gain_fraction: float = 0.02,
-                    algorithm: str = "auto", num_steps: int = 1) -> Proposal:
+def evaluate_replan(
+    plan: Plan,
+    observed_profile: Profile,
+    cluster: Cluster | None = None,
+    *,
+    payback_steps: float = 100,
+    min_gain_fraction: float = 0.02,
+    algorithm: str = "auto",
+    num_steps: int = 1,
+) -> Proposal:
     """The best repartition found and its verdict, worthwhile or not (``reason`` says)."""
     hysteresis = _hysteresis(payback_steps, min_gain_fraction, algorithm)
     check_observed_profile(plan, observed_profile)
@@ -93,34 +113,48 @@ def evaluate_replan(plan: Plan, observed_profile: Profile, cluster: Cluster | No
         if candidate.plan is None:
             summaries.append(CandidateSummary(name=candidate.name, note=candidate.note))
             continue
-        item = _score(candidate, plan, observed_profile, cluster, now.step_time_ms,
-                      hysteresis, num_steps)
+        item = _score(
+            candidate, plan, observed_profile, cluster, now.step_time_ms, hysteresis, num_steps
+        )
         scored.append(item)
         summaries.append(_summary(item))
     chosen, worthwhile, reason = _choose(scored, hysteresis, now.fits)
     if chosen is None:
-        chosen = _score(Candidate("current", plan), plan, observed_profile, cluster,
-                        now.step_time_ms, hysteresis, num_steps)
-    return _proposal(plan, chosen, now.step_time_ms, hysteresis, num_steps, worthwhile,
-                     reason, summaries)
+        chosen = _score(
+            Candidate("current", plan),
+            plan,
+            observed_profile,
+            cluster,
+            now.step_time_ms,
+            hysteresis,
+            num_steps,
+        )
+    return _proposal(
+        plan, chosen, now.step_time_ms, hysteresis, num_steps, worthwhile, reason, summaries
+    )
 
 
 def check_observed_profile(plan: Plan, profile: Profile) -> None:
     """The profile must be of the plan's model and have exactly the layers it places."""
     if plan.model != profile.model:
-        raise ReplanError(f"the observed profile is of model {profile.model!r} but the plan "
-                          f"is for {plan.model!r}")
+        raise ReplanError(
+            f"the observed profile is of model {profile.model!r} but the plan is for {plan.model!r}"
+        )
     placed = [name for stage in plan.stages for name in stage.layers]
     measured = profile.layer_index
     missing = [name for name in placed if name not in measured]
     if missing:
-        raise ReplanError(f"the observed profile lacks {_some(missing)} that the plan "
-                          "places; measure every layer of the running model")
+        raise ReplanError(
+            f"the observed profile lacks {_some(missing)} that the plan "
+            "places; measure every layer of the running model"
+        )
     placed_names = set(placed)
     unplaced = [name for name in measured if name not in placed_names]
     if unplaced:
-        raise ReplanError(f"the observed profile has {_some(unplaced)} that no stage of the "
-                          "plan holds; a plan that places them must be made first")
+        raise ReplanError(
+            f"the observed profile has {_some(unplaced)} that no stage of the "
+            "plan holds; a plan that places them must be made first"
+        )
 
 
 def _some(names: list[str]) -> str:
@@ -133,11 +167,11 @@ def _hysteresis(payback_steps: float, min_gain_fraction: float, algorithm: str) 
     if not (payback_steps > 0 and math.isfinite(payback_steps)):
         raise ReplanError(f"payback steps must be a positive number, got {payback_steps}")
     if not 0 <= min_gain_fraction < 1:
-        raise ReplanError(f"the minimum gain must be a fraction in [0, 1), got "
-                          f"{min_gain_fraction}")
+        raise ReplanError(f"the minimum gain must be a fraction in [0, 1), got {min_gain_fraction}")
     if algorithm not in ALGORITHMS:
-        raise ReplanError(f"replan algorithm {algorithm!r} is unknown; expected one of "
-                          f"{', '.join(ALGORITHMS)}")
+        raise ReplanError(
+            f"replan algorithm {algorithm!r} is unknown; expected one of {', '.join(ALGORITHMS)}"
+        )
     return Hysteresis(max_payback_steps=payback_steps, min_gain_fraction=min_gain_fraction)
 
 
@@ -154,90 +188,162 @@ def _candidates(plan: Plan, request: PlanRequest, algorithm: str) -> list[Candid
         if not replicated:
             result.append(optimal_candidate(plan, request))
         elif algorithm == "optimal":
-            raise ReplanError(f"algorithm 'optimal' plans one replica per stage but stage "
-                              f"{replicated[0]} has {plan.stages[replicated[0]].replicas}; "
-                              "use 'refine' or 'auto'")
+            raise ReplanError(
+                f"algorithm 'optimal' plans one replica per stage but stage "
+                f"{replicated[0]} has {plan.stages[replicated[0]].replicas}; "
+                "use 'refine' or 'auto'"
+            )
         else:
             result.append(Candidate("optimal", None, "the plan has replicated stages"))
     return result
 
 
-def _score(candidate: Candidate, plan: Plan, profile: Profile, cluster: Cluster | None,
-           now_ms: float, hysteresis: Hysteresis, num_steps: int) -> _Scored:
+def _score(
+    candidate: Candidate,
+    plan: Plan,
+    profile: Profile,
+    cluster: Cluster | None,
+    now_ms: float,
+    hysteresis: Hysteresis,
+    num_steps: int,
+) -> _Scored:
     new = candidate.plan
     assert new is not None
     result = simulate(profile, new, cluster, num_steps=num_steps, with_timeline=False)
     migration = plan_migration(profile, plan, new, cluster)
-    changes = [PolicyChange(layer=layer.name, from_policy=plan.policy(layer.name),
-                            to_policy=new.policy(layer.name))
-               for layer in profile.layers if plan.policy(layer.name) != new.policy(layer.name)]
+    changes = [
+        PolicyChange(
+            layer=layer.name, from_policy=plan.policy(layer.name), to_policy=new.policy(layer.name)
+        )
+        for layer in profile.layers
+        if plan.policy(layer.name) != new.policy(layer.name)
+    ]
     gain = now_ms - result.step_time_ms
-    return _Scored(candidate, new, result.step_time_ms, result.fits, migration, changes, gain,
-                   gain / now_ms if now_ms > 0 else 0.0,
-                   gain - migration.duration_ms / hysteresis.max_payback_steps)
+    return _Scored(
+        candidate,
+        new,
+        result.step_time_ms,
+        result.fits,
+        migration,
+        changes,
+        gain,
+        gain / now_ms if now_ms > 0 else 0.0,
+        gain - migration.duration_ms / hysteresis.max_payback_steps,
+    )
 
 
 def _summary(item: _Scored) -> CandidateSummary:
-    note = ("does not fit device memory" if not item.fits
-            else "same as the current plan" if item.changes_nothing else "")
+    note = (
+        "does not fit device memory"
+        if not item.fits
+        else "same as the current plan"
+        if item.changes_nothing
+        else ""
+    )
     return CandidateSummary(
-        name=item.candidate.name, step_time_ms=item.step_time_ms, gain_ms=item.gain_ms,
-        migration_bytes=item.migration.total_bytes, migration_ms=item.migration.duration_ms,
-        net_gain_ms=item.net_gain_ms, num_moves=len(item.migration.moves), note=note)
+        name=item.candidate.name,
+        step_time_ms=item.step_time_ms,
+        gain_ms=item.gain_ms,
+        migration_bytes=item.migration.total_bytes,
+        migration_ms=item.migration.duration_ms,
+        net_gain_ms=item.net_gain_ms,
+        num_moves=len(item.migration.moves),
+        note=note,
+    )
 
 
 def _passes(item: _Scored, hysteresis: Hysteresis) -> bool:
-    return (item.gain_fraction >= hysteresis.min_gain_fraction
-            and item.migration.duration_ms <= item.gain_ms * hysteresis.max_payback_steps)
+    return (
+        item.gain_fraction >= hysteresis.min_gain_fraction
+        and item.migration.duration_ms <= item.gain_ms * hysteresis.max_payback_steps
+    )
 
 
-def _choose(scored: list[_Scored], hysteresis: Hysteresis, current_fits: bool
-            ) -> tuple[_Scored | None, bool, str]:
+def _choose(
+    scored: list[_Scored], hysteresis: Hysteresis, current_fits: bool
+) -> tuple[_Scored | None, bool, str]:
     """(the candidate to report, whether it is worthwhile, why) (module docstring)."""
-    faster = [item for item in scored
-              if item.fits and item.gain_ms > 0 and not item.changes_nothing]
+    faster = [
+        item for item in scored if item.fits and item.gain_ms > 0 and not item.changes_nothing
+    ]
     if not faster:
         memory = "" if current_fits else "; the current plan does not fit device memory"
-        return None, False, ("no candidate is faster than the current plan on the observed "
-                             f"profile{memory}")
+        return (
+            None,
+            False,
+            (f"no candidate is faster than the current plan on the observed profile{memory}"),
+        )
     passing = [item for item in faster if _passes(item, hysteresis)]
-    best = min(passing or faster, key=lambda item: (-round(item.net_gain_ms, 6),
-                                                    item.migration.total_bytes,
-                                                    len(item.migration.moves),
-                                                    len(item.policy_changes)))
+    best = min(
+        passing or faster,
+        key=lambda item: (
+            -round(item.net_gain_ms, 6),
+            item.migration.total_bytes,
+            len(item.migration.moves),
+            len(item.policy_changes),
+        ),
+    )
     return best, bool(passing), _reason(best, hysteresis, bool(passing))
 
 
 def _reason(item: _Scored, hysteresis: Hysteresis, worthwhile: bool) -> str:
     moved = len(item.migration.moves)
-    what = (f"moving {moved} layer{'s' if moved != 1 else ''} "
-            f"({format_bytes(item.migration.total_bytes)}, "
-            f"{item.migration.duration_ms:.3f} ms to migrate)" if moved
-            else f"changing {len(item.policy_changes)} memory policies (nothing to migrate)")
-    gain = (f"saves {item.gain_ms:.3f} ms per step ({100 * item.gain_fraction:.2f}%)")
+    what = (
+        f"moving {moved} layer{'s' if moved != 1 else ''} "
+        f"({format_bytes(item.migration.total_bytes)}, "
+        f"{item.migration.duration_ms:.3f} ms to migrate)"
+        if moved
+        else f"changing {len(item.policy_changes)} memory policies (nothing to migrate)"
+    )
+    gain = f"saves {item.gain_ms:.3f} ms per step ({100 * item.gain_fraction:.2f}%)"
     payback = item.migration.duration_ms / item.gain_ms
     if worthwhile:
-        return (f"{item.candidate.name}: {what} {gain} and pays back in {payback:.1f} steps "
-                f"(limit {hysteresis.max_payback_steps:g})")
+        return (
+            f"{item.candidate.name}: {what} {gain} and pays back in {payback:.1f} steps "
+            f"(limit {hysteresis.max_payback_steps:g})"
+        )
     if item.gain_fraction < hysteresis.min_gain_fraction:
-        return (f"{item.candidate.name}: {what} {gain}, less than the minimum gain of "
-                f"{100 * hysteresis.min_gain_fraction:.2f}%")
-    return (f"{item.candidate.name}: {what} {gain} but pays back only after {payback:.1f} "
-            f"steps, more than the limit of {hysteresis.max_payback_steps:g}")
+        return (
+            f"{item.candidate.name}: {what} {gain}, less than the minimum gain of "
+            f"{100 * hysteresis.min_gain_fraction:.2f}%"
+        )
+    return (
+        f"{item.candidate.name}: {what} {gain} but pays back only after {payback:.1f} "
+        f"steps, more than the limit of {hysteresis.max_payback_steps:g}"
+    )
 
 
-def _proposal(plan: Plan, chosen: _Scored, now_ms: float, hysteresis: Hysteresis,
-              num_steps: int, worthwhile: bool, reason: str,
-              summaries: list[CandidateSummary]) -> Proposal:
+def _proposal(
+    plan: Plan,
+    chosen: _Scored,
+    now_ms: float,
+    hysteresis: Hysteresis,
+    num_steps: int,
+    worthwhile: bool,
+    reason: str,
+    summaries: list[CandidateSummary],
+) -> Proposal:
     migration = chosen.migration
     return Proposal(
-        model=plan.model, schedule=plan.schedule, algorithm=chosen.candidate.name,
-        current_stages=plan.stages, new_plan=chosen.plan, moves=migration.moves,
-        policy_changes=chosen.policy_changes, step_time_now_ms=now_ms,
-        step_time_after_ms=chosen.step_time_ms, gain_ms=chosen.gain_ms,
-        gain_fraction=chosen.gain_fraction, migration_bytes=migration.total_bytes,
-        migration_breakdown=migration.breakdown, transfers=migration.transfers,
+        model=plan.model,
+        schedule=plan.schedule,
+        algorithm=chosen.candidate.name,
+        current_stages=plan.stages,
+        new_plan=chosen.plan,
+        moves=migration.moves,
+        policy_changes=chosen.policy_changes,
+        step_time_now_ms=now_ms,
+        step_time_after_ms=chosen.step_time_ms,
+        gain_ms=chosen.gain_ms,
+        gain_fraction=chosen.gain_fraction,
+        migration_bytes=migration.total_bytes,
+        migration_breakdown=migration.breakdown,
+        transfers=migration.transfers,
         migration_ms=migration.duration_ms,
         payback_steps=migration.duration_ms / chosen.gain_ms if chosen.gain_ms > 0 else None,
-        hysteresis=hysteresis, simulated_steps=num_steps, worthwhile=worthwhile,
-        reason=reason, candidates=summaries)
+        hysteresis=hysteresis,
+        simulated_steps=num_steps,
+        worthwhile=worthwhile,
+        reason=reason,
+        candidates=summaries,
+    )

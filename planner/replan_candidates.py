@@ -62,9 +62,15 @@ def plan_request(plan: Plan, profile: Profile, cluster: Cluster | None) -> PlanR
     """The question the planners answer for ``plan``'s shape on the observed profile. The
     number of stages is left out: plans may share devices between stages, which a request
     for K stages refuses on fewer than K devices; ``optimal_candidate`` asks for it."""
-    return PlanRequest(profile=profile, num_microbatches=plan.num_microbatches,
-                       schedule=plan.schedule, microbatch_size=plan.microbatch_size,
-                       optimizer=plan.optimizer, cluster=cluster, straight=True)
+    return PlanRequest(
+        profile=profile,
+        num_microbatches=plan.num_microbatches,
+        schedule=plan.schedule,
+        microbatch_size=plan.microbatch_size,
+        optimizer=plan.optimizer,
+        cluster=cluster,
+        straight=True,
+    )
 
 
 class PlacedPartitionCosts(PartitionCosts):
@@ -78,15 +84,23 @@ class PlacedPartitionCosts(PartitionCosts):
         # The base class places stage s on device s; its contexts and links are replaced.
         super().__init__(replace(request, cluster=None), plan.num_stages, solve_greedy)
         devices = plan.worker_devices()
-        self.contexts = stage_contexts(plan.schedule, [s.replicas for s in plan.stages],
-                                       plan.num_microbatches, plan.optimizer, request.cluster,
-                                       devices)
+        self.contexts = stage_contexts(
+            plan.schedule,
+            [s.replicas for s in plan.stages],
+            plan.num_microbatches,
+            plan.optimizer,
+            request.cluster,
+            devices,
+        )
         self.evaluator = StageEvaluator(self.chain, self.contexts)
         cluster, outputs = request.cluster, self.chain.layer_output
         self.links = [[0.0] * (self.num_layers + 1)]
         for s in range(1, plan.num_stages):
-            bandwidth = (None if cluster is None
-                         else cluster.bandwidth_gbps(devices[s - 1][-1], devices[s][0]))
+            bandwidth = (
+                None
+                if cluster is None
+                else cluster.bandwidth_gbps(devices[s - 1][-1], devices[s][0])
+            )
             self.links.append([0.0] + [link_time_ms(out, bandwidth) for out in outputs])
 
 
@@ -110,16 +124,20 @@ def refinements(plan: Plan, request: PlanRequest) -> list[Candidate]:
         note = "the current stages are not contiguous runs of the profile's layer order"
         return [Candidate(name, None, note) for name in REFINEMENTS]
     chain = backbone(profile)
-    costs = PlacedPartitionCosts(replace(request, profile=chain,
-                                         microbatch_size=chain.microbatch_size), plan)
+    costs = PlacedPartitionCosts(
+        replace(request, profile=chain, microbatch_size=chain.microbatch_size), plan
+    )
     relieved, _ = relieve_bottleneck(costs, bounds, 1)
     refined, _ = kernighan_lin(costs, relieved, 1)
-    return [Candidate(name, _refined_plan(plan, request, costs, found, name))
-            for name, found in zip(REFINEMENTS, (relieved, refined), strict=True)]
+    return [
+        Candidate(name, _refined_plan(plan, request, costs, found, name))
+        for name, found in zip(REFINEMENTS, (relieved, refined), strict=True)
+    ]
 
 
-def _refined_plan(plan: Plan, request: PlanRequest, costs: PlacedPartitionCosts,
-                  bounds: Bounds, name: str) -> Plan:
+def _refined_plan(
+    plan: Plan, request: PlanRequest, costs: PlacedPartitionCosts, bounds: Bounds, name: str
+) -> Plan:
     profile = request.scaled
     greedy = costs.policies(bounds)
     policies: dict[str, str] = {}
@@ -133,9 +151,15 @@ def _refined_plan(plan: Plan, request: PlanRequest, costs: PlacedPartitionCosts,
     return rebuild(plan, names, policies, name)
 
 
-def _faster_policies(request: PlanRequest, ctx: StageContext, indices: list[int],
-                     carried: dict[int, str], chosen: dict[int, str]) -> dict[int, str]:
+def _faster_policies(
+    request: PlanRequest,
+    ctx: StageContext,
+    indices: list[int],
+    carried: dict[int, str],
+    chosen: dict[int, str],
+) -> dict[int, str]:
     """``carried`` unless ``chosen`` fits where it does not, or is faster while both fit."""
+
     def rank(policy: dict[int, str]) -> tuple[bool, float]:
         costs = layer_set_costs(request.scaled, indices, policy, request.optimizer_factor)
         fits = ctx.memory_bytes is None or stage_memory_bytes(costs, ctx) <= ctx.memory_bytes
@@ -154,13 +178,26 @@ def optimal_candidate(plan: Plan, request: PlanRequest) -> Candidate:
     return Candidate("optimal", rebuild(plan, names, output.plan.policies, "optimal"))
 
 
-def rebuild(plan: Plan, stage_layers: list[list[str]], policies: Mapping[str, str],
-            candidate: str) -> Plan:
+def rebuild(
+    plan: Plan, stage_layers: list[list[str]], policies: Mapping[str, str], candidate: str
+) -> Plan:
     """``plan`` with other layers per stage and other policies, all else kept."""
-    stages = [stage.model_copy(update={"layers": layers})
-              for stage, layers in zip(plan.stages, stage_layers, strict=True)]
+    stages = [
+        stage.model_copy(update={"layers": layers})
+        for stage, layers in zip(plan.stages, stage_layers, strict=True)
+    ]
     origin = plan.provenance.get("replanned_from", plan.provenance.get("planner"))
-    provenance = {**plan.provenance, "planner": "replan", "candidate": candidate,
-                  "replanned_from": origin}
-    return Plan.model_validate({**plan.model_dump(), "stages": [s.model_dump() for s in stages],
-                                "policies": dict(policies), "provenance": provenance})
+    provenance = {
+        **plan.provenance,
+        "planner": "replan",
+        "candidate": candidate,
+        "replanned_from": origin,
+    }
+    return Plan.model_validate(
+        {
+            **plan.model_dump(),
+            "stages": [s.model_dump() for s in stages],
+            "policies": dict(policies),
+            "provenance": provenance,
+        }
+    )

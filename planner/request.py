@@ -49,28 +49,39 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
-            raise PlanError(f"schedule {self.schedule!r} is unknown; expected one of "
-                            f"{', '.join(SCHEDULES)}")
+            raise PlanError(
+                f"schedule {self.schedule!r} is unknown; expected one of {', '.join(SCHEDULES)}"
+            )
         if self.optimizer not in OPTIMIZER_STATE_FACTOR:
-            raise PlanError(f"optimizer {self.optimizer!r} is unknown; expected one of "
-                            f"{', '.join(OPTIMIZER_STATE_FACTOR)}")
+            raise PlanError(
+                f"optimizer {self.optimizer!r} is unknown; expected one of "
+                f"{', '.join(OPTIMIZER_STATE_FACTOR)}"
+            )
         if self.num_microbatches < 1:
             raise PlanError(f"--microbatches must be >= 1, got {self.num_microbatches}")
         if self.num_microbatches > MAX_MICROBATCHES:
-            raise PlanError(f"--microbatches must be <= {MAX_MICROBATCHES} (a plan's limit), "
-                            f"got {self.num_microbatches}")
+            raise PlanError(
+                f"--microbatches must be <= {MAX_MICROBATCHES} (a plan's limit), "
+                f"got {self.num_microbatches}"
+            )
         if self.microbatch_size is not None and self.microbatch_size < 1:
             raise PlanError(f"--microbatch-size must be >= 1, got {self.microbatch_size}")
         if self.microbatch_size is not None and self.microbatch_size > MAX_MICROBATCH_SIZE:
-            raise PlanError(f"--microbatch-size must be <= {MAX_MICROBATCH_SIZE} (a plan's "
-                            f"limit), got {self.microbatch_size}")
+            raise PlanError(
+                f"--microbatch-size must be <= {MAX_MICROBATCH_SIZE} (a plan's "
+                f"limit), got {self.microbatch_size}"
+            )
         if self.num_stages is not None:
             if not 1 <= self.num_stages <= self.profile.num_layers:
-                raise PlanError(f"--stages {self.num_stages} is not between 1 and the "
-                                f"profile's {self.profile.num_layers} layers")
+                raise PlanError(
+                    f"--stages {self.num_stages} is not between 1 and the "
+                    f"profile's {self.profile.num_layers} layers"
+                )
             if self.cluster is not None and self.num_stages > self.cluster.num_devices:
-                raise PlanError(f"--stages {self.num_stages} needs {self.num_stages} devices "
-                                f"but the cluster has {self.cluster.num_devices}")
+                raise PlanError(
+                    f"--stages {self.num_stages} needs {self.num_stages} devices "
+                    f"but the cluster has {self.cluster.num_devices}"
+                )
 
     @cached_property
     def scaled(self) -> Profile:
@@ -87,30 +98,42 @@ class PlanRequest:
         return self.num_stages
 
     def contexts(self, replicas: list[int]) -> list[StageContext]:
-        return stage_contexts(self.schedule, replicas, self.num_microbatches, self.optimizer,
-                              self.cluster)
+        return stage_contexts(
+            self.schedule, replicas, self.num_microbatches, self.optimizer, self.cluster
+        )
 
-    def build_plan(self, stages: list[list[int]], policies: dict[int, str] | None = None, *,
-                   replicas: list[int] | None = None, planner: str,
-                   settings: dict[str, Any] | None = None) -> Plan:
+    def build_plan(
+        self,
+        stages: list[list[int]],
+        policies: dict[int, str] | None = None,
+        *,
+        replicas: list[int] | None = None,
+        planner: str,
+        settings: dict[str, Any] | None = None,
+    ) -> Plan:
         """A Plan from layer indices per stage and non-keep policies by layer index."""
         names = [layer.name for layer in self.scaled.layers]
         replicas = replicas or [1] * len(stages)
         policies = policies or {}
         provenance: dict[str, Any] = {"planner": planner, **(settings or {})}
-        return Plan.model_validate({
-            "model": self.profile.model,
-            "schedule": self.schedule,
-            "num_microbatches": self.num_microbatches,
-            "microbatch_size": self.scaled.microbatch_size,
-            "optimizer": self.optimizer,
-            "precision": self.profile.precision,
-            "stages": [{"layers": [names[i] for i in layers], "replicas": count}
-                       for layers, count in zip(stages, replicas, strict=True)],
-            "policies": {names[i]: policies.get(i, "keep")
-                         for layers in stages for i in layers},
-            "provenance": provenance,
-        })
+        return Plan.model_validate(
+            {
+                "model": self.profile.model,
+                "schedule": self.schedule,
+                "num_microbatches": self.num_microbatches,
+                "microbatch_size": self.scaled.microbatch_size,
+                "optimizer": self.optimizer,
+                "precision": self.profile.precision,
+                "stages": [
+                    {"layers": [names[i] for i in layers], "replicas": count}
+                    for layers, count in zip(stages, replicas, strict=True)
+                ],
+                "policies": {
+                    names[i]: policies.get(i, "keep") for layers in stages for i in layers
+                },
+                "provenance": provenance,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -139,19 +162,27 @@ def plan_cost(request: PlanRequest, plan: Plan) -> PlanCost:
     contexts = request.contexts([stage.replicas for stage in plan.stages])
     devices = plan.worker_devices()
     costs: list[StageCosts] = [
-        layer_set_costs(profile, indices,
-                        {i: plan.policy(profile.layers[i].name) for i in indices},
-                        request.optimizer_factor)
+        layer_set_costs(
+            profile,
+            indices,
+            {i: plan.policy(profile.layers[i].name) for i in indices},
+            request.optimizer_factor,
+        )
         for indices in layout.stage_layers
     ]
     stage_ms = [stage_time_ms(c, ctx) for c, ctx in zip(costs, contexts, strict=True)]
     memory = [stage_memory_bytes(c, ctx) for c, ctx in zip(costs, contexts, strict=True)]
-    fits = [ctx.memory_bytes is None or m <= ctx.memory_bytes
-            for m, ctx in zip(memory, contexts, strict=True)]
+    fits = [
+        ctx.memory_bytes is None or m <= ctx.memory_bytes
+        for m, ctx in zip(memory, contexts, strict=True)
+    ]
     link_ms = []
     for (src, dst), num_bytes in boundary_bytes(profile, layout).items():
-        bandwidth = (None if request.cluster is None
-                     else request.cluster.bandwidth_gbps(devices[src][-1], devices[dst][0]))
+        bandwidth = (
+            None
+            if request.cluster is None
+            else request.cluster.bandwidth_gbps(devices[src][-1], devices[dst][0])
+        )
         link_ms.append(link_time_ms(num_bytes, bandwidth))
     return PlanCost(stage_ms, link_ms, memory, fits)
 
@@ -201,8 +232,7 @@ def call_planner(planner: Planner, request: PlanRequest) -> PlannerOutput:
         raise explain_infeasible(planner, request, exc) from exc
 
 
-def check_request_budget(request: PlanRequest, max_ops: int | None, *, num_steps: int = 1
-                         ) -> None:
+def check_request_budget(request: PlanRequest, max_ops: int | None, *, num_steps: int = 1) -> None:
     """Refuse ``request`` before any planner runs when simulating its plan for
     ``num_steps`` steps could build more than ``max_ops`` ops (``budget.py``; ``None``: no
     limit), with ``WorkBudgetError``.
@@ -221,12 +251,22 @@ def check_request_budget(request: PlanRequest, max_ops: int | None, *, num_steps
     _check_search(request, num_workers, workers_field)  # cheap: before any bound is built
     num_stages = min(num_workers, request.profile.num_layers)
     base, extra = divmod(num_workers, num_stages)
-    stages = tuple(StageWork(base + (idx < extra), recomputes=True, swaps=True, updates=True)
-                   for idx in range(num_stages))
-    workload = Workload(request.schedule, num_steps, request.num_microbatches, stages,
-                        most_boundaries(request.profile, num_stages))
-    check_budget(workload, max_ops, fields={"num_microbatches": request.num_microbatches,
-                                            workers_field: num_workers})
+    stages = tuple(
+        StageWork(base + (idx < extra), recomputes=True, swaps=True, updates=True)
+        for idx in range(num_stages)
+    )
+    workload = Workload(
+        request.schedule,
+        num_steps,
+        request.num_microbatches,
+        stages,
+        most_boundaries(request.profile, num_stages),
+    )
+    check_budget(
+        workload,
+        max_ops,
+        fields={"num_microbatches": request.num_microbatches, workers_field: num_workers},
+    )
 
 
 #: The planners' own search, which the simulation budget does not see: with at most this
@@ -244,18 +284,30 @@ def _check_search(request: PlanRequest, num_workers: int, field: str) -> None:
         raise WorkBudgetError(
             f"{field}={num_workers}: a planner may be asked to place layers on at most "
             f"{MAX_PLANNED_WORKERS} workers here; plan with fewer, or with `pipestudio "
-            "plan`, which has no work budget", field=field, limit=MAX_PLANNED_WORKERS,
-            num_ops=num_workers)
+            "plan`, which has no work budget",
+            field=field,
+            limit=MAX_PLANNED_WORKERS,
+            num_ops=num_workers,
+        )
     if cells > MAX_PLANNED_CELLS:
         raise WorkBudgetError(
             f"{field}={num_workers}: planning {request.profile.num_layers} layers onto "
             f"{num_workers} workers weighs {cells} layer-worker pairs, more than the limit "
             f"of {MAX_PLANNED_CELLS}; plan with fewer workers, or with `pipestudio plan`",
-            field=field, limit=MAX_PLANNED_CELLS, num_ops=cells)
+            field=field,
+            limit=MAX_PLANNED_CELLS,
+            num_ops=cells,
+        )
 
 
-def run_planner(algorithm: str, planner: Planner, request: PlanRequest, *,
-                with_timeline: bool = True, max_ops: int | None = None) -> PlanOutcome:
+def run_planner(
+    algorithm: str,
+    planner: Planner,
+    request: PlanRequest,
+    *,
+    with_timeline: bool = True,
+    max_ops: int | None = None,
+) -> PlanOutcome:
     """Run one planner, time it, simulate its plan; a planner error becomes ``error``.
 
     ``planner_ms`` is the one call that answered ``request``; when it found no plan that
@@ -271,17 +323,31 @@ def run_planner(algorithm: str, planner: Planner, request: PlanRequest, *,
         elapsed = (time.perf_counter() - started) * 1e3
         if isinstance(exc, InfeasibleError):
             exc = explain_infeasible(planner, request, exc)
-            return PlanOutcome(algorithm, None, None, elapsed, None, str(exc),
-                               min_memory_bytes=exc.min_memory_bytes)
+            return PlanOutcome(
+                algorithm,
+                None,
+                None,
+                elapsed,
+                None,
+                str(exc),
+                min_memory_bytes=exc.min_memory_bytes,
+            )
         return PlanOutcome(algorithm, None, None, elapsed, None, str(exc))
     elapsed = (time.perf_counter() - started) * 1e3
     result = simulate(request.scaled, output.plan, request.cluster, with_timeline=with_timeline)
-    return PlanOutcome(algorithm, output.plan, result, elapsed, output.objective_ms, None,
-                       output.details)
+    return PlanOutcome(
+        algorithm, output.plan, result, elapsed, output.objective_ms, None, output.details
+    )
 
 
-def memory_only_cluster(num_devices: int, device_memory_bytes: int | None,
-                        host_bandwidth_gbps: float | None = None) -> Cluster:
+def memory_only_cluster(
+    num_devices: int, device_memory_bytes: int | None, host_bandwidth_gbps: float | None = None
+) -> Cluster:
     """A cluster of ``num_devices`` with free links between them (``--device-memory``)."""
-    return cluster_template([num_devices], [None], device_memory_bytes=device_memory_bytes,
-                            host_bandwidth_gbps=host_bandwidth_gbps, name="memory-only")
+    return cluster_template(
+        [num_devices],
+        [None],
+        device_memory_bytes=device_memory_bytes,
+        host_bandwidth_gbps=host_bandwidth_gbps,
+        name="memory-only",
+    )

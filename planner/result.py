@@ -53,11 +53,15 @@ class StageResult(_Strict):
         description="Most micro-batches whose forward ran and backward did not, on a replica."
     )
     num_weight_versions: int = Field(description="Weight versions kept at once (pipedream).")
-    flops: int = Field(0, description="Floating-point operations per step and replica: "
-                                      "forwards, recomputes and backwards (0: the profile "
-                                      "counts none).")
-    tflops: float = Field(0.0, description="Achieved TFLOP/s of a replica: flops over the "
-                                           "step time.")
+    flops: int = Field(
+        0,
+        description="Floating-point operations per step and replica: "
+        "forwards, recomputes and backwards (0: the profile "
+        "counts none).",
+    )
+    tflops: float = Field(
+        0.0, description="Achieved TFLOP/s of a replica: flops over the step time."
+    )
 
 
 class TimelineOp(_Strict):
@@ -99,18 +103,23 @@ class SimResult(Document):
     step_time_ms: float = Field(description="Mean time of the measured steps.")
     step_times_ms: list[float] = Field(description="Time of each measured step.")
     samples_per_s: float = Field(description="Samples per second; 0 when a step takes no time.")
-    bubble_fraction: float = Field(
-        description="1 - sum of stages' busy_ms / (stages x step time)."
-    )
+    bubble_fraction: float = Field(description="1 - sum of stages' busy_ms / (stages x step time).")
     fits: bool
-    model_flops: int = Field(0, description="The model's forward and backward FLOPs per step "
-                                            "(recomputes not counted, as model FLOP "
-                                            "utilisation counts them).")
-    model_tflops: float = Field(0.0, description="model_flops over the step time, all devices "
-                                                 "together.")
-    mfu: float | None = Field(None, description="Model FLOP utilisation: model_tflops over "
-                                                "the devices' peak in the plan's precision "
-                                                "(null: peak unknown, or no FLOPs counted).")
+    model_flops: int = Field(
+        0,
+        description="The model's forward and backward FLOPs per step "
+        "(recomputes not counted, as model FLOP "
+        "utilisation counts them).",
+    )
+    model_tflops: float = Field(
+        0.0, description="model_flops over the step time, all devices together."
+    )
+    mfu: float | None = Field(
+        None,
+        description="Model FLOP utilisation: model_tflops over "
+        "the devices' peak in the plan's precision "
+        "(null: peak unknown, or no FLOPs counted).",
+    )
     window_start_ms: float = Field(description="Start of the measured steps in the timeline.")
     window_end_ms: float
     stages: list[StageResult]

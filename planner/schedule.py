@@ -38,5 +38,5 @@ def worker_order(schedule: str, microbatches: list[int], warmup: int) -> list[tu
     for idx in range(len(microbatches) - num_warmup):
         order.append((FORWARD, microbatches[num_warmup + idx]))
         order.append((BACKWARD, microbatches[idx]))
-    order.extend((BACKWARD, mb) for mb in microbatches[len(microbatches) - num_warmup:])
+    order.extend((BACKWARD, mb) for mb in microbatches[len(microbatches) - num_warmup :])
     return order

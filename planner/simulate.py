@@ -175,8 +175,14 @@ def simulate(
         return _simulate(profile, plan, cluster, num_steps, with_timeline, max_ops)
 
 
-def _simulate(profile: Profile, plan: Plan, cluster: Cluster | None, num_steps: int,
-              with_timeline: bool, max_ops: int | None) -> SimResult:
+def _simulate(
+    profile: Profile,
+    plan: Plan,
+    cluster: Cluster | None,
+    num_steps: int,
+    with_timeline: bool,
+    max_ops: int | None,
+) -> SimResult:
     if num_steps < 1:
         raise PlanError(f"the number of steps to simulate must be >= 1, got {num_steps}")
     layout = resolve_plan(plan, profile)  # the rescaled profile has the same layers
@@ -188,10 +194,12 @@ def _simulate(profile: Profile, plan: Plan, cluster: Cluster | None, num_steps: 
         for stage_devices in devices:
             for device_idx in stage_devices:
                 cluster.check_device(device_idx)
-    build = _Build(plan, cluster, stage_costs(profile, plan, layout),
-                   boundary_bytes(profile, layout), devices)
-    warmup_steps, drain_steps = padding_steps(plan.schedule, plan.num_workers,
-                                              plan.num_microbatches)
+    build = _Build(
+        plan, cluster, stage_costs(profile, plan, layout), boundary_bytes(profile, layout), devices
+    )
+    warmup_steps, drain_steps = padding_steps(
+        plan.schedule, plan.num_workers, plan.num_microbatches
+    )
     total_steps = warmup_steps + num_steps + drain_steps
     if plan.schedule == "pipedream":
         _build_stream(build, list(range(total_steps * plan.num_microbatches)))
@@ -211,7 +219,7 @@ def _build_stream(build: _Build, microbatches: list[int]) -> None:
     for worker, (stage_idx, replica) in enumerate(build.workers):
         replicas = plan.stages[stage_idx].replicas
         # Micro-batch i goes to replica i mod r; ``microbatches`` is a run of consecutive ones.
-        mine = microbatches[(replica - microbatches[0]) % replicas::replicas]
+        mine = microbatches[(replica - microbatches[0]) % replicas :: replicas]
         order = worker_order(plan.schedule, mine, build.warmups[stage_idx])
         for pos, (kind, mb) in enumerate(order):
             if kind == BACKWARD:
@@ -219,7 +227,7 @@ def _build_stream(build: _Build, microbatches: list[int]) -> None:
                 if not sync:
                     _add_update(build, worker, mb // replicas, mb)
             else:
-                _add_forward(build, worker, mb, swap=order[pos + 1:pos + 2] != [(BACKWARD, mb)])
+                _add_forward(build, worker, mb, swap=order[pos + 1 : pos + 2] != [(BACKWARD, mb)])
         if sync:
             _add_update(build, worker, microbatches[0] // plan.num_microbatches, None)
     _add_transfers(build, microbatches)
@@ -230,22 +238,44 @@ def _add_forward(build: _Build, worker: int, mb: int, swap: bool) -> None:
     costs = build.costs[stage_idx]
     step = mb // build.plan.num_microbatches
     activations = costs.kept_bytes + costs.swap_bytes
-    op = _Op("forward", worker, mb, step, memory_at_start=(0, costs.workspace_bytes),
-             memory_at_end=(activations, -costs.workspace_bytes))
+    op = _Op(
+        "forward",
+        worker,
+        mb,
+        step,
+        memory_at_start=(0, costs.workspace_bytes),
+        memory_at_end=(activations, -costs.workspace_bytes),
+    )
     build.forward[(stage_idx, mb)] = build.add_compute(op, costs.fwd_ms)
     if costs.swap_bytes and swap:
         device = build.device(worker)
         out_ms = transfer_ms(costs.swap_bytes, _host_gbps(build, device, "device_to_host_gbps"))
         swap_out = build.add(
-            _Op("swap_out", worker, mb, step, num_bytes=costs.swap_bytes,
-                memory_at_end=(-costs.swap_bytes, 0)),
-            out_ms, build.resource("d2h", device))
+            _Op(
+                "swap_out",
+                worker,
+                mb,
+                step,
+                num_bytes=costs.swap_bytes,
+                memory_at_end=(-costs.swap_bytes, 0),
+            ),
+            out_ms,
+            build.resource("d2h", device),
+        )
         build.graph.after(swap_out, build.forward[(stage_idx, mb)])
         in_ms = transfer_ms(costs.swap_bytes, _host_gbps(build, device, "host_to_device_gbps"))
         swap_in = build.add(
-            _Op("swap_in", worker, mb, step, num_bytes=costs.swap_bytes,
-                memory_at_start=(costs.swap_bytes, 0)),
-            in_ms, build.resource("h2d", device))
+            _Op(
+                "swap_in",
+                worker,
+                mb,
+                step,
+                num_bytes=costs.swap_bytes,
+                memory_at_start=(costs.swap_bytes, 0),
+            ),
+            in_ms,
+            build.resource("h2d", device),
+        )
         build.graph.after(swap_in, swap_out)
         build.swap_in[(stage_idx, mb)] = swap_in
         build.last_swap_out[worker] = swap_out
@@ -266,15 +296,29 @@ def _add_backward(build: _Build, worker: int, mb: int) -> None:
     workspace = costs.workspace_bytes
     if costs.recompute_ms or costs.recompute_bytes:
         recompute = build.add_compute(
-            _Op("recompute", worker, mb, step, memory_at_start=(0, workspace),
-                memory_at_end=(costs.recompute_bytes, -workspace)),
-            costs.recompute_ms)
+            _Op(
+                "recompute",
+                worker,
+                mb,
+                step,
+                memory_at_start=(0, workspace),
+                memory_at_end=(costs.recompute_bytes, -workspace),
+            ),
+            costs.recompute_ms,
+        )
         build.first_backward[(stage_idx, mb)] = recompute
     freed = costs.kept_bytes + costs.swap_bytes + costs.recompute_bytes
     backward = build.add_compute(
-        _Op("backward", worker, mb, step, memory_at_start=(0, workspace),
-            memory_at_end=(-freed, -workspace)),
-        costs.bwd_ms)
+        _Op(
+            "backward",
+            worker,
+            mb,
+            step,
+            memory_at_start=(0, workspace),
+            memory_at_end=(-freed, -workspace),
+        ),
+        costs.bwd_ms,
+    )
     build.first_backward.setdefault((stage_idx, mb), backward)
     build.backward[(stage_idx, mb)] = backward
     if swap_in is not None:
@@ -312,7 +356,9 @@ def _add_allreduces(build: _Build) -> None:
         first = build.ops[updates[0]]
         allreduce = build.add(
             _Op("allreduce", first.worker, first.microbatch, first.step, num_bytes=num_bytes),
-            duration, build.resource("allreduce", stage_idx))
+            duration,
+            build.resource("allreduce", stage_idx),
+        )
         for backward, update in members:
             build.graph.after(allreduce, backward)
             build.graph.after(update, allreduce)
@@ -326,19 +372,30 @@ def _add_transfers(build: _Build, microbatches: list[int]) -> None:
             src, dst = build.worker_of(src_stage, mb), build.worker_of(dst_stage, mb)
             step = mb // build.plan.num_microbatches
             transfers: tuple[tuple[OpKind, int, int, int, int], ...] = (
-                ("send_activation", src, dst, build.forward[(src_stage, mb)],
-                 build.forward[(dst_stage, mb)]),
-                ("send_gradient", dst, src, build.backward[(dst_stage, mb)],
-                 build.first_backward[(src_stage, mb)]),
+                (
+                    "send_activation",
+                    src,
+                    dst,
+                    build.forward[(src_stage, mb)],
+                    build.forward[(dst_stage, mb)],
+                ),
+                (
+                    "send_gradient",
+                    dst,
+                    src,
+                    build.backward[(dst_stage, mb)],
+                    build.first_backward[(src_stage, mb)],
+                ),
             )
             for kind, sender, receiver, after_op, before_op in transfers:
                 link = links.get((sender, receiver, num_bytes))
                 if link is None:
                     link = links[(sender, receiver, num_bytes)] = _link(
-                        build, sender, receiver, num_bytes)
+                        build, sender, receiver, num_bytes
+                    )
                 send = build.add(
-                    _Op(kind, sender, mb, step, peer_worker=receiver, num_bytes=num_bytes),
-                    *link)
+                    _Op(kind, sender, mb, step, peer_worker=receiver, num_bytes=num_bytes), *link
+                )
                 build.graph.after(send, after_op)
                 build.graph.after(before_op, send)
 
@@ -347,12 +404,12 @@ def _link(build: _Build, sender: int, receiver: int, num_bytes: int) -> tuple[fl
     """Duration and resource of a transfer between two workers' devices."""
     device_a, device_b = build.device(sender), build.device(receiver)
     if device_a == device_b:  # staged through host memory (module docstring)
-        staged_ms = sum(transfer_ms(num_bytes, _host_gbps(build, device_a, attribute))
-                        for attribute in ("device_to_host_gbps", "staging_gbps",
-                                          "host_to_device_gbps"))
+        staged_ms = sum(
+            transfer_ms(num_bytes, _host_gbps(build, device_a, attribute))
+            for attribute in ("device_to_host_gbps", "staging_gbps", "host_to_device_gbps")
+        )
         return staged_ms, build.resource("staged", device_a) if staged_ms else NO_RESOURCE
-    bandwidth = None if build.cluster is None else build.cluster.bandwidth_gbps(
-        device_a, device_b)
+    bandwidth = None if build.cluster is None else build.cluster.bandwidth_gbps(device_a, device_b)
     return transfer_ms(num_bytes, bandwidth), build.resource("link", device_a, device_b)
 
 
@@ -375,15 +432,22 @@ def stage_flops(profile: Profile, plan: Plan, stage_idx: int, layers: Sequence[i
     return per_microbatch * plan.num_microbatches // plan.stages[stage_idx].replicas
 
 
-def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing,
-            warmup_steps: int, num_steps: int, with_timeline: bool) -> SimResult:
+def _result(
+    build: _Build,
+    profile: Profile,
+    layout: StageLayout,
+    timing: Timing,
+    warmup_steps: int,
+    num_steps: int,
+    with_timeline: bool,
+) -> SimResult:
     plan, ops = build.plan, build.ops
     start, end = timing.start_ms, timing.end_ms
     step_end = [0.0] * (warmup_steps + num_steps)
     for op_id, op in enumerate(ops):
         if op.step < len(step_end):
             step_end[op.step] = max(step_end[op.step], end[op_id])
-    bounds = [0.0, *step_end] if not warmup_steps else step_end[warmup_steps - 1:]
+    bounds = [0.0, *step_end] if not warmup_steps else step_end[warmup_steps - 1 :]
     step_times = [later - earlier for earlier, later in pairwise(bounds)]
     window = (bounds[0], bounds[-1])
     step_time = (window[1] - window[0]) / num_steps
@@ -392,10 +456,17 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
     recompute = [0.0] * len(build.workers)
     for op_id, op in enumerate(ops):
         if op.kind in _MEMORY_OPS:
-            ledger.record(op.worker, timing.start_seq[op_id], start[op_id], op.memory_at_start,
-                          op.kind, at_end=False)
-            ledger.record(op.worker, timing.end_seq[op_id], end[op_id], op.memory_at_end,
-                          op.kind, at_end=True)
+            ledger.record(
+                op.worker,
+                timing.start_seq[op_id],
+                start[op_id],
+                op.memory_at_start,
+                op.kind,
+                at_end=False,
+            )
+            ledger.record(
+                op.worker, timing.end_seq[op_id], end[op_id], op.memory_at_end, op.kind, at_end=True
+            )
         if op.kind in COMPUTE_OPS:
             overlap = min(end[op_id], window[1]) - max(start[op_id], window[0])
             if overlap > 0:
@@ -412,28 +483,33 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
         memory_limits = [_device_memory(build.cluster, build.device(w)) for w in workers]
         limit = None if None in memory_limits else min(m for m in memory_limits if m)
         stage_peak = peaks[top].memory.total_bytes
-        stages.append(StageResult(
-            index=stage_idx,
-            layers=[profile.layers[i].name for i in layout.stage_layers[stage_idx]],
-            replicas=stage.replicas,
-            devices=build.devices[stage_idx],
-            busy_ms=sum(busy[w] for w in workers) / len(workers) / num_steps,
-            recompute_ms=sum(recompute[w] for w in workers) / len(workers) / num_steps,
-            swap_bytes=build.costs[stage_idx].swap_bytes * plan.num_microbatches // stage.replicas,
-            peak_bytes=stage_peak,
-            memory=peaks[top].memory,
-            device_memory_bytes=limit,
-            fits=all(fits[build.device(w)] for w in workers),
-            max_inflight_microbatches=max(peaks[w].max_inflight for w in workers),
-            num_weight_versions=max(peaks[w].weight_versions for w in workers),
-            flops=flops,
-            tflops=flops / step_time / 1e9 if step_time > 0 else 0.0,
-        ))
+        stages.append(
+            StageResult(
+                index=stage_idx,
+                layers=[profile.layers[i].name for i in layout.stage_layers[stage_idx]],
+                replicas=stage.replicas,
+                devices=build.devices[stage_idx],
+                busy_ms=sum(busy[w] for w in workers) / len(workers) / num_steps,
+                recompute_ms=sum(recompute[w] for w in workers) / len(workers) / num_steps,
+                swap_bytes=build.costs[stage_idx].swap_bytes
+                * plan.num_microbatches
+                // stage.replicas,
+                peak_bytes=stage_peak,
+                memory=peaks[top].memory,
+                device_memory_bytes=limit,
+                fits=all(fits[build.device(w)] for w in workers),
+                max_inflight_microbatches=max(peaks[w].max_inflight for w in workers),
+                num_weight_versions=max(peaks[w].weight_versions for w in workers),
+                flops=flops,
+                tflops=flops / step_time / 1e9 if step_time > 0 else 0.0,
+            )
+        )
     stage_busy = sum(stage.busy_ms for stage in stages)
     bubble = 1.0 - stage_busy / (len(stages) * step_time) if step_time > 0 else 0.0
     samples = plan.num_microbatches * plan.microbatch_size
-    model_flops = plan.num_microbatches * sum(layer.fwd_flops + layer.bwd_flops
-                                              for layer in profile.layers)
+    model_flops = plan.num_microbatches * sum(
+        layer.fwd_flops + layer.bwd_flops for layer in profile.layers
+    )
     model_tflops = model_flops / step_time / 1e9 if step_time > 0 else 0.0
     return SimResult(
         model=plan.model,
@@ -448,9 +524,9 @@ def _result(build: _Build, profile: Profile, layout: StageLayout, timing: Timing
         fits=all(stage.fits for stage in stages),
         model_flops=model_flops,
         model_tflops=model_tflops,
-        mfu=model_flop_utilisation(model_tflops, plan.num_workers,
-                                   profile_peak(profile))
-        if model_flops else None,
+        mfu=model_flop_utilisation(model_tflops, plan.num_workers, profile_peak(profile))
+        if model_flops
+        else None,
         step_times_ms=step_times,
         window_start_ms=window[0],
         window_end_ms=window[1],
@@ -484,8 +560,9 @@ def _device_memory(cluster: Cluster | None, device_idx: int) -> int | None:
     return None if cluster is None else cluster.devices[device_idx].memory_bytes
 
 
-def _timeline(build: _Build, start: list[float], end: list[float],
-              window: tuple[float, float]) -> list[TimelineOp]:
+def _timeline(
+    build: _Build, start: list[float], end: list[float], window: tuple[float, float]
+) -> list[TimelineOp]:
     """Ops that overlap the measured window, in start order."""
     rows = []
     for op_id, op in enumerate(build.ops):
@@ -493,9 +570,19 @@ def _timeline(build: _Build, start: list[float], end: list[float],
             continue
         stage_idx, replica = build.workers[op.worker]
         peer = build.workers[op.peer_worker] if op.peer_worker is not None else (None, None)
-        rows.append({
-            "stage": stage_idx, "replica": replica, "op": op.kind, "microbatch": op.microbatch,
-            "step": op.step, "start_ms": start[op_id], "end_ms": end[op_id],
-            "peer_stage": peer[0], "peer_replica": peer[1], "bytes": op.num_bytes})
+        rows.append(
+            {
+                "stage": stage_idx,
+                "replica": replica,
+                "op": op.kind,
+                "microbatch": op.microbatch,
+                "step": op.step,
+                "start_ms": start[op_id],
+                "end_ms": end[op_id],
+                "peer_stage": peer[0],
+                "peer_replica": peer[1],
+                "bytes": op.num_bytes,
+            }
+        )
     rows.sort(key=lambda row: (row["start_ms"], row["stage"], row["replica"]))
     return _TIMELINE.validate_python(rows)

@@ -87,9 +87,17 @@ class StageContext:
         return self.inflight >= 2
 
 
-def stage_context(schedule: str, num_microbatches: int, optimizer: str,
-                  cluster: Cluster | None = None, *, first_worker: int, replicas: int,
-                  num_workers: int, devices: Sequence[int] | None = None) -> StageContext:
+def stage_context(
+    schedule: str,
+    num_microbatches: int,
+    optimizer: str,
+    cluster: Cluster | None = None,
+    *,
+    first_worker: int,
+    replicas: int,
+    num_workers: int,
+    devices: Sequence[int] | None = None,
+) -> StageContext:
     """The context of a stage whose ``replicas`` replicas are workers first_worker, ...,
     first_worker + replicas - 1 of a pipeline of ``num_workers`` workers, in pipeline order.
 
@@ -104,7 +112,8 @@ def stage_context(schedule: str, num_microbatches: int, optimizer: str,
     warmup = (num_workers - first_worker - 1) // replicas
     per_replica = num_microbatches // replicas
     inflight = {"gpipe": per_replica, "1f1b": min(warmup + 1, per_replica)}.get(
-        schedule, warmup + 1)
+        schedule, warmup + 1
+    )
     memory = host_in = host_out = None
     allreduce = 0.0
     if cluster is not None:
@@ -115,21 +124,42 @@ def stage_context(schedule: str, num_microbatches: int, optimizer: str,
         host_out = _slowest(d.device_to_host_gbps for d in used)
         allreduce = _allreduce_ms_per_byte(cluster, list(devices))
     return StageContext(
-        schedule=schedule, inflight=inflight, warmup=warmup, replicas=replicas,
-        num_microbatches=num_microbatches, optimizer_factor=OPTIMIZER_STATE_FACTOR[optimizer],
-        memory_bytes=memory, host_in_bytes_per_ms=host_in, host_out_bytes_per_ms=host_out,
-        allreduce_ms_per_param_byte=allreduce)
+        schedule=schedule,
+        inflight=inflight,
+        warmup=warmup,
+        replicas=replicas,
+        num_microbatches=num_microbatches,
+        optimizer_factor=OPTIMIZER_STATE_FACTOR[optimizer],
+        memory_bytes=memory,
+        host_in_bytes_per_ms=host_in,
+        host_out_bytes_per_ms=host_out,
+        allreduce_ms_per_param_byte=allreduce,
+    )
 
 
-def stage_contexts(schedule: str, replicas: list[int], num_microbatches: int, optimizer: str,
-                   cluster: Cluster | None = None, devices: list[list[int]] | None = None
-                   ) -> list[StageContext]:
+def stage_contexts(
+    schedule: str,
+    replicas: list[int],
+    num_microbatches: int,
+    optimizer: str,
+    cluster: Cluster | None = None,
+    devices: list[list[int]] | None = None,
+) -> list[StageContext]:
     """Contexts of a pipeline's stages, in order (devices default to consecutive ones)."""
     contexts, first = [], 0
     for stage_idx, count in enumerate(replicas):
-        contexts.append(stage_context(
-            schedule, num_microbatches, optimizer, cluster, first_worker=first, replicas=count,
-            num_workers=sum(replicas), devices=None if devices is None else devices[stage_idx]))
+        contexts.append(
+            stage_context(
+                schedule,
+                num_microbatches,
+                optimizer,
+                cluster,
+                first_worker=first,
+                replicas=count,
+                num_workers=sum(replicas),
+                devices=None if devices is None else devices[stage_idx],
+            )
+        )
         first += count
     return contexts
 
@@ -142,8 +172,9 @@ def _slowest(values: object) -> float | None:
 def _allreduce_ms_per_byte(cluster: Cluster, devices: list[int]) -> float:
     if len(devices) < 2:
         return 0.0
-    bandwidths = [bw for a in devices for b in devices
-                  if (bw := cluster.bandwidth_gbps(a, b)) is not None]
+    bandwidths = [
+        bw for a in devices for b in devices if (bw := cluster.bandwidth_gbps(a, b)) is not None
+    ]
     if not bandwidths:
         return 0.0
     count = len(devices)
@@ -172,8 +203,9 @@ def stall_ms(costs: StageCosts, ctx: StageContext) -> float:
 def stage_time_ms(costs: StageCosts, ctx: StageContext) -> float:
     """Time the stage spends per micro-batch of the pipeline (see the module docstring)."""
     out, back = swap_times_ms(costs.swap_bytes, ctx)
-    compute = max(costs.fwd_ms + costs.bwd_ms + costs.recompute_ms + stall_ms(costs, ctx),
-                  out, back)
+    compute = max(
+        costs.fwd_ms + costs.bwd_ms + costs.recompute_ms + stall_ms(costs, ctx), out, back
+    )
     allreduce = ctx.allreduce_ms_per_param_byte * costs.param_bytes
     if ctx.schedule == "pipedream":  # each replica: one micro-batch, update, all-reduce
         return (compute + costs.update_ms + allreduce) / ctx.replicas
@@ -183,8 +215,12 @@ def stage_time_ms(costs: StageCosts, ctx: StageContext) -> float:
 def stage_memory_bytes(costs: StageCosts, ctx: StageContext) -> int:
     """Peak memory of a replica of the stage (see the module docstring)."""
     static = costs.param_bytes * (2 + ctx.weight_versions - 1) + costs.optimizer_bytes
-    activations = (ctx.inflight * costs.kept_bytes + costs.recompute_bytes
-                   + costs.workspace_bytes + ctx.swap_buffers * costs.swap_bytes)
+    activations = (
+        ctx.inflight * costs.kept_bytes
+        + costs.recompute_bytes
+        + costs.workspace_bytes
+        + ctx.swap_buffers * costs.swap_bytes
+    )
     return static + activations
 
 

@@ -25,19 +25,35 @@ def _thread(op: str) -> str:
 def chrome_trace(result: SimResult) -> dict[str, Any]:
     """Trace Event Format (microseconds), with process and thread names."""
     events: list[dict[str, Any]] = []
-    workers = sorted({(op.stage, op.replica) for op in result.timeline}
-                     | {(track.stage, track.replica) for track in result.memory_timeline})
+    workers = sorted(
+        {(op.stage, op.replica) for op in result.timeline}
+        | {(track.stage, track.replica) for track in result.memory_timeline}
+    )
     pid = {worker: idx for idx, worker in enumerate(workers)}
     for (stage_idx, replica), worker_pid in pid.items():
         devices = result.stages[stage_idx].devices
         label = f"stage {stage_idx} replica {replica} (device {devices[replica]})"
-        events.append({"ph": "M", "name": "process_name", "pid": worker_pid,
-                       "args": {"name": label}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": worker_pid,
-                       "args": {"sort_index": worker_pid}})
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": worker_pid, "args": {"name": label}}
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": worker_pid,
+                "args": {"sort_index": worker_pid},
+            }
+        )
         for thread, tid in _THREADS.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": worker_pid, "tid": tid,
-                           "args": {"name": thread}})
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": worker_pid,
+                    "tid": tid,
+                    "args": {"name": thread},
+                }
+            )
     for op in result.timeline:
         args: dict[str, Any] = {"step": op.step}
         if op.microbatch is not None:
@@ -47,18 +63,38 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
         if op.peer_stage is not None:
             args["peer"] = f"stage {op.peer_stage} replica {op.peer_replica}"
         name = op.op if op.microbatch is None else f"{op.op} {op.microbatch}"
-        events.append({
-            "ph": "X", "name": name, "cat": op.op, "pid": pid[(op.stage, op.replica)],
-            "tid": _THREADS[_thread(op.op)], "ts": op.start_ms * 1e3,
-            "dur": (op.end_ms - op.start_ms) * 1e3, "args": args,
-        })
+        events.append(
+            {
+                "ph": "X",
+                "name": name,
+                "cat": op.op,
+                "pid": pid[(op.stage, op.replica)],
+                "tid": _THREADS[_thread(op.op)],
+                "ts": op.start_ms * 1e3,
+                "dur": (op.end_ms - op.start_ms) * 1e3,
+                "args": args,
+            }
+        )
     for track in result.memory_timeline:
         for time_ms, num_bytes in zip(track.times_ms, track.bytes, strict=True):
-            events.append({"ph": "C", "name": "memory", "pid": pid[(track.stage, track.replica)],
-                           "ts": time_ms * 1e3, "args": {"MiB": num_bytes / 2**20}})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"model": result.model, "schedule": result.schedule,
-                          "step_time_ms": result.step_time_ms}}
+            events.append(
+                {
+                    "ph": "C",
+                    "name": "memory",
+                    "pid": pid[(track.stage, track.replica)],
+                    "ts": time_ms * 1e3,
+                    "args": {"MiB": num_bytes / 2**20},
+                }
+            )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "model": result.model,
+            "schedule": result.schedule,
+            "step_time_ms": result.step_time_ms,
+        },
+    }
 
 
 def write_chrome_trace(result: SimResult, path: str) -> None:

@@ -29,8 +29,9 @@ def count_saved_bytes(layer: nn.Module, inputs: Sequence[Tensor]) -> tuple[Tenso
     Storages are told apart by their data pointer: while the output (and so the autograd
     graph) is alive, no two saved storages can share an address.
     """
-    excluded = {t.untyped_storage().data_ptr()
-                for t in (*layer.parameters(), *layer.buffers(), *inputs)}
+    excluded = {
+        t.untyped_storage().data_ptr() for t in (*layer.parameters(), *layer.buffers(), *inputs)
+    }
     saved: dict[int, int] = {}
 
     def pack(tensor: Tensor) -> Tensor:
@@ -44,8 +45,13 @@ def count_saved_bytes(layer: nn.Module, inputs: Sequence[Tensor]) -> tuple[Tenso
     return output, sum(saved.values())
 
 
-def measure_workspace_bytes(forward_backward: Callable[[], object], device: torch.device, *,
-                            output_bytes: int, saved_bytes: int) -> int:
+def measure_workspace_bytes(
+    forward_backward: Callable[[], object],
+    device: torch.device,
+    *,
+    output_bytes: int,
+    saved_bytes: int,
+) -> int:
     """Transient bytes of one forward and backward on CUDA: the peak allocation above what
     was allocated before, less the output and saved tensors the plan already counts.
 

@@ -47,8 +47,14 @@ class DeferredBatchNorm(_BatchNorm):
     acc_mean: Tensor
     acc_m2: Tensor
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
-                 affine: bool = True, chunks: int = 1) -> None:
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        chunks: int = 1,
+    ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats=True)
         if chunks < 1:
             raise SettingsError(f"deferred BatchNorm needs chunks >= 1, got {chunks}")
@@ -92,8 +98,9 @@ class DeferredBatchNorm(_BatchNorm):
         assert self.num_batches_tracked is not None
         with torch.no_grad():
             self.num_batches_tracked += 1
-            factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
-                      else self.momentum)
+            factor = (
+                1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            )
             unbiased = self.acc_m2 / max(self.acc_count - 1, 1)
             self.running_mean.mul_(1 - factor).add_(self.acc_mean, alpha=factor)
             self.running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
@@ -120,13 +127,11 @@ def defer_batchnorm(module: nn.Module, chunks: int) -> nn.Module:
 
 
 def _convertible(norm: _BatchNorm) -> bool:
-    return norm.track_running_stats and not isinstance(norm, DeferredBatchNorm
-                                                       | nn.SyncBatchNorm)
+    return norm.track_running_stats and not isinstance(norm, DeferredBatchNorm | nn.SyncBatchNorm)
 
 
 def _deferred(norm: _BatchNorm, chunks: int) -> DeferredBatchNorm:
-    deferred = DeferredBatchNorm(norm.num_features, norm.eps, norm.momentum, norm.affine,
-                                 chunks)
+    deferred = DeferredBatchNorm(norm.num_features, norm.eps, norm.momentum, norm.affine, chunks)
     if norm.affine:
         deferred.weight, deferred.bias = norm.weight, norm.bias
     for name in ("running_mean", "running_var", "num_batches_tracked"):

@@ -10,19 +10,24 @@ def resolve_device(name: str | torch.device) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise DeviceError(f"device {str(name)!r} is not understood; expected cpu, cuda or "
-                          f"cuda:N") from None
+        raise DeviceError(
+            f"device {str(name)!r} is not understood; expected cpu, cuda or cuda:N"
+        ) from None
     if device.type == "cpu":
         return device
     if device.type != "cuda":
         raise DeviceError(f"device {str(name)!r} is not supported; expected cpu, cuda or cuda:N")
     if not torch.cuda.is_available():
-        raise DeviceError(f"device {str(name)!r} was requested but CUDA is not available "
-                          f"(torch {torch.__version__})")
+        raise DeviceError(
+            f"device {str(name)!r} was requested but CUDA is not available "
+            f"(torch {torch.__version__})"
+        )
     index = torch.cuda.current_device() if device.index is None else device.index
     if index >= torch.cuda.device_count():
-        raise DeviceError(f"device {str(name)!r} does not exist; this machine has "
-                          f"{torch.cuda.device_count()} CUDA device(s)")
+        raise DeviceError(
+            f"device {str(name)!r} does not exist; this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s)"
+        )
     return torch.device("cuda", index)
 
 

@@ -40,8 +40,22 @@ from pipestudio.runtime.models.spec import DATA, ModelSpec
 #: Keys of ``GraphModule.meta`` (kept by deepcopy) describing an operator layer.
 KIND, SOURCE_LAYER, DESCRIPTION = "pipestudio.kind", "pipestudio.layer", "pipestudio.description"
 _CALLS = ("call_module", "call_function", "call_method")
-_IN_PLACE_OPERATORS = {"setitem", "iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow",
-                       "imod", "iand", "ior", "ixor", "ilshift", "irshift", "imatmul"}
+_IN_PLACE_OPERATORS = {
+    "setitem",
+    "iadd",
+    "isub",
+    "imul",
+    "itruediv",
+    "ifloordiv",
+    "ipow",
+    "imod",
+    "iand",
+    "ior",
+    "ixor",
+    "ilshift",
+    "irshift",
+    "imatmul",
+}
 
 
 class _LeafTracer(fx.Tracer):
@@ -57,9 +71,11 @@ def op_spec(spec: ModelSpec, microbatch_size: int = 1) -> ModelSpec:
     ``microbatch_size`` is the batch size of the ``meta`` run that tells tensors apart.
     """
     if hasattr(spec, "apply_step"):
-        raise ModelError(f"model {spec.name!r} switches its layers on and off during "
-                         "training (apply_step), which a torch.fx trace would freeze; "
-                         "profile and train it at layer granularity")
+        raise ModelError(
+            f"model {spec.name!r} switches its layers on and off during "
+            "training (apply_step), which a torch.fx trace would freeze; "
+            "profile and train it at layer granularity"
+        )
     data, _ = spec.sample(microbatch_size, 0)
     graph_inputs = spec.graph_inputs()
     produced: dict[str, str] = {DATA: DATA}  # spec layer -> the operator layer making it
@@ -70,7 +86,8 @@ def op_spec(spec: ModelSpec, microbatch_size: int = 1) -> ModelSpec:
         sources = graph_inputs[layer_name]
         traced = trace_layer(layer_name, module, len(sources))
         tensors, meta_outputs[layer_name] = _tensor_nodes(
-            layer_name, traced, [meta_outputs[src] for src in sources])
+            layer_name, traced, [meta_outputs[src] for src in sources]
+        )
         split = _LayerSplit(layer_name, traced, tensors, [produced[src] for src in sources])
         layers += split.pieces
         inputs.update(split.inputs)
@@ -79,13 +96,20 @@ def op_spec(spec: ModelSpec, microbatch_size: int = 1) -> ModelSpec:
     if not layers:
         raise ModelError(f"model {spec.name!r} has no tensor operator to run")
     if produced[spec.layer_names[-1]] != layers[-1][0]:
-        raise ModelError(f"model {spec.name!r}: the last layer {spec.layer_names[-1]!r} "
-                         "computes no operator of its own")
+        raise ModelError(
+            f"model {spec.name!r}: the last layer {spec.layer_names[-1]!r} "
+            "computes no operator of its own"
+        )
     names = [name for name, _ in layers]
-    chain = all(inputs[name] == [names[idx - 1] if idx else DATA]
-                for idx, name in enumerate(names))
-    return ModelSpec(name=spec.name, layers=layers, sample=spec.sample, loss=spec.loss,
-                     inputs=None if chain else inputs, config=dict(spec.config))
+    chain = all(inputs[name] == [names[idx - 1] if idx else DATA] for idx, name in enumerate(names))
+    return ModelSpec(
+        name=spec.name,
+        layers=layers,
+        sample=spec.sample,
+        loss=spec.loss,
+        inputs=None if chain else inputs,
+        config=dict(spec.config),
+    )
 
 
 def trace_layer(layer_name: str, module: nn.Module, num_inputs: int) -> fx.GraphModule:
@@ -93,20 +117,26 @@ def trace_layer(layer_name: str, module: nn.Module, num_inputs: int) -> fx.Graph
     try:
         graph = _LeafTracer().trace(module)
     except Exception as exc:
-        raise ModelError(f"layer {layer_name!r} ({type(module).__name__}) cannot be traced by "
-                         f"torch.fx: {type(exc).__name__}: {str(exc).splitlines()[0]}; keep "
-                         "the layer granularity, or write its forward without control flow "
-                         "on tensor values and without iterating tensors") from exc
+        raise ModelError(
+            f"layer {layer_name!r} ({type(module).__name__}) cannot be traced by "
+            f"torch.fx: {type(exc).__name__}: {str(exc).splitlines()[0]}; keep "
+            "the layer granularity, or write its forward without control flow "
+            "on tensor values and without iterating tensors"
+        ) from exc
     traced = fx.GraphModule(module, graph)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if any(len(n.args) == 0 for n in placeholders[num_inputs:]) or len(placeholders) < num_inputs:
-        raise ModelError(f"layer {layer_name!r} is given {num_inputs} input(s) but its forward "
-                         f"takes {len(placeholders)}: {[n.target for n in placeholders]}")
+        raise ModelError(
+            f"layer {layer_name!r} is given {num_inputs} input(s) but its forward "
+            f"takes {len(placeholders)}: {[n.target for n in placeholders]}"
+        )
     for node in graph.nodes:
         if _in_place(traced, node):
-            raise ModelError(f"layer {layer_name!r}: operator {node.name!r} ({node.target}) "
-                             "works in place, which cannot be split into operators; write it "
-                             "out of place")
+            raise ModelError(
+                f"layer {layer_name!r}: operator {node.name!r} ({node.target}) "
+                "works in place, which cannot be split into operators; write it "
+                "out of place"
+            )
     return traced
 
 
@@ -116,12 +146,16 @@ def _in_place(traced: fx.GraphModule, node: fx.Node) -> bool:
     if node.op not in ("call_method", "call_function"):
         return False
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return (node.kwargs.get("inplace") is True or name in _IN_PLACE_OPERATORS
-            or (name.endswith("_") and not name.endswith("__")))
+    return (
+        node.kwargs.get("inplace") is True
+        or name in _IN_PLACE_OPERATORS
+        or (name.endswith("_") and not name.endswith("__"))
+    )
 
 
-def _tensor_nodes(layer_name: str, traced: fx.GraphModule, meta_inputs: Sequence[Tensor]
-                  ) -> tuple[set[str], Tensor]:
+def _tensor_nodes(
+    layer_name: str, traced: fx.GraphModule, meta_inputs: Sequence[Tensor]
+) -> tuple[set[str], Tensor]:
     """Names of the nodes whose value is a tensor, and the layer's output, on ``meta``."""
     tensors: set[str] = set()
 
@@ -137,30 +171,35 @@ def _tensor_nodes(layer_name: str, traced: fx.GraphModule, meta_inputs: Sequence
         with torch.no_grad():
             output = Recorder(meta_module).run(*meta_inputs)
     except Exception as exc:
-        raise ModelError(f"layer {layer_name!r} cannot run on the meta device to find its "
-                         f"operators: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        raise ModelError(
+            f"layer {layer_name!r} cannot run on the meta device to find its "
+            f"operators: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from exc
     if not isinstance(output, Tensor):
-        raise ModelError(f"layer {layer_name!r} returns a {type(output).__name__}, not one "
-                         "tensor")
+        raise ModelError(f"layer {layer_name!r} returns a {type(output).__name__}, not one tensor")
     return tensors, output
 
 
 class _LayerSplit:
     """One traced layer cut into operator layers, wired to what the layer reads."""
 
-    def __init__(self, layer_name: str, traced: fx.GraphModule, tensors: set[str],
-                 sources: Sequence[str]) -> None:
+    def __init__(
+        self, layer_name: str, traced: fx.GraphModule, tensors: set[str], sources: Sequence[str]
+    ) -> None:
         self.layer_name, self.traced = layer_name, traced
         nodes = list(traced.graph.nodes)
         self.position = {node: idx for idx, node in enumerate(nodes)}
         placeholders = [n for n in nodes if n.op == "placeholder"]
         self.external: dict[fx.Node, str] = dict(zip(placeholders, sources, strict=False))
-        self.constants = {n: n.args[0] for n in placeholders[len(sources):]}
+        self.constants = {n: n.args[0] for n in placeholders[len(sources) :]}
         output = next(n for n in nodes if n.op == "output").args[0]
         live = _ancestors(output) if isinstance(output, fx.Node) else set()
         reads_input = _reads_inputs(nodes, set(self.external))
-        self.ops = [n for n in nodes if n.op in _CALLS and n in live and n.name in tensors
-                    and n in reads_input]
+        self.ops = [
+            n
+            for n in nodes
+            if n.op in _CALLS and n in live and n.name in tensors and n in reads_input
+        ]
         self.names = _op_names(layer_name, traced, self.ops)
         self.pieces: list[tuple[str, nn.Module]] = []
         self.inputs: dict[str, list[str]] = {}
@@ -168,8 +207,10 @@ class _LayerSplit:
             self.external[node] = self.names[node]
             self._add_piece(node)
         if not isinstance(output, fx.Node) or output not in self.external:
-            raise ModelError(f"layer {layer_name!r} does not return one tensor computed from "
-                             f"its inputs (it returns {output!r})")
+            raise ModelError(
+                f"layer {layer_name!r} does not return one tensor computed from "
+                f"its inputs (it returns {output!r})"
+            )
         self.output = self.external[output]
 
     def _add_piece(self, node: fx.Node) -> None:
@@ -195,8 +236,13 @@ class _LayerSplit:
         env[node] = graph.node_copy(node, lambda n: env[n])
         graph.output(env[node])
         piece = fx.GraphModule(self.traced, graph)
-        piece.meta.update({KIND: _kind(self.traced, node), SOURCE_LAYER: self.layer_name,
-                           DESCRIPTION: _describe(self.layer_name, self.traced, node)})
+        piece.meta.update(
+            {
+                KIND: _kind(self.traced, node),
+                SOURCE_LAYER: self.layer_name,
+                DESCRIPTION: _describe(self.layer_name, self.traced, node),
+            }
+        )
         self.pieces.append((self.names[node], piece))
         self.inputs[self.names[node]] = [self.external[dep] for dep in reads]
 
@@ -232,8 +278,11 @@ def _op_names(layer_name: str, traced: fx.GraphModule, ops: list[fx.Node]) -> di
         else:
             stack = node.meta.get("nn_module_stack") or {}
             scope = list(stack.values())[-1][0] if stack else ""
-            func = node.target if isinstance(node.target, str) else getattr(
-                node.target, "__name__", str(node.target))
+            func = (
+                node.target
+                if isinstance(node.target, str)
+                else getattr(node.target, "__name__", str(node.target))
+            )
             base = ".".join(part for part in (layer_name, scope, func) if part)
         count = used.get(base, 0)
         used[base] = count + 1
@@ -251,8 +300,9 @@ def _kind(traced: fx.GraphModule, node: fx.Node) -> str:
 
 def _describe(layer_name: str, traced: fx.GraphModule, node: fx.Node) -> str:
     """``block0: attn_qkv = Linear(ln1)``, cut to 120 characters."""
-    args = ", ".join([str(arg) for arg in node.args]
-                     + [f"{key}={value}" for key, value in node.kwargs.items()])
+    args = ", ".join(
+        [str(arg) for arg in node.args] + [f"{key}={value}" for key, value in node.kwargs.items()]
+    )
     text = f"{layer_name}: {node.name} = {_kind(traced, node)}({args})"
     return text if len(text) <= 120 else text[:117] + "..."
 
@@ -262,9 +312,11 @@ def _check_parameters_owned_once(model: str, layers: list[tuple[str, nn.Module]]
     for name, piece in layers:
         for key, param in piece.named_parameters():
             if id(param) in owner:
-                raise ModelError(f"model {model!r}: parameter {key!r} is read by operators "
-                                 f"{owner[id(param)]!r} and {name!r}; at operator "
-                                 "granularity a parameter must belong to one operator")
+                raise ModelError(
+                    f"model {model!r}: parameter {key!r} is read by operators "
+                    f"{owner[id(param)]!r} and {name!r}; at operator "
+                    "granularity a parameter must belong to one operator"
+                )
             owner[id(param)] = name
 
 

@@ -20,6 +20,7 @@ OPTIMIZERS: dict[str, Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]]
 def make_optimizer(name: str, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
     """The optimizer ``name`` over ``params``, with the runtime's default learning rates."""
     if name not in OPTIMIZERS:
-        raise SettingsError(f"optimizer {name!r} is unknown; expected one of "
-                            f"{', '.join(OPTIMIZERS)}")
+        raise SettingsError(
+            f"optimizer {name!r} is unknown; expected one of {', '.join(OPTIMIZERS)}"
+        )
     return OPTIMIZERS[name](params)

@@ -25,8 +25,9 @@ _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def autocast_dtype(precision: str) -> torch.dtype | None:
     """The 16-bit dtype autocast runs in for ``precision``; None for fp32 and tf32."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r} is unknown; expected one of "
-                         f"{', '.join(PRECISIONS)}")
+        raise ValueError(
+            f"precision {precision!r} is unknown; expected one of {', '.join(PRECISIONS)}"
+        )
     return _AUTOCAST.get(precision)
 
 
@@ -36,8 +37,7 @@ def matmuls(precision: str) -> Iterator[None]:
     as long as the context holds (the flags are the process's)."""
     autocast_dtype(precision)  # a known precision
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = (
-        precision == "tf32")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
     try:
         yield
     finally:

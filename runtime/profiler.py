@@ -44,8 +44,10 @@ from pipestudio.runtime.profiler_ops import SavedInputs
 from pipestudio.runtime.timing import median_ms, nothing
 
 GRANULARITIES: tuple[str, ...] = ("layer", "op")
-_CUDA_WORKSPACE = ("peak of torch.cuda.max_memory_allocated over a forward and backward, less "
-                   "what was allocated before and the output and saved bytes")
+_CUDA_WORKSPACE = (
+    "peak of torch.cuda.max_memory_allocated over a forward and backward, less "
+    "what was allocated before and the output and saved bytes"
+)
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,19 @@ class ProfileSettings:
     precision: str = "fp32"  # ``runtime/precision.py``
 
 
-def profile_model(spec: ModelSpec, microbatch_size: int, device: str | torch.device = "cpu",
-                  warmup: int = 2, repeats: int = 5, dtype: torch.dtype = torch.float32, *,
-                  optimizer: str = "adam", threads: int | None = None,
-                  granularity: str = "layer", precision: str = "fp32") -> Profile:
+def profile_model(
+    spec: ModelSpec,
+    microbatch_size: int,
+    device: str | torch.device = "cpu",
+    warmup: int = 2,
+    repeats: int = 5,
+    dtype: torch.dtype = torch.float32,
+    *,
+    optimizer: str = "adam",
+    threads: int | None = None,
+    granularity: str = "layer",
+    precision: str = "fp32",
+) -> Profile:
     """Measure every layer of ``spec`` at ``microbatch_size`` samples per micro-batch.
 
     Times are medians of ``repeats`` runs after ``warmup`` runs. ``threads`` sets torch's
@@ -77,15 +88,19 @@ def profile_model(spec: ModelSpec, microbatch_size: int, device: str | torch.dev
     """
     _check_settings(microbatch_size, warmup, repeats, optimizer, threads)
     if autocast_dtype(precision) is not None and dtype != torch.float32:
-        raise SettingsError(f"precision {precision!r} autocasts over float32 weights; the "
-                            f"weights cannot also be {str(dtype).removeprefix('torch.')}")
+        raise SettingsError(
+            f"precision {precision!r} autocasts over float32 weights; the "
+            f"weights cannot also be {str(dtype).removeprefix('torch.')}"
+        )
     if granularity not in GRANULARITIES:
-        raise SettingsError(f"granularity {granularity!r} is unknown; expected one of "
-                            f"{', '.join(GRANULARITIES)}")
+        raise SettingsError(
+            f"granularity {granularity!r} is unknown; expected one of {', '.join(GRANULARITIES)}"
+        )
     if granularity == "op":
         spec = op_spec(spec, microbatch_size)
-    settings = ProfileSettings(resolve_device(device), dtype, warmup, repeats, optimizer,
-                               granularity, precision)
+    settings = ProfileSettings(
+        resolve_device(device), dtype, warmup, repeats, optimizer, granularity, precision
+    )
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -93,8 +108,7 @@ def profile_model(spec: ModelSpec, microbatch_size: int, device: str | torch.dev
         data, _ = spec.sample(microbatch_size, 0)
         data = _to_device(data, settings)
         with torch.enable_grad(), matmuls(precision):
-            peak = (measured_peak_tflops(precision)
-                    if settings.device.type == "cpu" else None)
+            peak = measured_peak_tflops(precision) if settings.device.type == "cpu" else None
             layers = profile_layers(spec, data, settings)
         edges = spec.edges()
         return Profile(
@@ -148,10 +162,15 @@ def median_profile(profiles: list[Profile]) -> Profile:
     names = [layer.name for layer in first.layers]
     if any([layer.name for layer in p.layers] != names for p in profiles):
         raise SettingsError("the profiles to merge are not of the same layers")
-    layers = [layer.model_copy(update={
-        field: statistics.median(getattr(p.layers[idx], field) for p in profiles)
-        for field in ("fwd_ms", "bwd_ms", "update_ms")})
-        for idx, layer in enumerate(first.layers)]
+    layers = [
+        layer.model_copy(
+            update={
+                field: statistics.median(getattr(p.layers[idx], field) for p in profiles)
+                for field in ("fwd_ms", "bwd_ms", "update_ms")
+            }
+        )
+        for idx, layer in enumerate(first.layers)
+    ]
     metadata = {**first.metadata, "profiled_together": len(profiles)}
     return first.model_copy(update={"layers": layers, "metadata": metadata})
 
@@ -178,8 +197,9 @@ def profile_layers(spec: ModelSpec, data: Tensor, settings: ProfileSettings) -> 
     return measured if saved_inputs is None else saved_inputs.charged(measured)
 
 
-def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
-                  settings: ProfileSettings) -> tuple[Layer, Tensor]:
+def profile_layer(
+    layer_name: str, layer: nn.Module, inputs: list[Tensor], settings: ProfileSettings
+) -> tuple[Layer, Tensor]:
     """One layer's measurements, and its output from the first forward (before any update)."""
     with forwards(settings.precision, settings.device):
         output, saved_bytes = count_saved_bytes(layer, inputs)
@@ -189,14 +209,20 @@ def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
         with forwards(settings.precision, settings.device):
             return layer(*inputs)
 
-    fwd_ms = median_ms(forward, nothing, settings.device, warmup=settings.warmup,
-                       repeats=settings.repeats)
+    fwd_ms = median_ms(
+        forward, nothing, settings.device, warmup=settings.warmup, repeats=settings.repeats
+    )
     bwd_ms, workspace_bytes = 0.0, 0
     fwd_flops, bwd_flops = count_flops(layer, inputs, settings)
     if output.requires_grad:
         bwd_ms, workspace_bytes = _measure_backward(
-            layer, inputs, torch.ones_like(output), settings, output_bytes=output_bytes,
-            saved_bytes=saved_bytes)
+            layer,
+            inputs,
+            torch.ones_like(output),
+            settings,
+            output_bytes=output_bytes,
+            saved_bytes=saved_bytes,
+        )
     result = Layer(
         name=layer_name,
         kind=op_kind(layer) or type(layer).__name__,
@@ -214,15 +240,15 @@ def profile_layer(layer_name: str, layer: nn.Module, inputs: list[Tensor],
     return result, output
 
 
-def count_flops(layer: nn.Module, inputs: list[Tensor], settings: ProfileSettings
-                ) -> tuple[int, int]:
+def count_flops(
+    layer: nn.Module, inputs: list[Tensor], settings: ProfileSettings
+) -> tuple[int, int]:
     """The layer's forward and backward FLOPs on ``inputs``, as PyTorch's FLOP counter
     counts them from the shapes of the ops that run (in the profile's precision; an op it
     has no formula for counts 0). The backward is towards the inputs that ask for a
     gradient and the parameters, as in a stage (``autograd.grad``: no ``.grad`` is
     touched)."""
-    with FlopCounterMode(display=False) as counter, forwards(settings.precision,
-                                                              settings.device):
+    with FlopCounterMode(display=False) as counter, forwards(settings.precision, settings.device):
         output = layer(*inputs)
     fwd_flops = counter.get_total_flops()
     bwd_flops = 0
@@ -235,9 +261,15 @@ def count_flops(layer: nn.Module, inputs: list[Tensor], settings: ProfileSetting
     return int(fwd_flops), int(bwd_flops)
 
 
-def _measure_backward(layer: nn.Module, inputs: list[Tensor], grad_output: Tensor,
-                      settings: ProfileSettings, *, output_bytes: int, saved_bytes: int
-                      ) -> tuple[float, int]:
+def _measure_backward(
+    layer: nn.Module,
+    inputs: list[Tensor],
+    grad_output: Tensor,
+    settings: ProfileSettings,
+    *,
+    output_bytes: int,
+    saved_bytes: int,
+) -> tuple[float, int]:
     """Backward milliseconds (each run after a fresh, untimed forward) and workspace bytes.
 
     Gradients flow to the inputs that ask for one and to the parameters, as in a stage.
@@ -254,10 +286,15 @@ def _measure_backward(layer: nn.Module, inputs: list[Tensor], grad_output: Tenso
     def backward(output: Tensor) -> None:
         torch.autograd.backward(output, grad_output, inputs=wrt)
 
-    bwd_ms = median_ms(backward, forward, settings.device, warmup=settings.warmup,
-                       repeats=settings.repeats)
-    workspace_bytes = measure_workspace_bytes(lambda: backward(forward()), settings.device,
-                                              output_bytes=output_bytes, saved_bytes=saved_bytes)
+    bwd_ms = median_ms(
+        backward, forward, settings.device, warmup=settings.warmup, repeats=settings.repeats
+    )
+    workspace_bytes = measure_workspace_bytes(
+        lambda: backward(forward()),
+        settings.device,
+        output_bytes=output_bytes,
+        saved_bytes=saved_bytes,
+    )
     return bwd_ms, workspace_bytes
 
 
@@ -268,15 +305,16 @@ def _measure_update(layer: nn.Module, settings: ProfileSettings) -> float:
     if not params:
         return 0.0
     step = make_optimizer(settings.optimizer, params).step
-    return median_ms(lambda _: step(), nothing, settings.device, warmup=settings.warmup,
-                     repeats=settings.repeats)
+    return median_ms(
+        lambda _: step(), nothing, settings.device, warmup=settings.warmup, repeats=settings.repeats
+    )
 
 
 def describe_module(module: nn.Module, max_chars: int = 120) -> str:
     """A one-line repr: the class and its children's classes, or a leaf's settings."""
     children = [type(child).__name__ for child in module.children()]
     text = f"{type(module).__name__}({', '.join(children) if children else module.extra_repr()})"
-    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
 
 def _layer_input(activation: Tensor, src: str) -> Tensor:
@@ -310,8 +348,9 @@ def _metadata(spec: ModelSpec, settings: ProfileSettings) -> dict[str, str | int
     return metadata
 
 
-def _check_settings(microbatch_size: int, warmup: int, repeats: int, optimizer: str,
-                    threads: int | None) -> None:
+def _check_settings(
+    microbatch_size: int, warmup: int, repeats: int, optimizer: str, threads: int | None
+) -> None:
     if microbatch_size < 1:
         raise SettingsError(f"micro-batch size must be >= 1, got {microbatch_size}")
     if repeats < 1:
@@ -321,5 +360,6 @@ def _check_settings(microbatch_size: int, warmup: int, repeats: int, optimizer: 
     if threads is not None and threads < 1:
         raise SettingsError(f"threads must be >= 1, got {threads}")
     if optimizer not in OPTIMIZERS:
-        raise SettingsError(f"optimizer {optimizer!r} is unknown; expected one of "
-                            f"{', '.join(OPTIMIZERS)}")
+        raise SettingsError(
+            f"optimizer {optimizer!r} is unknown; expected one of {', '.join(OPTIMIZERS)}"
+        )

@@ -43,8 +43,7 @@ class SavedInputs:
         self.charges: dict[str, dict[int, int]] = {}
         self.saves_own_output: set[str] = set()
 
-    def record(self, name: str, layer: nn.Module, inputs: Sequence[Tensor],
-               output: Tensor) -> None:
+    def record(self, name: str, layer: nn.Module, inputs: Sequence[Tensor], output: Tensor) -> None:
         """Note what ``layer`` saves of ``inputs``, and ``output``'s storage if it made one."""
         sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in inputs}
         saved, own = saved_storages(layer, inputs)
@@ -60,7 +59,14 @@ class SavedInputs:
 
     def charged(self, layers: Iterable[Layer]) -> list[Layer]:
         """``layers`` with each saved storage added to its maker's ``saved_bytes``."""
-        return [layer if layer.name in self.saves_own_output else layer.model_copy(
-                    update={"saved_bytes": layer.saved_bytes
-                            + sum(self.charges.get(layer.name, {}).values())})
-                for layer in layers]
+        return [
+            layer
+            if layer.name in self.saves_own_output
+            else layer.model_copy(
+                update={
+                    "saved_bytes": layer.saved_bytes
+                    + sum(self.charges.get(layer.name, {}).values())
+                }
+            )
+            for layer in layers
+        ]

@@ -18,8 +18,14 @@ from pipestudio.runtime.devices import synchronize
 T = TypeVar("T")
 
 
-def median_ms(run: Callable[[T], object], prepare: Callable[[], T], device: torch.device, *,
-              warmup: int, repeats: int) -> float:
+def median_ms(
+    run: Callable[[T], object],
+    prepare: Callable[[], T],
+    device: torch.device,
+    *,
+    warmup: int,
+    repeats: int,
+) -> float:
     """Median milliseconds of ``run(prepare())`` over ``repeats`` runs after ``warmup``.
 
     ``prepare`` is not timed: the backward of a layer needs a fresh forward each time.

@@ -9,16 +9,48 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-WEB_AND_DB = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "dash", "plotly",
-              "flask", "httpx", "requests", "websockets", "psycopg", "psycopg2", "aiosqlite"}
+WEB_AND_DB = {
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "dash",
+    "plotly",
+    "flask",
+    "httpx",
+    "requests",
+    "websockets",
+    "psycopg",
+    "psycopg2",
+    "aiosqlite",
+}
 FORBIDDEN = {
-    "planner": WEB_AND_DB | {"torch", "pipestudio.runtime", "pipestudio.backend",
-                             "pipestudio.dashboard", "pipestudio.cli"},
-    "runtime": {"pipestudio.backend", "pipestudio.dashboard", "dash", "sqlalchemy", "alembic",
-                "fastapi"},
+    "planner": WEB_AND_DB
+    | {
+        "torch",
+        "pipestudio.runtime",
+        "pipestudio.backend",
+        "pipestudio.dashboard",
+        "pipestudio.cli",
+    },
+    "runtime": {
+        "pipestudio.backend",
+        "pipestudio.dashboard",
+        "dash",
+        "sqlalchemy",
+        "alembic",
+        "fastapi",
+    },
     "backend": {"torch", "pipestudio.runtime", "pipestudio.dashboard", "dash"},
-    "dashboard": {"torch", "pipestudio.runtime", "pipestudio.backend", "sqlalchemy", "alembic",
-                  "fastapi"},
+    "dashboard": {
+        "torch",
+        "pipestudio.runtime",
+        "pipestudio.backend",
+        "sqlalchemy",
+        "alembic",
+        "fastapi",
+    },
 }
 
 
@@ -33,8 +65,12 @@ def imported_modules(source: str) -> set[str]:
 
 
 def violations(source: str, forbidden: set[str]) -> set[str]:
-    return {name for name in imported_modules(source)
-            for bad in forbidden if name == bad or name.startswith(bad + ".")}
+    return {
+        name
+        for name in imported_modules(source)
+        for bad in forbidden
+        if name == bad or name.startswith(bad + ".")
+    }
 
 
 def test_scanner_sees_forbidden_imports() -> None:
@@ -46,17 +82,22 @@ def test_scanner_sees_forbidden_imports() -> None:
 def test_component_imports_only_what_it_may(component: str) -> None:
     files = sorted((ROOT / component).rglob("*.py"))
     assert files, f"{component}/ has no modules"
-    found = {str(path.relative_to(ROOT)): bad for path in files
-             if (bad := violations(path.read_text(), FORBIDDEN[component]))}
+    found = {
+        str(path.relative_to(ROOT)): bad
+        for path in files
+        if (bad := violations(path.read_text(), FORBIDDEN[component]))
+    }
     assert not found, f"forbidden imports: {found}"
 
 
 def test_planner_loads_without_torch_or_web_packages() -> None:
     """Transitive check: importing the planner pulls in none of them."""
     forbidden = sorted(WEB_AND_DB | {"torch"})
-    code = ("import sys, pipestudio.planner, pipestudio.cli; "
-            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}); "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, pipestudio.planner, pipestudio.cli; "
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert completed.returncode == 0, completed.stdout + completed.stderr
 
@@ -68,7 +109,8 @@ def test_no_module_imports_a_folder_by_its_bare_name() -> None:
     found = {}
     for folder in ["src", *sorted(FORBIDDEN), "tests", "bench", "alembic"]:
         for path in (ROOT / folder).rglob("*.py"):
-            if names := {name for name in imported_modules(path.read_text())
-                         if name.split(".")[0] in bare}:
+            if names := {
+                name for name in imported_modules(path.read_text()) if name.split(".")[0] in bare
+            }:
                 found[str(path.relative_to(ROOT))] = names
     assert not found, f"bare imports: {found}"

@@ -21,21 +21,69 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 @pytest.fixture
 def files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
     paths = {name: str(tmp_path / f"{name}.json") for name in ("profile", "plan", "cluster")}
-    assert run(capsys, "import-pipedream", str(PIPEDREAM_DIR / "resnet50" / "graph.txt"),
-               "--batch-size", "128", "-o", paths["profile"])[0] == 0
-    assert run(capsys, "plan-template", paths["profile"], "--stages", "4", "--microbatches",
-               "8", "--schedule", "1f1b", "-o", paths["plan"])[0] == 0
-    assert run(capsys, "cluster-template", "--devices", "2,2", "--bandwidth-gbps", "400,100",
-               "--device-memory", "16GiB", "--host-bandwidth-gbps", "200",
-               "-o", paths["cluster"])[0] == 0
+    assert (
+        run(
+            capsys,
+            "import-pipedream",
+            str(PIPEDREAM_DIR / "resnet50" / "graph.txt"),
+            "--batch-size",
+            "128",
+            "-o",
+            paths["profile"],
+        )[0]
+        == 0
+    )
+    assert (
+        run(
+            capsys,
+            "plan-template",
+            paths["profile"],
+            "--stages",
+            "4",
+            "--microbatches",
+            "8",
+            "--schedule",
+            "1f1b",
+            "-o",
+            paths["plan"],
+        )[0]
+        == 0
+    )
+    assert (
+        run(
+            capsys,
+            "cluster-template",
+            "--devices",
+            "2,2",
+            "--bandwidth-gbps",
+            "400,100",
+            "--device-memory",
+            "16GiB",
+            "--host-bandwidth-gbps",
+            "200",
+            "-o",
+            paths["cluster"],
+        )[0]
+        == 0
+    )
     return paths
 
 
-def test_simulate_json_contract(files: dict[str, str], tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_json_contract(
+    files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "trace.json"
-    status, out, _ = run(capsys, "simulate", files["profile"], files["plan"], "--cluster",
-                         files["cluster"], "--json", "--trace", str(trace))
+    status, out, _ = run(
+        capsys,
+        "simulate",
+        files["profile"],
+        files["plan"],
+        "--cluster",
+        files["cluster"],
+        "--json",
+        "--trace",
+        str(trace),
+    )
     assert status == 0
     result = json.loads(out)
     for key in ("step_time_ms", "samples_per_s", "bubble_fraction", "fits", "stages"):
@@ -52,10 +100,10 @@ def test_simulate_json_contract(files: dict[str, str], tmp_path: Path,
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
 
 
-def test_simulate_text_summary(files: dict[str, str], capsys: pytest.CaptureFixture[str]
-                               ) -> None:
-    status, out, _ = run(capsys, "simulate", files["profile"], files["plan"], "--cluster",
-                         files["cluster"])
+def test_simulate_text_summary(files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(
+        capsys, "simulate", files["profile"], files["plan"], "--cluster", files["cluster"]
+    )
     assert status == 0
     assert "step time" in out and "bubble" in out
     assert len([line for line in out.splitlines() if line.strip()[:1].isdigit()]) == 4
@@ -95,25 +143,44 @@ def test_validate_command(files: dict[str, str], capsys: pytest.CaptureFixture[s
     assert status == 0 and "valid pipestudio.plan" in out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["cluster-template", "--devices", "4", "--bandwidth-gbps", "100", "--device-memory",
-      "lots"], "size 'lots' is not understood"),
-    (["cluster-template", "--devices", "4,x", "--bandwidth-gbps", "100"],
-     "--devices '4,x' must be a comma-separated list of integers"),
-    (["import-pipedream", "/nonexistent/graph.txt"], "cannot read /nonexistent/graph.txt"),
-    (["import-pipedream", str(PIPEDREAM_DIR / "vgg16" / "graph.txt"), "--batch-size", "0"],
-     "--batch-size must be >= 1, got 0"),
-])
-def test_errors_exit_2_with_a_message(argv: list[str], message: str,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            [
+                "cluster-template",
+                "--devices",
+                "4",
+                "--bandwidth-gbps",
+                "100",
+                "--device-memory",
+                "lots",
+            ],
+            "size 'lots' is not understood",
+        ),
+        (
+            ["cluster-template", "--devices", "4,x", "--bandwidth-gbps", "100"],
+            "--devices '4,x' must be a comma-separated list of integers",
+        ),
+        (["import-pipedream", "/nonexistent/graph.txt"], "cannot read /nonexistent/graph.txt"),
+        (
+            ["import-pipedream", str(PIPEDREAM_DIR / "vgg16" / "graph.txt"), "--batch-size", "0"],
+            "--batch-size must be >= 1, got 0",
+        ),
+    ],
+)
+def test_errors_exit_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     status, _, err = run(capsys, *argv)
     assert status == 2
     assert err.startswith("error: ") and message in err
     assert "Traceback" not in err
 
 
-def test_bad_documents_exit_2(files: dict[str, str], tmp_path: Path,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_documents_exit_2(
+    files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plan = json.loads(Path(files["plan"]).read_text())
     plan["stages"][1]["layers"].append(plan["stages"][0]["layers"][0])
     bad = tmp_path / "bad.json"
@@ -133,27 +200,50 @@ def test_console_script_help() -> None:
     exe = Path(sys.executable).parent / "pipestudio"
     assert exe.exists(), "the pipestudio console script is installed beside python"
     completed = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True)
-    for command in ("import-pipedream", "plan-template", "cluster-template", "simulate",
-                    "schema"):
+    for command in ("import-pipedream", "plan-template", "cluster-template", "simulate", "schema"):
         assert command in completed.stdout
 
 
 @pytest.fixture
 def vgg16(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
     path = str(tmp_path / "vgg16.json")
-    assert run(capsys, "import-pipedream", str(PIPEDREAM_DIR / "vgg16" / "graph.txt"),
-               "--batch-size", "64", "-o", path)[0] == 0
+    assert (
+        run(
+            capsys,
+            "import-pipedream",
+            str(PIPEDREAM_DIR / "vgg16" / "graph.txt"),
+            "--batch-size",
+            "64",
+            "-o",
+            path,
+        )[0]
+        == 0
+    )
     return path
 
 
 def test_max_batch_json_contract(vgg16: str, capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, _ = run(capsys, "max-batch", vgg16, "--algorithm", "optimal", "--stages", "4",
-                         "--microbatches", "8", "--schedule", "1f1b", "--device-memory", "4GiB",
-                         "--json")
+    status, out, _ = run(
+        capsys,
+        "max-batch",
+        vgg16,
+        "--algorithm",
+        "optimal",
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--schedule",
+        "1f1b",
+        "--device-memory",
+        "4GiB",
+        "--json",
+    )
     assert status == 0
     answer = json.loads(out)
-    assert {"microbatch_size", "global_batch", "plan", "result", "limit_reached", "trace"} \
-        <= set(answer)
+    assert {"microbatch_size", "global_batch", "plan", "result", "limit_reached", "trace"} <= set(
+        answer
+    )
     size = answer["microbatch_size"]
     assert size >= 1 and answer["global_batch"] == 8 * size and not answer["limit_reached"]
     assert answer["plan"]["microbatch_size"] == size and answer["result"]["fits"]
@@ -163,37 +253,77 @@ def test_max_batch_json_contract(vgg16: str, capsys: pytest.CaptureFixture[str])
 
 
 def test_max_batch_text_and_refusal(vgg16: str, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["max-batch", vgg16, "--algorithm", "dawnpiper", "--stages", "4", "--microbatches",
-            "8", "--schedule", "gpipe"]
+    argv = [
+        "max-batch",
+        vgg16,
+        "--algorithm",
+        "dawnpiper",
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--schedule",
+        "gpipe",
+    ]
     status, out, _ = run(capsys, *argv, "--device-memory", "4GiB")
     assert status == 0
     assert "the largest micro-batch that fits 4.00 GiB per device is" in out
     assert "global batch" in out and "samples do not fit" in out
     status, _, err = run(capsys, *argv)
     assert status == 2
-    assert err == ("error: max-batch needs a device memory: --device-memory or a cluster with "
-                   "memory_bytes\n")
+    assert err == (
+        "error: max-batch needs a device memory: --device-memory or a cluster with memory_bytes\n"
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["optimal", "vpipe", "dawnpiper"])
 def test_infeasible_plan_names_the_smallest_memory(
-        algorithm: str, vgg16: str, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["plan", vgg16, "--algorithm", algorithm, "--stages", "4", "--microbatches", "8",
-            "--schedule", "1f1b", "--json", "--device-memory"]
+    algorithm: str, vgg16: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "plan",
+        vgg16,
+        "--algorithm",
+        algorithm,
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--schedule",
+        "1f1b",
+        "--json",
+        "--device-memory",
+    ]
     status, out, err = run(capsys, *argv, "4GiB")
     assert status == 2 and out == ""
     assert err.startswith(f"error: {algorithm}: ") and err.count("\n") == 1
-    match = re.search(r"the smallest device memory that fits is [0-9.]+ GiB \(([0-9]+) bytes\) "
-                      r"per device, against 4\.00 GiB given", err)
+    match = re.search(
+        r"the smallest device memory that fits is [0-9.]+ GiB \(([0-9]+) bytes\) "
+        r"per device, against 4\.00 GiB given",
+        err,
+    )
     assert match, err
     status, out, _ = run(capsys, *argv, match.group(1))
     assert status == 0 and json.loads(out)["result"]["fits"]
 
 
-def test_compare_rows_carry_the_smallest_memory(vgg16: str,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, _ = run(capsys, "compare", vgg16, "--stages", "4", "--microbatches", "8",
-                         "--schedule", "1f1b", "--device-memory", "4GiB", "--json")
+def test_compare_rows_carry_the_smallest_memory(
+    vgg16: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run(
+        capsys,
+        "compare",
+        vgg16,
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--schedule",
+        "1f1b",
+        "--device-memory",
+        "4GiB",
+        "--json",
+    )
     assert status == 0
     rows = {row["algorithm"]: row for row in json.loads(out)["rows"]}
     assert rows["optimal"]["plan"] is None
@@ -203,31 +333,92 @@ def test_compare_rows_carry_the_smallest_memory(vgg16: str,
 
 
 def test_a_precision_other_than_the_profiles_exits_2_naming_both(
-        files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The profile's times hold for the arithmetic it was measured in: planning or
     simulating in another is refused, with one line naming both precisions."""
     bf16 = tmp_path / "bf16.json"
     document = json.loads(Path(files["profile"]).read_text())
     bf16.write_text(json.dumps({**document, "precision": "bf16"}))
     wanted = "asks for precision 'fp32' but the profile was measured in 'bf16'"
-    for argv in (["plan-template", str(bf16), "--stages", "2", "--microbatches", "4",
-                  "--schedule", "1f1b", "--precision", "fp32"],
-                 ["plan", str(bf16), "--algorithm", "uniform", "--stages", "2",
-                  "--microbatches", "4", "--schedule", "gpipe", "--precision", "fp32"],
-                 ["compare", str(bf16), "--stages", "2", "--microbatches", "4",
-                  "--schedule", "gpipe", "--precision", "fp32"],
-                 ["simulate", str(bf16), files["plan"]]):
+    for argv in (
+        [
+            "plan-template",
+            str(bf16),
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--schedule",
+            "1f1b",
+            "--precision",
+            "fp32",
+        ],
+        [
+            "plan",
+            str(bf16),
+            "--algorithm",
+            "uniform",
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--schedule",
+            "gpipe",
+            "--precision",
+            "fp32",
+        ],
+        [
+            "compare",
+            str(bf16),
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--schedule",
+            "gpipe",
+            "--precision",
+            "fp32",
+        ],
+        ["simulate", str(bf16), files["plan"]],
+    ):
         status, _, err = run(capsys, *argv)
         assert status == 2 and wanted in err and len(err.splitlines()) == 1, (argv, err)
-    status, out, _ = run(capsys, "plan-template", str(bf16), "--stages", "2",
-                         "--microbatches", "4", "--schedule", "1f1b")
+    status, out, _ = run(
+        capsys,
+        "plan-template",
+        str(bf16),
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+        "--schedule",
+        "1f1b",
+    )
     assert status == 0 and json.loads(out)["precision"] == "bf16"  # the profile's
-    assert run(capsys, "plan", files["profile"], "--algorithm", "uniform", "--stages", "2",
-               "--microbatches", "4", "--schedule", "gpipe", "--precision", "bf16")[0] == 2
+    assert (
+        run(
+            capsys,
+            "plan",
+            files["profile"],
+            "--algorithm",
+            "uniform",
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--schedule",
+            "gpipe",
+            "--precision",
+            "bf16",
+        )[0]
+        == 2
+    )
 
 
 def test_simulate_prints_model_flops_and_utilisation(
-        files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     counted = tmp_path / "counted.json"
     document = json.loads(Path(files["profile"]).read_text())
     for layer in document["layers"]:
@@ -235,8 +426,16 @@ def test_simulate_prints_model_flops_and_utilisation(
     counted.write_text(json.dumps(document))
     status, out, _ = run(capsys, "simulate", str(counted), files["plan"], "--peak-tflops", "1")
     assert status == 0 and "GFLOP/step" in out and "(MFU " in out
-    status, out, _ = run(capsys, "simulate", str(counted), files["plan"], "--json",
-                         "--no-timeline", "--peak-tflops", "2")
+    status, out, _ = run(
+        capsys,
+        "simulate",
+        str(counted),
+        files["plan"],
+        "--json",
+        "--no-timeline",
+        "--peak-tflops",
+        "2",
+    )
     result = json.loads(out)
     assert result["mfu"] == pytest.approx(result["model_tflops"] / (4 * 2))
     status, _, err = run(capsys, "simulate", str(counted), files["plan"], "--peak-tflops", "0")

@@ -22,11 +22,16 @@ def test_committed_schema_is_current(name: str) -> None:
 def test_documents_validate_against_published_schemas() -> None:
     profile = import_pipedream(PIPEDREAM_DIR / "resnet18" / "graph.txt", batch_size=256)
     plan = plan_template(profile, 4, 8, "pipedream")
-    cluster = cluster_template([2, 2], [100.0, 10.0], device_memory_bytes=2**34,
-                               host_bandwidth_gbps=64.0)
+    cluster = cluster_template(
+        [2, 2], [100.0, 10.0], device_memory_bytes=2**34, host_bandwidth_gbps=64.0
+    )
     result = simulate(profile, plan, cluster)
-    for name, document in (("profile", profile), ("plan", plan), ("cluster", cluster),
-                           ("simresult", result)):
+    for name, document in (
+        ("profile", profile),
+        ("plan", plan),
+        ("cluster", cluster),
+        ("simresult", result),
+    ):
         schema = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
         jsonschema.validate(json.loads(document.to_json()), schema)
     broken = json.loads(plan.to_json())

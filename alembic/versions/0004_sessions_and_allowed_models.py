@@ -26,23 +26,28 @@ def upgrade() -> None:
         sa.Column("issuer_sha256", sa.String(64), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("token_sha256", name=op.f("pk_sessions")))
+        sa.PrimaryKeyConstraint("token_sha256", name=op.f("pk_sessions")),
+    )
     op.create_index(op.f("ix_sessions_expires_at"), "sessions", ["expires_at"])
     with op.batch_alter_table("workers") as batch:
-        batch.add_column(sa.Column("builtin_models", sa.JSON(), nullable=False,
-                                   server_default="[]"))
-        batch.add_column(sa.Column("allowed_models", sa.JSON(), nullable=False,
-                                   server_default="[]"))
+        batch.add_column(
+            sa.Column("builtin_models", sa.JSON(), nullable=False, server_default="[]")
+        )
+        batch.add_column(
+            sa.Column("allowed_models", sa.JSON(), nullable=False, server_default="[]")
+        )
         batch.add_column(sa.Column("secret_sha256", sa.String(64), nullable=True))
     with op.batch_alter_table("plans") as batch:
-        batch.alter_column("planner", existing_type=sa.String(50), type_=sa.String(200),
-                           existing_nullable=False)
+        batch.alter_column(
+            "planner", existing_type=sa.String(50), type_=sa.String(200), existing_nullable=False
+        )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("plans") as batch:
-        batch.alter_column("planner", existing_type=sa.String(200), type_=sa.String(50),
-                           existing_nullable=False)
+        batch.alter_column(
+            "planner", existing_type=sa.String(200), type_=sa.String(50), existing_nullable=False
+        )
     with op.batch_alter_table("workers") as batch:
         batch.drop_column("secret_sha256")
         batch.drop_column("allowed_models")

@@ -22,8 +22,9 @@ _TABLES = ("profiles", "plans", "runs")
 def upgrade() -> None:
     for table in _TABLES:
         with op.batch_alter_table(table) as batch:
-            batch.add_column(sa.Column("precision", sa.String(8), nullable=False,
-                                       server_default="fp32"))
+            batch.add_column(
+                sa.Column("precision", sa.String(8), nullable=False, server_default="fp32")
+            )
 
 
 def downgrade() -> None:

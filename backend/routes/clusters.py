@@ -19,8 +19,11 @@ def create_cluster(session: SessionDep, data: ClusterCreate) -> ClusterPublic:
 
 
 @router.get("", dependencies=[Readable])
-def list_clusters(session: SessionDep, offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
-                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ClustersPublic:
+def list_clusters(
+    session: SessionDep,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ClustersPublic:
     rows, total = Clusters(session).page(offset, limit)
     return ClustersPublic(data=[ClusterPublic.model_validate(r) for r in rows], count=total)
 
@@ -31,8 +34,7 @@ def get_cluster(session: SessionDep, cluster_id: PathId) -> ClusterPublic:
 
 
 @router.put("/{cluster_id:int}", dependencies=[Authorized])
-def replace_cluster(session: SessionDep, cluster_id: PathId,
-                    data: ClusterCreate) -> ClusterPublic:
+def replace_cluster(session: SessionDep, cluster_id: PathId, data: ClusterCreate) -> ClusterPublic:
     """Replace a cluster's name and document; 409 while a plan uses it."""
     return ClusterPublic.model_validate(service.replace_cluster(session, cluster_id, data))
 

@@ -33,8 +33,9 @@ router = APIRouter(prefix="/api/plans", tags=["plans"], responses=ERRORS)
 
 
 @router.post("", status_code=201)
-def create_plan(session: SessionDep, context: ContextDep, principal: Writer,
-                data: PlanCreate) -> PlanPublic:
+def create_plan(
+    session: SessionDep, context: ContextDep, principal: Writer, data: PlanCreate
+) -> PlanPublic:
     """Make a plan with a planner, by hand (boundaries and policies), or from a document;
     it is simulated and stored as a draft."""
     data = data.model_copy(update={"author": author(principal, data.author)})
@@ -42,10 +43,13 @@ def create_plan(session: SessionDep, context: ContextDep, principal: Writer,
 
 
 @router.get("", dependencies=[Readable])
-def list_plans(session: SessionDep, offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
-               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-               profile_id: QueryId | None = None,
-               state: PlanState | None = None) -> PlansPublic:
+def list_plans(
+    session: SessionDep,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    profile_id: QueryId | None = None,
+    state: PlanState | None = None,
+) -> PlansPublic:
     where = []
     if profile_id is not None:
         where.append(PlanRow.profile_id == profile_id)
@@ -56,16 +60,16 @@ def list_plans(session: SessionDep, offset: Annotated[int, Query(ge=0, le=2**31)
 
 
 @router.post("/simulate", dependencies=[Readable])
-def preview_plan(session: SessionDep, context: ContextDep, data: PreviewRequest
-                 ) -> dict[str, Any]:
+def preview_plan(session: SessionDep, context: ContextDep, data: PreviewRequest) -> dict[str, Any]:
     """Simulate a plan without storing it; answers the SimResult document (422 beyond the
     work budget, naming the field and the limit)."""
     return service.preview(session, data, _budget(context)).model_dump(mode="json")
 
 
 @router.post("/compare")
-def compare_planners(session: SessionDep, context: ContextDep, principal: Writer,
-                     data: CompareRequest) -> ComparePublic:
+def compare_planners(
+    session: SessionDep, context: ContextDep, principal: Writer, data: CompareRequest
+) -> ComparePublic:
     """Run every planner (or those named) on one request; ``save`` stores their plans."""
     data = data.model_copy(update={"author": author(principal, data.author)})
     return ComparePublic(rows=service.compare(session, data, _budget(context)))
@@ -77,31 +81,40 @@ def get_plan(session: SessionDep, plan_id: PathId) -> PlanPublic:
 
 
 @router.patch("/{plan_id:int}")
-def update_plan(session: SessionDep, context: ContextDep, principal: Writer,
-                plan_id: PathId, data: PlanUpdate) -> PlanPublic:
+def update_plan(
+    session: SessionDep, context: ContextDep, principal: Writer, plan_id: PathId, data: PlanUpdate
+) -> PlanPublic:
     """Edit a draft (boundaries, policies, shape, document) or change its state
     (draft <-> approved); a launched plan is frozen (409)."""
     data = data.model_copy(update={"author": author(principal, data.author)})
-    return PlanPublic.model_validate(service.update_plan(session, plan_id, data,
-                                                         _budget(context)))
+    return PlanPublic.model_validate(service.update_plan(session, plan_id, data, _budget(context)))
 
 
 @router.post("/{plan_id:int}/approve", dependencies=[Authorized])
-def approve_plan(session: SessionDep, context: ContextDep, plan_id: PathId,
-                 force: Annotated[bool, Query()] = False) -> PlanPublic:
+def approve_plan(
+    session: SessionDep,
+    context: ContextDep,
+    plan_id: PathId,
+    force: Annotated[bool, Query()] = False,
+) -> PlanPublic:
     """Approve a plan for launching; 422 naming why when it does not fit its cluster's
     memory or needs more ranks than its cluster or the online workers offer, unless
     ``force``."""
-    return PlanPublic.model_validate(service.update_plan(
-        session, plan_id, PlanUpdate(state="approved", force=force), _budget(context)))
+    return PlanPublic.model_validate(
+        service.update_plan(
+            session, plan_id, PlanUpdate(state="approved", force=force), _budget(context)
+        )
+    )
 
 
 @router.post("/{plan_id:int}/simulate", dependencies=[Readable])
-def simulate_plan(session: SessionDep, context: ContextDep, plan_id: PathId,
-                  data: SimulateRequest) -> dict[str, Any]:
+def simulate_plan(
+    session: SessionDep, context: ContextDep, plan_id: PathId, data: SimulateRequest
+) -> dict[str, Any]:
     """The SimResult document of a stored plan on its profile and cluster."""
-    return service.simulate_plan(session, plan_id, data.steps, data.with_timeline,
-                                 _budget(context)).model_dump(mode="json")
+    return service.simulate_plan(
+        session, plan_id, data.steps, data.with_timeline, _budget(context)
+    ).model_dump(mode="json")
 
 
 def _budget(context: AppContext) -> int:

@@ -27,20 +27,27 @@ def create_profile(session: SessionDep, data: ProfileCreate) -> ProfilePublic:
 
 
 @router.post("/upload", status_code=201, dependencies=[Authorized])
-def upload_profile(session: SessionDep, file: Annotated[UploadFile, File()],
-                   name: Annotated[str | None, Form(max_length=200)] = None,
-                   batch_size: Annotated[int | None, Form(ge=1, le=MAX_MICROBATCH_SIZE)] = None,
-                   model: Annotated[str | None, Form(max_length=200)] = None) -> ProfilePublic:
+def upload_profile(
+    session: SessionDep,
+    file: Annotated[UploadFile, File()],
+    name: Annotated[str | None, Form(max_length=200)] = None,
+    batch_size: Annotated[int | None, Form(ge=1, le=MAX_MICROBATCH_SIZE)] = None,
+    model: Annotated[str | None, Form(max_length=200)] = None,
+) -> ProfilePublic:
     """Store an uploaded file: a Profile JSON, or a PipeDream graph.txt (anything else),
     which needs the ``batch_size`` it was profiled at."""
-    data = service.parse_upload(file.file.read(), file.filename or "upload", name=name,
-                                batch_size=batch_size, model=model)
+    data = service.parse_upload(
+        file.file.read(), file.filename or "upload", name=name, batch_size=batch_size, model=model
+    )
     return ProfilePublic.model_validate(service.create_profile(session, data))
 
 
 @router.get("", dependencies=[Readable])
-def list_profiles(session: SessionDep, offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
-                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ProfilesPublic:
+def list_profiles(
+    session: SessionDep,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ProfilesPublic:
     rows, total = Profiles(session).page(offset, limit)
     return ProfilesPublic(data=[ProfilePublic.model_validate(r) for r in rows], count=total)
 

@@ -77,15 +77,15 @@ async def _next_object(websocket: WebSocket) -> tuple[dict[str, Any], str] | Non
         return None
     text = frame.get("text")
     if text is None:
-        raise Refused(CLOSE_UNSUPPORTED, "binary frames are not part of the protocol; send "
-                                         "JSON text")
+        raise Refused(
+            CLOSE_UNSUPPORTED, "binary frames are not part of the protocol; send JSON text"
+        )
     try:
         message = json.loads(text)
     except (ValueError, RecursionError):
         raise Refused(CLOSE_INVALID, "a frame is not JSON") from None
     if not isinstance(message, dict):
-        raise Refused(CLOSE_INVALID, f"a frame is a JSON {type(message).__name__}, not an "
-                                     "object")
+        raise Refused(CLOSE_INVALID, f"a frame is a JSON {type(message).__name__}, not an object")
     return message, text
 
 
@@ -110,8 +110,7 @@ async def worker_socket(websocket: WebSocket) -> None:
     context: AppContext = websocket.app.state.context
     expected = context.settings.effective_worker_token or ""
     await websocket.accept()
-    if not expected or not secrets.compare_digest(_token(websocket).encode(),
-                                                  expected.encode()):
+    if not expected or not secrets.compare_digest(_token(websocket).encode(), expected.encode()):
         await _close(websocket, WORKER_CLOSE_AUTH, "a valid worker token is required")
         return
     try:
@@ -153,8 +152,15 @@ async def _serve_worker(context: AppContext, websocket: WebSocket, hello: Hello)
     old = context.hub.attach(link)
     if old is not None:
         await _close(old.socket, 1000, "replaced by a new connection")
-    await link.send({"type": "welcome", "worker_id": worker.id, "secret": secret,
-                     "last_seq": worker.last_seq, "heartbeat_s": context.settings.heartbeat_s})
+    await link.send(
+        {
+            "type": "welcome",
+            "worker_id": worker.id,
+            "secret": secret,
+            "last_seq": worker.last_seq,
+            "heartbeat_s": context.settings.heartbeat_s,
+        }
+    )
     await context.perform(actions)
     try:
         await _receive(context, link)
@@ -176,13 +182,14 @@ async def _receive(context: AppContext, link: WorkerLink) -> None:
         if seq is None:
             if message.get("type") == "heartbeat":
                 continue
-            raise Refused(CLOSE_POLICY, f"unnumbered message of type "
-                                        f"{str(message.get('type'))[:40]!r}")
+            raise Refused(
+                CLOSE_POLICY, f"unnumbered message of type {str(message.get('type'))[:40]!r}"
+            )
         if type(seq) is not int or not 1 <= seq <= MAX_SEQ:
-            raise Refused(CLOSE_INVALID, f"seq must be an integer 1..2**62, got "
-                                         f"{str(seq)[:40]}")
-        context.ingestor.submit(link.worker_id, message,
-                                suspect=any(token in text for token in SUSPECT))
+            raise Refused(CLOSE_INVALID, f"seq must be an integer 1..2**62, got {str(seq)[:40]}")
+        context.ingestor.submit(
+            link.worker_id, message, suspect=any(token in text for token in SUSPECT)
+        )
 
 
 @router.websocket("/ws/runs/{run_id}")
@@ -194,8 +201,7 @@ async def run_socket(websocket: WebSocket, run_id: str) -> None:
         await _check_reader(context, _token(websocket))
         number = int(run_id) if run_id.isdigit() else 0
         if not 1 <= number <= MAX_DB_INT:
-            raise Refused(CLOSE_POLICY, f"run id {run_id[:40]!r} is not an integer 1.."
-                                        f"{MAX_DB_INT}")
+            raise Refused(CLOSE_POLICY, f"run id {run_id[:40]!r} is not an integer 1..{MAX_DB_INT}")
     except Refused as exc:
         await _close(websocket, exc.code, exc.reason)
         return
@@ -217,16 +223,19 @@ async def _check_reader(context: AppContext, token: str) -> None:
     if not token:
         if context.settings.public_reads:
             return
-        raise Refused(WORKER_CLOSE_AUTH, "sign in first: send 'Authorization: Bearer <API "
-                                         "token or session token>' or ?token=")
+        raise Refused(
+            WORKER_CLOSE_AUTH,
+            "sign in first: send 'Authorization: Bearer <API token or session token>' or ?token=",
+        )
     try:
         await principal_of(context, token)
     except CredentialError as exc:
         raise Refused(WORKER_CLOSE_AUTH, str(exc)) from None
 
 
-async def _stream(context: AppContext, websocket: WebSocket, run_id: int,
-                  run: dict[str, Any]) -> None:
+async def _stream(
+    context: AppContext, websocket: WebSocket, run_id: int, run: dict[str, Any]
+) -> None:
     queue = context.hub.watch(run_id)
     listener = asyncio.create_task(_drain(websocket))
     try:

@@ -15,10 +15,13 @@ health = APIRouter(prefix="/api/health", tags=["health"])
 
 
 @router.get("", dependencies=[Readable])
-def list_workers(session: SessionDep, context: ContextDep,
-                 offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
-                 limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                 include_retired: bool = False) -> WorkersPublic:
+def list_workers(
+    session: SessionDep,
+    context: ContextDep,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    include_retired: bool = False,
+) -> WorkersPublic:
     """Registered workers, their devices, the models they allow, free slots and last
     heartbeat. Offline workers last heard from before the retention period
     (``PIPESTUDIO_WORKER_RETENTION_S``) are left out unless ``include_retired``."""
@@ -28,12 +31,15 @@ def list_workers(session: SessionDep, context: ContextDep,
 
 
 @router.get("/{worker_id}", dependencies=[Readable])
-def get_worker(session: SessionDep, worker_id: Annotated[str, Path(max_length=64)]
-               ) -> WorkerPublic:
+def get_worker(session: SessionDep, worker_id: Annotated[str, Path(max_length=64)]) -> WorkerPublic:
     return WorkerPublic.model_validate(Workers(session).get(worker_id))
 
 
 @health.get("")
 async def get_health(context: ContextDep) -> HealthPublic:
-    return HealthPublic(status="ok", version=__version__, database=context.db.dialect,
-                        workers_online=len(context.hub.links))
+    return HealthPublic(
+        status="ok",
+        version=__version__,
+        database=context.db.dialect,
+        workers_online=len(context.hub.links),
+    )

@@ -11,8 +11,7 @@ from pipestudio.backend.users import MAX_PASSWORD_CHARS, Role
 class SessionCreate(Request):
     """A person's name and password, or no name and the API token as the password."""
 
-    user: str | None = Field(None, max_length=64, description="Empty: sign in with the API "
-                             "token.")
+    user: str | None = Field(None, max_length=64, description="Empty: sign in with the API token.")
     password: str = Field(min_length=1, max_length=MAX_PASSWORD_CHARS)
 
 

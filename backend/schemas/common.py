@@ -47,10 +47,14 @@ PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
 QueryId = Annotated[int, Query(ge=1, le=MAX_ID)]
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorPublic, "description": "The body cannot be parsed at all (a "
-                                               "malformed multipart form)."},
-    401: {"model": ErrorPublic, "description": "Missing or wrong credential (API token or "
-                                               "session token)."},
+    400: {
+        "model": ErrorPublic,
+        "description": "The body cannot be parsed at all (a malformed multipart form).",
+    },
+    401: {
+        "model": ErrorPublic,
+        "description": "Missing or wrong credential (API token or session token).",
+    },
     403: {"model": ErrorPublic, "description": "The credential may read but not change."},
     404: {"model": ErrorPublic, "description": "No such item."},
     409: {"model": ErrorPublic, "description": "Conflicts with the stored state."},
@@ -86,10 +90,12 @@ def choice(*names: str, default: str | None = None) -> Callable[[Any], str | Non
     return tag
 
 
-def one_of(*variants: tuple[type[BaseModel], str], tag: Callable[[Any], str | None],
-           what: str) -> Any:
+def one_of(
+    *variants: tuple[type[BaseModel], str], tag: Callable[[Any], str | None], what: str
+) -> Any:
     """The union of ``variants`` chosen by ``tag``; the error names what to give."""
-    union = Union[tuple(Annotated[model, Tag(TAG_PREFIX + name)]  # type: ignore[valid-type]  # noqa: UP007
-                        for model, name in variants)]
-    return Annotated[union, Discriminator(tag, custom_error_type="source",
-                                          custom_error_message=what)]
+    tagged = tuple(Annotated[model, Tag(TAG_PREFIX + name)] for model, name in variants)
+    union = Union[tagged]  # type: ignore[valid-type]  # noqa: UP007 (built at run time)
+    return Annotated[
+        union, Discriminator(tag, custom_error_type="source", custom_error_message=what)
+    ]

@@ -21,8 +21,9 @@ Optimizer = Literal["sgd", "momentum", "adam"]
 Policy = Literal["keep", "recompute", "swap"]
 PlanState = Literal["draft", "approved", "launched"]
 LayerName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
-Boundaries = Annotated[list[Annotated[int, Field(ge=1, le=MAX_LAYERS), Integral]],
-                       Field(max_length=MAX_LAYERS)]
+Boundaries = Annotated[
+    list[Annotated[int, Field(ge=1, le=MAX_LAYERS), Integral]], Field(max_length=MAX_LAYERS)
+]
 Policies = Annotated[dict[LayerName, Policy], Field(max_length=MAX_LAYERS)]
 Steps = Annotated[int, Field(ge=1, le=20), Integral]
 
@@ -31,19 +32,22 @@ class PlannerParameters(Request):
     """What a planner is asked (as ``pipestudio plan``)."""
 
     num_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS), Integral] | None = Field(
-        None, description="Stages (devices for optimal).")
+        None, description="Stages (devices for optimal)."
+    )
     num_microbatches: NumMicrobatches
     schedule: Schedule
     microbatch_size: MicrobatchSize | None = Field(None, description="Default: the profile's.")
     optimizer: Optimizer = "adam"
     straight: bool = Field(False, description="No replicated stages (optimal, pipedream).")
     device_memory_bytes: Annotated[int, Field(ge=1, le=2**53), Integral] | None = Field(
-        None, description="Without a cluster: memory per device, links free.")
+        None, description="Without a cluster: memory per device, links free."
+    )
 
 
 class PlannerRequest(PlannerParameters):
-    algorithm: str = Field(max_length=50,
-                           description="A planner: uniform, balance-time, pipedream, ...")
+    algorithm: str = Field(
+        max_length=50, description="A planner: uniform, balance-time, pipedream, ..."
+    )
 
 
 class ManualPlan(Request):
@@ -102,9 +106,13 @@ class PlanFromDocument(ByDocument, _Creation):
 
 
 AnyPlanCreate = PlanFromPlanner | PlanByHand | PlanFromDocument
-PlanCreate = one_of((PlanFromPlanner, "planner"), (PlanByHand, "manual"),
-                    (PlanFromDocument, "plan"), tag=choice("planner", "manual", "plan"),
-                    what=_ONE_SOURCE)
+PlanCreate = one_of(
+    (PlanFromPlanner, "planner"),
+    (PlanByHand, "manual"),
+    (PlanFromDocument, "plan"),
+    tag=choice("planner", "manual", "plan"),
+    what=_ONE_SOURCE,
+)
 
 
 class PlanUpdate(Request):
@@ -119,9 +127,13 @@ class PlanUpdate(Request):
     microbatch_size: MicrobatchSize | None = None
     plan: Plan | None = Field(None, description="A whole Plan document.")
     state: Literal["draft", "approved"] | None = None
-    force: bool = Field(False, description=(
-        "Approve even when the plan does not fit its cluster's memory or needs more ranks "
-        "than its cluster's devices or the online workers' slots (else 422 naming why)."))
+    force: bool = Field(
+        False,
+        description=(
+            "Approve even when the plan does not fit its cluster's memory or needs more ranks "
+            "than its cluster's devices or the online workers' slots (else 422 naming why)."
+        ),
+    )
     author: str = Field("api", max_length=200)
 
 
@@ -143,8 +155,7 @@ class PlanPublic(Public):
     profile_id: int
     cluster_id: int | None
     state: PlanState
-    precision: Precision = Field(description="The arithmetic the plan trains in, its "
-                                             "profile's.")
+    precision: Precision = Field(description="The arithmetic the plan trains in, its profile's.")
     planner: str
     parameters: dict[str, Any]
     created_by: str
@@ -185,16 +196,21 @@ class PreviewFromDocument(ByDocument, _Preview):
 
 
 AnyPreviewRequest = PreviewFromPlanner | PreviewByHand | PreviewFromDocument
-PreviewRequest = one_of((PreviewFromPlanner, "planner"), (PreviewByHand, "manual"),
-                        (PreviewFromDocument, "plan"), tag=choice("planner", "manual", "plan"),
-                        what=_ONE_SOURCE)
+PreviewRequest = one_of(
+    (PreviewFromPlanner, "planner"),
+    (PreviewByHand, "manual"),
+    (PreviewFromDocument, "plan"),
+    tag=choice("planner", "manual", "plan"),
+    what=_ONE_SOURCE,
+)
 
 
 class CompareRequest(PlannerParameters):
     profile_id: DbId
     cluster_id: DbId | None = None
     algorithms: list[Annotated[str, Field(max_length=50)]] | None = Field(
-        None, max_length=50, description="Default: every planner.")
+        None, max_length=50, description="Default: every planner."
+    )
     save: bool = Field(False, description="Store every plan found as a draft.")
     author: str = Field("api", max_length=200)
 

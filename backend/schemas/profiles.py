@@ -28,16 +28,23 @@ class PipeDreamGraph(_ProfileSource):
     graph: str = Field(min_length=1, description="PipeDream graph.txt text.")
     batch_size: Annotated[int, Field(ge=1, le=MAX_MICROBATCH_SIZE), Integral] = Field(
         description="The minibatch size the graph was profiled at (graph.txt does not say "
-        "it, and every activation size and time scales with it).")
-    model: str | None = Field(None, min_length=1, max_length=200,
-                              description="The model name (default: the profile's name).")
+        "it, and every activation size and time scales with it)."
+    )
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="The model name (default: the profile's name).",
+    )
 
 
 AnyProfileCreate = ProfileDocument | PipeDreamGraph
-ProfileCreate = one_of((ProfileDocument, "pipestudio"), (PipeDreamGraph, "pipedream"),
-                       tag=choice("pipestudio", "pipedream", default="pipestudio"),
-                       what="format must be pipestudio (with profile) or pipedream (with "
-                            "graph)")
+ProfileCreate = one_of(
+    (ProfileDocument, "pipestudio"),
+    (PipeDreamGraph, "pipedream"),
+    tag=choice("pipestudio", "pipedream", default="pipestudio"),
+    what="format must be pipestudio (with profile) or pipedream (with graph)",
+)
 
 
 class ProfilePublic(Public):

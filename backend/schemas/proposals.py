@@ -35,9 +35,12 @@ class ProposalDocument(_ProposalSource):
 
 
 AnyProposalCreate = ObservedProfile | ProposalDocument
-ProposalCreate = one_of((ObservedProfile, "observed_profile"), (ProposalDocument, "proposal"),
-                        tag=choice("observed_profile", "proposal"),
-                        what="give exactly one of observed_profile or proposal")
+ProposalCreate = one_of(
+    (ObservedProfile, "observed_profile"),
+    (ProposalDocument, "proposal"),
+    tag=choice("observed_profile", "proposal"),
+    what="give exactly one of observed_profile or proposal",
+)
 
 
 class ProposalDecision(Request):

@@ -19,14 +19,25 @@ WorkerId = Annotated[str, Field(min_length=1, max_length=64)]
 
 class RunCreate(Request):
     plan_id: DbId
-    model: str | None = Field(None, min_length=1, max_length=200, description=(
-        "A built-in model (mlp, gpt, ...) or MODULE:FACTORY; the chosen workers must allow "
-        "it (409 naming those that do not). Default: the model of the plan's profile."))
-    model_args: dict[ArgName, ArgValue] | None = Field(None, max_length=100, description=(
-        "The model's arguments. Default: those the plan's profile was measured with (its "
-        "config.* metadata), when the model is the profile's. Arguments that the profile "
-        "recorded with another value are named in the launch event: the plan's predictions "
-        "are for the profiled model."))
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description=(
+            "A built-in model (mlp, gpt, ...) or MODULE:FACTORY; the chosen workers must allow "
+            "it (409 naming those that do not). Default: the model of the plan's profile."
+        ),
+    )
+    model_args: dict[ArgName, ArgValue] | None = Field(
+        None,
+        max_length=100,
+        description=(
+            "The model's arguments. Default: those the plan's profile was measured with (its "
+            "config.* metadata), when the model is the profile's. Arguments that the profile "
+            "recorded with another value are named in the launch event: the plan's predictions "
+            "are for the profiled model."
+        ),
+    )
     steps: Annotated[int, Field(ge=1, le=10_000_000), Integral]
     lr: float | None = Field(None, gt=0, le=1e30, allow_inf_nan=False)
     seed: Annotated[int, Field(ge=0, le=2**53), Integral] | None = None
@@ -36,17 +47,24 @@ class RunCreate(Request):
     checkpoint_every: Annotated[int, Field(ge=0, le=10_000_000), Integral] = Field(
         0,
         description="Save a checkpoint every this many steps (0: none) in the backend's "
-        "checkpoint directory.")
+        "checkpoint directory.",
+    )
     on_failure: Literal["fail", "resume"] = Field(
-        "fail", description="resume: when a rank fails or a worker falls silent, start the "
-        "run again from its last checkpoint on the online workers (from step 0 if none).")
+        "fail",
+        description="resume: when a rank fails or a worker falls silent, start the "
+        "run again from its last checkpoint on the online workers (from step 0 if none).",
+    )
     max_resumes: Annotated[int, Field(ge=0, le=100), Integral] = Field(
-        3, description="With on_failure=resume, how many times at most.")
+        3, description="With on_failure=resume, how many times at most."
+    )
     on_nonfinite_loss: Literal["fail", "continue"] = Field(
-        "fail", description="fail: a loss that is NaN or infinite ends the run, failed, with "
-        "the step and stage in its message; continue: train on.")
-    worker_ids: list[WorkerId] | None = Field(None, max_length=10_000,
-                                              description="Default: any online workers.")
+        "fail",
+        description="fail: a loss that is NaN or infinite ends the run, failed, with "
+        "the step and stage in its message; continue: train on.",
+    )
+    worker_ids: list[WorkerId] | None = Field(
+        None, max_length=10_000, description="Default: any online workers."
+    )
     author: str = Field("api", max_length=200)
 
 
@@ -149,17 +167,23 @@ class CalibratedProfilePublic(Public):
     plan: dict[str, Any] = Field(description="The plan in effect over those steps.")
     profile: dict[str, Any] = Field(description="The calibrated profile.")
     cluster: dict[str, Any] | None = Field(
-        description="The cluster with calibrated link bandwidths (null: free links).")
+        description="The cluster with calibrated link bandwidths (null: free links)."
+    )
     stages: list[StageFactors]
     link_gbps: dict[str, float]
     shared_cores: bool = Field(
         description="Some host ran more ranks than it has cores for their threads, or put "
-        "several on one GPU: the prediction from the profile places them there, sharing.")
+        "several on one GPU: the prediction from the profile places them there, sharing."
+    )
     step_ms: Compared
     stage_busy_ms: list[StageCompared] = Field(
-        description="Compute per step of each stage (mean over its replicas).")
-    model_flops: int = Field(description="The model's forward and backward FLOPs per step, "
-                                         "from the profile (0: it counts none).")
+        description="Compute per step of each stage (mean over its replicas)."
+    )
+    model_flops: int = Field(
+        description="The model's forward and backward FLOPs per step, "
+        "from the profile (0: it counts none)."
+    )
     num_devices: int = Field(description="Devices the plan uses.")
     peak_tflops: float | None = Field(
-        description="Each device's peak TFLOP/s in the plan's precision (null: unknown).")
+        description="Each device's peak TFLOP/s in the plan's precision (null: unknown)."
+    )

@@ -45,8 +45,11 @@ class HolderCache:
 
     def for_runs(self, session: Session, runs: list[models.Run]) -> dict[int, RunHolders]:
         with self._lock:
-            known = {run.id: self.runs[run.id] for run in runs
-                     if run.id in self.runs and self.runs[run.id].key == _key(run)}
+            known = {
+                run.id: self.runs[run.id]
+                for run in runs
+                if run.id in self.runs and self.runs[run.id].key == _key(run)
+            }
         stale = [run for run in runs if run.id not in known]
         if stale:
             fresh = _read(session, stale)
@@ -70,8 +73,15 @@ def _read(session: Session, runs: list[models.Run]) -> dict[int, RunHolders]:
         current[rank.run_id].add(rank.worker_id)
         if rank.rank == 0:
             rank0[rank.run_id] = rank.worker_id
-    for run_id, data in session.execute(select(models.Event.run_id, models.Event.data).where(
-            models.Event.run_id.in_(ids), models.Event.kind.in_(("launch", "resume")))):
+    for run_id, data in session.execute(
+        select(models.Event.run_id, models.Event.data).where(
+            models.Event.run_id.in_(ids), models.Event.kind.in_(("launch", "resume"))
+        )
+    ):
         ever[run_id].update(str(rank[1]) for rank in data.get("ranks", []))
-    return {run.id: RunHolders(_key(run), frozenset(current[run.id]), rank0.get(run.id),
-                               frozenset(ever[run.id])) for run in runs}
+    return {
+        run.id: RunHolders(
+            _key(run), frozenset(current[run.id]), rank0.get(run.id), frozenset(ever[run.id])
+        )
+        for run in runs
+    }

@@ -31,33 +31,61 @@ class Actions:
 
 
 def run_message(run: models.Run, ranks: list[models.RunRank]) -> dict[str, Any]:
-    return {"type": "run", "run": {
-        "id": run.id, "state": run.state, "message": run.message, "last_step": run.last_step,
-        "attempt": run.attempt,
-        "store_address": run.store_address, "plan_id": run.plan_id,
-        "ranks": [{"rank": r.rank, "worker_id": r.worker_id, "stage": r.stage,
-                   "replica": r.replica, "state": r.state} for r in ranks]}}
+    return {
+        "type": "run",
+        "run": {
+            "id": run.id,
+            "state": run.state,
+            "message": run.message,
+            "last_step": run.last_step,
+            "attempt": run.attempt,
+            "store_address": run.store_address,
+            "plan_id": run.plan_id,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "worker_id": r.worker_id,
+                    "stage": r.stage,
+                    "replica": r.replica,
+                    "state": r.state,
+                }
+                for r in ranks
+            ],
+        },
+    }
 
 
-def stop_commands(run: models.Run, ranks: list[models.RunRank], reason: str,
-                  skip: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+def stop_commands(
+    run: models.Run, ranks: list[models.RunRank], reason: str, skip: str | None = None
+) -> list[tuple[str, dict[str, Any]]]:
     """Stop the ranks of the run's current attempt (older ones are stopped already)."""
     workers = sorted({r.worker_id for r in ranks} - {skip})
-    return [(worker_id, {"type": "command", "command_id": uuid.uuid4().hex, "run_id": run.id,
-                         "command": "stop",
-                         "payload": {"reason": reason, "attempt": run.attempt}})
-            for worker_id in workers]
+    return [
+        (
+            worker_id,
+            {
+                "type": "command",
+                "command_id": uuid.uuid4().hex,
+                "run_id": run.id,
+                "command": "stop",
+                "payload": {"reason": reason, "attempt": run.attempt},
+            },
+        )
+        for worker_id in workers
+    ]
 
 
 def may_resume(run: models.Run) -> bool:
     """Whether a failure of the run's current attempt starts another one."""
     settings = run.settings or {}
-    return (settings.get("on_failure") == "resume"
-            and run.attempt < int(settings.get("max_resumes", 0)))
+    return settings.get("on_failure") == "resume" and run.attempt < int(
+        settings.get("max_resumes", 0)
+    )
 
 
-def begin_resume(session: Session, run: models.Run, reason: str,
-                 skip_worker: str | None = None) -> Actions:
+def begin_resume(
+    session: Session, run: models.Run, reason: str, skip_worker: str | None = None
+) -> Actions:
     """Stop the failed attempt's ranks and free their slots: the run waits in ``resuming``
     until the backend's watchdog starts the next attempt (``runs.relaunch``)."""
     ranks = Runs(session).ranks(run.id)
@@ -67,15 +95,23 @@ def begin_resume(session: Session, run: models.Run, reason: str,
     run.attempt += 1
     run.state, run.store_address = "resuming", None
     run.message = f"attempt {run.attempt} of {run.settings['max_resumes']} starts: {reason}"
-    session.add(models.Event(run_id=run.id, kind="resuming", message=reason,
-                             data={"attempt": run.attempt}))
+    session.add(
+        models.Event(run_id=run.id, kind="resuming", message=reason, data={"attempt": run.attempt})
+    )
     session.flush()
     actions.to_watchers.append((run.id, run_message(run, [])))
     return actions
 
 
-def end_run(session: Session, run: models.Run, state: str, message: str | None,
-            *, skip_worker: str | None = None, resume: bool = True) -> Actions:
+def end_run(
+    session: Session,
+    run: models.Run,
+    state: str,
+    message: str | None,
+    *,
+    skip_worker: str | None = None,
+    resume: bool = True,
+) -> Actions:
     """Put an active run in a terminal state, record it, tell its workers to stop. A run
     that fails but asked to resume (``may_resume``) goes to ``resuming`` instead, unless
     ``resume`` is false."""
@@ -93,30 +129,31 @@ def end_run(session: Session, run: models.Run, state: str, message: str | None,
     return actions
 
 
-def metrics_message(run_id: int, events: list[dict[str, Any]], received_s: float
-                    ) -> dict[str, Any]:
+def metrics_message(run_id: int, events: list[dict[str, Any]], received_s: float) -> dict[str, Any]:
     """The dashboards' ``metrics`` message for a run's metric events."""
-    return {"type": "metrics", "run_id": run_id, "received_at": received_s,
-            "events": events}
+    return {"type": "metrics", "run_id": run_id, "received_at": received_s, "events": events}
 
 
 def metric_events(message: dict[str, Any]) -> list[dict[str, Any]]:
     """The metric events (``METRIC_KINDS``) of a worker's ``events`` message."""
-    return [e for e in message.get("events", [])
-            if isinstance(e, dict) and str(e.get("type", "unknown"))[:20] in METRIC_KINDS]
+    return [
+        e
+        for e in message.get("events", [])
+        if isinstance(e, dict) and str(e.get("type", "unknown"))[:20] in METRIC_KINDS
+    ]
 
 
 def _finite_number(value: object) -> float | None:
     """A time for the ``time_ms`` column: NaN and infinities (stored as names in the
     event's data, ``screening.cleaned``) have no place on the time axis."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) \
-            and math.isfinite(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
 
 
-def apply_events(session: Session, worker_id: str, run: models.Run,
-                 events: list[dict[str, Any]]) -> Actions:
+def apply_events(
+    session: Session, worker_id: str, run: models.Run, events: list[dict[str, Any]]
+) -> Actions:
     now = models.utcnow()
     metrics: list[dict[str, Any]] = []
     others: list[models.Event] = []
@@ -125,27 +162,50 @@ def apply_events(session: Session, worker_id: str, run: models.Run,
         step = event.get("step")
         if kind in METRIC_KINDS:
             time_ms = _finite_number(event.get("end_ms", event.get("time_ms")))
-            metrics.append({"run_id": run.id, "worker_id": worker_id, "kind": kind,
-                            "stage": event.get("stage"), "replica": event.get("replica"),
-                            "step": step, "time_ms": time_ms, "received_at": now,
-                            "data": event})
+            metrics.append(
+                {
+                    "run_id": run.id,
+                    "worker_id": worker_id,
+                    "kind": kind,
+                    "stage": event.get("stage"),
+                    "replica": event.get("replica"),
+                    "step": step,
+                    "time_ms": time_ms,
+                    "received_at": now,
+                    "data": event,
+                }
+            )
             if kind == "step" and isinstance(step, int):
                 run.last_step = max(step, run.last_step if run.last_step is not None else -1)
         else:
-            others.append(models.Event(run_id=run.id, worker_id=worker_id, kind=kind,
-                                       stage=event.get("stage"), step=step, data=event,
-                                       message=event.get("message"), created_at=now))
+            others.append(
+                models.Event(
+                    run_id=run.id,
+                    worker_id=worker_id,
+                    kind=kind,
+                    stage=event.get("stage"),
+                    step=step,
+                    data=event,
+                    message=event.get("message"),
+                    created_at=now,
+                )
+            )
             if kind == "start" and run.state == "starting":
                 run.state, run.started_at = "running", now
     session.add_all(others)
     actions = Actions(metric_rows=metrics)
     received = now.timestamp()
     if metrics:
-        actions.to_watchers.append((run.id, metrics_message(run.id, [m["data"] for m in metrics],
-                                                            received)))
+        actions.to_watchers.append(
+            (run.id, metrics_message(run.id, [m["data"] for m in metrics], received))
+        )
     for row in others:
-        actions.to_watchers.append((run.id, {"type": "event", "run_id": run.id,
-                                             "received_at": received, "event": row.data}))
+        actions.to_watchers.append(
+            (
+                run.id,
+                {"type": "event", "run_id": run.id, "received_at": received, "event": row.data},
+            )
+        )
     return actions
 
 
@@ -156,15 +216,31 @@ def apply_store(session: Session, run: models.Run, host: str, port: int) -> Acti
     run.store_address = f"{host}:{port}"
     ranks = Runs(session).ranks(run.id)
     for worker_id in sorted({r.worker_id for r in ranks}):
-        actions.to_workers.append((worker_id, {"type": "rendezvous", "run_id": run.id,
-                                               "attempt": run.attempt, "host": host,
-                                               "port": port}))
+        actions.to_workers.append(
+            (
+                worker_id,
+                {
+                    "type": "rendezvous",
+                    "run_id": run.id,
+                    "attempt": run.attempt,
+                    "host": host,
+                    "port": port,
+                },
+            )
+        )
     actions.to_watchers.append((run.id, run_message(run, ranks)))
     return actions
 
 
-def apply_run_state(session: Session, worker_id: str, run: models.Run, state: str,
-                    message: str | None, *, retry: bool = True) -> Actions:
+def apply_run_state(
+    session: Session,
+    worker_id: str,
+    run: models.Run,
+    state: str,
+    message: str | None,
+    *,
+    retry: bool = True,
+) -> Actions:
     """A worker's ranks of the run's current attempt started or ended (the caller drops
     what an earlier attempt's ranks say); the run ends when one fails or all finish. A
     failure the worker says another attempt would likely repeat (``retry`` false: it
@@ -175,8 +251,14 @@ def apply_run_state(session: Session, worker_id: str, run: models.Run, state: st
             rank.state = state
     session.flush()
     if state == "failed":
-        return end_run(session, run, "failed", message or f"worker {worker_id} failed",
-                       skip_worker=worker_id, resume=retry)
+        return end_run(
+            session,
+            run,
+            "failed",
+            message or f"worker {worker_id} failed",
+            skip_worker=worker_id,
+            resume=retry,
+        )
     if state == "finished" and all(r.state == "finished" for r in ranks):
         return end_run(session, run, "finished", message)
     actions = Actions()
@@ -193,8 +275,9 @@ def worker_label(session: Session, worker_id: str) -> str:
     return worker_id if worker is None else f"{worker.name} on {worker.host}"
 
 
-def apply_command_result(session: Session, worker_id: str, run: models.Run,
-                         message: dict[str, Any]) -> Actions:
+def apply_command_result(
+    session: Session, worker_id: str, run: models.Run, message: dict[str, Any]
+) -> Actions:
     """Record a command's outcome; a migration's decides its proposal."""
     payload = message.get("payload") or {}
     ok = bool(message.get("ok"))
@@ -206,14 +289,25 @@ def apply_command_result(session: Session, worker_id: str, run: models.Run,
         if proposal is not None and proposal.state == "approved":
             proposal.state = "applied" if ok else "failed"
             proposal.outcome = f"worker {worker_label(session, worker_id)}: {text}"
-            actions.to_watchers.append((run.id, {"type": "proposal", "run_id": run.id,
-                                                 "proposal_id": proposal.id,
-                                                 "state": proposal.state,
-                                                 "outcome": proposal.outcome}))
-    event = models.Event(run_id=run.id, worker_id=worker_id,
-                         kind="migration" if message.get("command") == "migrate" else "command",
-                         message=text, data={k: v for k, v in message.items() if k != "seq"})
+            actions.to_watchers.append(
+                (
+                    run.id,
+                    {
+                        "type": "proposal",
+                        "run_id": run.id,
+                        "proposal_id": proposal.id,
+                        "state": proposal.state,
+                        "outcome": proposal.outcome,
+                    },
+                )
+            )
+    event = models.Event(
+        run_id=run.id,
+        worker_id=worker_id,
+        kind="migration" if message.get("command") == "migrate" else "command",
+        message=text,
+        data={k: v for k, v in message.items() if k != "seq"},
+    )
     session.add(event)
-    actions.to_watchers.append((run.id, {"type": "event", "run_id": run.id,
-                                         "event": event.data}))
+    actions.to_watchers.append((run.id, {"type": "event", "run_id": run.id, "event": event.data}))
     return actions

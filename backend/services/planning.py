@@ -38,35 +38,51 @@ from pipestudio.planner.request import (
 T = TypeVar("T")
 
 
-def planner_request(profile: Profile, cluster: Cluster | None, params: PlannerParameters
-                    ) -> PlanRequest:
+def planner_request(
+    profile: Profile, cluster: Cluster | None, params: PlannerParameters
+) -> PlanRequest:
     if cluster is None and params.device_memory_bytes is not None:
         if params.num_stages is None:
-            raise InputError("num_stages", "device_memory_bytes needs num_stages (the number "
-                                           "of devices)")
+            raise InputError(
+                "num_stages", "device_memory_bytes needs num_stages (the number of devices)"
+            )
         cluster = memory_only_cluster(params.num_stages, params.device_memory_bytes)
     try:
-        return PlanRequest(profile=profile, num_microbatches=params.num_microbatches,
-                           schedule=params.schedule, num_stages=params.num_stages,
-                           microbatch_size=params.microbatch_size, optimizer=params.optimizer,
-                           cluster=cluster, straight=params.straight)
+        return PlanRequest(
+            profile=profile,
+            num_microbatches=params.num_microbatches,
+            schedule=params.schedule,
+            num_stages=params.num_stages,
+            microbatch_size=params.microbatch_size,
+            optimizer=params.optimizer,
+            cluster=cluster,
+            straight=params.straight,
+        )
     except PlannerError as exc:
         raise InputError("num_stages", str(exc)) from None
 
 
 def check_algorithm(name: str, field: str) -> None:
     if name not in PLANNERS:
-        raise InputError(field, f"planner {name!r} is unknown; expected one of "
-                                f"{', '.join(PLANNERS)}")
+        raise InputError(
+            field, f"planner {name!r} is unknown; expected one of {', '.join(PLANNERS)}"
+        )
 
 
-def ask_planner(profile: Profile, cluster: Cluster | None, request: PlannerRequest,
-                max_ops: int | None) -> PlanOutcome:
+def ask_planner(
+    profile: Profile, cluster: Cluster | None, request: PlannerRequest, max_ops: int | None
+) -> PlanOutcome:
     check_algorithm(request.algorithm, "planner.algorithm")
-    return within_budget(lambda: run_planner(
-        request.algorithm, PLANNERS[request.algorithm],
-        planner_request(profile, cluster, request), with_timeline=False, max_ops=max_ops),
-        "planner")
+    return within_budget(
+        lambda: run_planner(
+            request.algorithm,
+            PLANNERS[request.algorithm],
+            planner_request(profile, cluster, request),
+            with_timeline=False,
+            max_ops=max_ops,
+        ),
+        "planner",
+    )
 
 
 def within_budget(work: Callable[[], T], where: str) -> T:
@@ -78,21 +94,30 @@ def within_budget(work: Callable[[], T], where: str) -> T:
         raise InputError(f"{where}.{exc.field}" if where else exc.field, str(exc)) from None
 
 
-def manual_plan(profile: Profile, manual: ManualPlan, *, field: str = "manual",
-                provenance: dict[str, Any] | None = None) -> Plan:
+def manual_plan(
+    profile: Profile,
+    manual: ManualPlan,
+    *,
+    field: str = "manual",
+    provenance: dict[str, Any] | None = None,
+) -> Plan:
     """Stages cut at ``boundaries`` (layer indices where stages 1.. start)."""
     cuts = [0, *manual.boundaries, profile.num_layers]
     if any(b <= a for a, b in itertools.pairwise(cuts)):
-        raise InputError(f"{field}.boundaries",
-                         f"boundaries {manual.boundaries} must rise strictly between 1 and "
-                         f"{profile.num_layers - 1} (the profile has {profile.num_layers} "
-                         "layers)")
+        raise InputError(
+            f"{field}.boundaries",
+            f"boundaries {manual.boundaries} must rise strictly between 1 and "
+            f"{profile.num_layers - 1} (the profile has {profile.num_layers} "
+            "layers)",
+        )
     names = [layer.name for layer in profile.layers]
     document = {
-        "model": profile.model, "schedule": manual.schedule,
+        "model": profile.model,
+        "schedule": manual.schedule,
         "num_microbatches": manual.num_microbatches,
         "microbatch_size": manual.microbatch_size or profile.microbatch_size,
-        "optimizer": manual.optimizer, "policies": manual.policies,
+        "optimizer": manual.optimizer,
+        "policies": manual.policies,
         "precision": profile.precision,
         "stages": [{"layers": names[a:b]} for a, b in itertools.pairwise(cuts)],
         "provenance": provenance or {"planner": "manual"},
@@ -103,8 +128,11 @@ def manual_plan(profile: Profile, manual: ManualPlan, *, field: str = "manual",
 def checked_plan(profile: Profile, document: Plan | dict[str, Any], field: str) -> Plan:
     """``document`` as a Plan that places every layer of ``profile``."""
     try:
-        plan = (document if isinstance(document, Plan)
-                else parse_document(Plan, document, source="plan"))
+        plan = (
+            document
+            if isinstance(document, Plan)
+            else parse_document(Plan, document, source="plan")
+        )
         resolve_plan(plan, profile)
     except PlannerError as exc:
         raise InputError(field, str(exc)) from None
@@ -116,44 +144,68 @@ def boundaries_of(plan: Plan, profile: Profile) -> list[int]:
     return [min(index[name] for name in stage.layers) for stage in plan.stages[1:]]
 
 
-def plan_from_source(profile: Profile, cluster: Cluster | None, source: PlanSource,
-                     author: str, max_ops: int | None) -> tuple[Plan, str, dict[str, Any]]:
+def plan_from_source(
+    profile: Profile, cluster: Cluster | None, source: PlanSource, author: str, max_ops: int | None
+) -> tuple[Plan, str, dict[str, Any]]:
     """The plan a request describes, the planner that made it and its parameters."""
     if isinstance(source, ByPlanner):
         outcome = ask_planner(profile, cluster, source.planner, max_ops)
         if outcome.plan is None:
             raise InputError("planner", f"{source.planner.algorithm}: {outcome.error}")
-        parameters = {**source.planner.model_dump(exclude={"algorithm"}),
-                      "planner_ms": outcome.planner_ms, "objective_ms": outcome.objective_ms}
-        plan = outcome.plan.model_copy(update={"provenance": {
-            **outcome.plan.provenance, "author": author}})
+        parameters = {
+            **source.planner.model_dump(exclude={"algorithm"}),
+            "planner_ms": outcome.planner_ms,
+            "objective_ms": outcome.objective_ms,
+        }
+        plan = outcome.plan.model_copy(
+            update={"provenance": {**outcome.plan.provenance, "author": author}}
+        )
         return plan, source.planner.algorithm, parameters
     if isinstance(source, ByHand):
-        plan = manual_plan(profile, source.manual,
-                           provenance={"planner": "manual", "author": author})
+        plan = manual_plan(
+            profile, source.manual, provenance={"planner": "manual", "author": author}
+        )
         return plan, "manual", source.manual.model_dump()
     assert isinstance(source, ByDocument)
     plan = checked_plan(profile, source.plan, "plan")
     return plan, str(plan.provenance.get("planner", "document")), {}
 
 
-def run_simulation(profile: Profile, plan: Plan, cluster: Cluster | None, *,
-                   steps: int = 2, with_timeline: bool = True, max_ops: int | None = None,
-                   where: str = "plan") -> SimResult:
+def run_simulation(
+    profile: Profile,
+    plan: Plan,
+    cluster: Cluster | None,
+    *,
+    steps: int = 2,
+    with_timeline: bool = True,
+    max_ops: int | None = None,
+    where: str = "plan",
+) -> SimResult:
     """The plan simulated; beyond ``max_ops`` operations, a 422 naming the field (under
     ``where`` in the request) and the limit."""
     try:
-        return within_budget(lambda: simulate(profile, plan, cluster, num_steps=steps,
-                                              with_timeline=with_timeline, max_ops=max_ops),
-                             where)
+        return within_budget(
+            lambda: simulate(
+                profile,
+                plan,
+                cluster,
+                num_steps=steps,
+                with_timeline=with_timeline,
+                max_ops=max_ops,
+            ),
+            where,
+        )
     except PlannerError as exc:
         raise InputError(where, str(exc)) from None
 
 
 def summarize(result: SimResult) -> PlanSummary:
     return PlanSummary(
-        step_time_ms=result.step_time_ms, samples_per_s=result.samples_per_s,
-        bubble_fraction=result.bubble_fraction, fits=result.fits,
+        step_time_ms=result.step_time_ms,
+        samples_per_s=result.samples_per_s,
+        bubble_fraction=result.bubble_fraction,
+        fits=result.fits,
         stage_busy_ms=[stage.busy_ms for stage in result.stages],
         stage_peak_bytes=[stage.peak_bytes for stage in result.stages],
-        stage_device_memory_bytes=[stage.device_memory_bytes for stage in result.stages])
+        stage_device_memory_bytes=[stage.device_memory_bytes for stage in result.stages],
+    )

@@ -22,14 +22,16 @@ def parse_profile(data: AnyProfileCreate) -> tuple[Profile, str]:
     if isinstance(data, ProfileDocument):
         return data.profile, "json"
     try:
-        return parse_pipedream(data.graph, model=data.model or data.name or "pipedream",
-                               batch_size=data.batch_size), "pipedream"
+        return parse_pipedream(
+            data.graph, model=data.model or data.name or "pipedream", batch_size=data.batch_size
+        ), "pipedream"
     except PlannerError as exc:
         raise InputError("graph", str(exc)) from None
 
 
-def parse_upload(content: bytes, filename: str, *, name: str | None, batch_size: int | None,
-                 model: str | None) -> AnyProfileCreate:
+def parse_upload(
+    content: bytes, filename: str, *, name: str | None, batch_size: int | None, model: str | None
+) -> AnyProfileCreate:
     """A multipart upload: JSON when it parses as a JSON object, else PipeDream text."""
     try:
         text = content.decode("utf-8")
@@ -48,26 +50,42 @@ def parse_upload(content: bytes, filename: str, *, name: str | None, batch_size:
         if found is not None:
             raise InputError(".".join(["file", *map(str, found[0])]), found[1])
         try:
-            return ProfileDocument(name=name, profile=parse_document(Profile, document,
-                                                                     source=filename))
+            return ProfileDocument(
+                name=name, profile=parse_document(Profile, document, source=filename)
+            )
         except PlannerError as exc:
             raise InputError("file", str(exc)) from None
     stem = filename.rsplit("/", 1)[-1].removesuffix(".txt")
     if not text.strip():
         raise InputError("file", f"{filename!r} is empty")
     if batch_size is None:
-        raise InputError("batch_size", f"{filename!r} is a PipeDream graph, which does not "
-                         "say the minibatch size it was profiled at: give it as batch_size")
-    return PipeDreamGraph(name=name, format="pipedream", graph=text, batch_size=batch_size,
-                          model=model or (stem[:200] if stem and stem != "graph" else None))
+        raise InputError(
+            "batch_size",
+            f"{filename!r} is a PipeDream graph, which does not "
+            "say the minibatch size it was profiled at: give it as batch_size",
+        )
+    return PipeDreamGraph(
+        name=name,
+        format="pipedream",
+        graph=text,
+        batch_size=batch_size,
+        model=model or (stem[:200] if stem and stem != "graph" else None),
+    )
 
 
 def create_profile(session: Session, data: AnyProfileCreate) -> models.Profile:
     profile, source = parse_profile(data)
-    return Profiles(session).add(models.Profile(
-        name=data.name or profile.model, model=profile.model, num_layers=profile.num_layers,
-        microbatch_size=profile.microbatch_size, precision=profile.precision, source=source,
-        document=profile.model_dump(mode="json")))
+    return Profiles(session).add(
+        models.Profile(
+            name=data.name or profile.model,
+            model=profile.model,
+            num_layers=profile.num_layers,
+            microbatch_size=profile.microbatch_size,
+            precision=profile.precision,
+            source=source,
+            document=profile.model_dump(mode="json"),
+        )
+    )
 
 
 def load_profile(row: models.Profile) -> Profile:
@@ -77,11 +95,23 @@ def load_profile(row: models.Profile) -> Profile:
 def profile_layers(row: models.Profile) -> ProfileLayersPublic:
     layers = load_profile(row).layers
     return ProfileLayersPublic(
-        profile_id=row.id, microbatch_size=row.microbatch_size,
-        name=[layer.name for layer in layers], kind=[layer.kind for layer in layers],
-        **{field: [getattr(layer, field) for layer in layers]
-           for field in ("fwd_ms", "bwd_ms", "update_ms", "param_bytes", "saved_bytes",
-                         "output_bytes", "workspace_bytes")})
+        profile_id=row.id,
+        microbatch_size=row.microbatch_size,
+        name=[layer.name for layer in layers],
+        kind=[layer.kind for layer in layers],
+        **{
+            field: [getattr(layer, field) for layer in layers]
+            for field in (
+                "fwd_ms",
+                "bwd_ms",
+                "update_ms",
+                "param_bytes",
+                "saved_bytes",
+                "output_bytes",
+                "workspace_bytes",
+            )
+        },
+    )
 
 
 def delete_profile(session: Session, profile_id: int) -> None:

@@ -43,14 +43,21 @@ def _evaluate(session: Session, run: models.Run, data: AnyProposalCreate) -> Pro
     if isinstance(data, ProposalDocument):
         proposal = data.proposal
         if proposal.model != plan.model:
-            raise InputError("proposal", f"the proposal is for model {proposal.model!r} but "
-                                         f"run {run.id} trains {plan.model!r}")
+            raise InputError(
+                "proposal",
+                f"the proposal is for model {proposal.model!r} but "
+                f"run {run.id} trains {plan.model!r}",
+            )
         return proposal
     _, cluster = documents(session, plan_row.profile_id, plan_row.cluster_id)
     try:
-        return evaluate_replan(plan, data.observed_profile, cluster,
-                               payback_steps=data.payback_steps,
-                               min_gain_fraction=data.min_gain_fraction)
+        return evaluate_replan(
+            plan,
+            data.observed_profile,
+            cluster,
+            payback_steps=data.payback_steps,
+            min_gain_fraction=data.min_gain_fraction,
+        )
     except PlannerError as exc:
         raise InputError("observed_profile", str(exc)) from None
 
@@ -59,14 +66,14 @@ def _evaluate(session: Session, run: models.Run, data: AnyProposalCreate) -> Pro
 AUTO_WINDOW = 20
 
 
-def auto_propose(session: Session, run: models.Run, drift: float,
-                 max_ops: int | None = None) -> models.Proposal | None:
+def auto_propose(
+    session: Session, run: models.Run, drift: float, max_ops: int | None = None
+) -> models.Proposal | None:
     """A proposal for running job ``run`` when its step drifted from the prediction (module
     docstring); None when none is due or none is worth making."""
     if run.state != "running":
         return None
-    earlier = session.scalars(select(models.Proposal).where(
-        models.Proposal.run_id == run.id)).all()
+    earlier = session.scalars(select(models.Proposal).where(models.Proposal.run_id == run.id)).all()
     if any(row.state in ("pending", "approved") for row in earlier):
         return None
     try:
@@ -76,8 +83,9 @@ def auto_propose(session: Session, run: models.Run, drift: float,
     measured, predicted = report["step_ms"]["measured"], report["step_ms"]["predicted"]
     if not measured or not predicted or abs(measured / predicted - 1) <= drift:
         return None
-    observed = ObservedProfile(run_id=run.id, observed_profile=Profile.model_validate(
-        report["profile"]), author="auto")
+    observed = ObservedProfile(
+        run_id=run.id, observed_profile=Profile.model_validate(report["profile"]), author="auto"
+    )
     try:
         proposal = _evaluate(session, run, observed)
     except InputError:
@@ -86,20 +94,36 @@ def auto_propose(session: Session, run: models.Run, drift: float,
     moves = proposal.model_dump(mode="json")["moves"]
     if not proposal.worthwhile or not moves or moves in rejected:
         return None
-    return Proposals(session).add(models.Proposal(
-        run_id=run.id, state="pending", document=proposal.model_dump(mode="json"),
-        worthwhile=True, gain_ms=proposal.gain_ms, created_by="auto"))
+    return Proposals(session).add(
+        models.Proposal(
+            run_id=run.id,
+            state="pending",
+            document=proposal.model_dump(mode="json"),
+            worthwhile=True,
+            gain_ms=proposal.gain_ms,
+            created_by="auto",
+        )
+    )
 
 
 def create_proposal(session: Session, data: AnyProposalCreate) -> models.Proposal:
     run = Runs(session).get(data.run_id)
     if run.state in TERMINAL_RUN_STATES:
-        raise ConflictError(f"run {run.id} is {run.state}: a proposal moves layers of a "
-                            "running job, and this one will not run again")
+        raise ConflictError(
+            f"run {run.id} is {run.state}: a proposal moves layers of a "
+            "running job, and this one will not run again"
+        )
     proposal = _evaluate(session, run, data)
-    return Proposals(session).add(models.Proposal(
-        run_id=run.id, state="pending", document=proposal.model_dump(mode="json"),
-        worthwhile=proposal.worthwhile, gain_ms=proposal.gain_ms, created_by=data.author))
+    return Proposals(session).add(
+        models.Proposal(
+            run_id=run.id,
+            state="pending",
+            document=proposal.model_dump(mode="json"),
+            worthwhile=proposal.worthwhile,
+            gain_ms=proposal.gain_ms,
+            created_by=data.author,
+        )
+    )
 
 
 def _pending(session: Session, proposal_id: int) -> models.Proposal:
@@ -124,16 +148,24 @@ def approve(session: Session, proposal_id: int, author: str, send: Send) -> mode
     if not row.document.get("moves") and not row.document.get("policy_changes"):
         raise ConflictError(f"proposal {proposal_id} changes nothing")
     row.state, row.decided_by, row.decided_at = "approved", author, models.utcnow()
-    payload: dict[str, Any] = {"proposal_id": row.id, "new_plan": row.document["new_plan"],
-                               "moves": row.document["moves"],
-                               "policy_changes": row.document["policy_changes"]}
-    session.add(models.Event(run_id=run.id, kind="migration_requested", data=payload,
-                             message=f"proposal {row.id} approved by {author}"))
+    payload: dict[str, Any] = {
+        "proposal_id": row.id,
+        "new_plan": row.document["new_plan"],
+        "moves": row.document["moves"],
+        "policy_changes": row.document["policy_changes"],
+    }
+    session.add(
+        models.Event(
+            run_id=run.id,
+            kind="migration_requested",
+            data=payload,
+            message=f"proposal {row.id} approved by {author}",
+        )
+    )
     session.commit()
     coordinator = Runs(session).ranks(run.id)[0].worker_id
     if not send(coordinator, command(run, "migrate", payload)):
         row.state = "failed"
-        row.outcome = (f"worker {worker_label(session, coordinator)} (rank 0) could not be "
-                       "reached")
+        row.outcome = f"worker {worker_label(session, coordinator)} (rank 0) could not be reached"
         session.commit()
     return row

@@ -31,9 +31,12 @@ Send = Callable[[str, dict[str, Any]], bool]
 
 def run_public(session: Session, run: models.Run) -> RunPublic:
     ranks = Runs(session).ranks(run.id)
-    return RunPublic.model_validate({**{c: getattr(run, c) for c in RunPublic.model_fields
-                                        if c != "ranks"},
-                                     "ranks": [r.__dict__ for r in ranks]})
+    return RunPublic.model_validate(
+        {
+            **{c: getattr(run, c) for c in RunPublic.model_fields if c != "ranks"},
+            "ranks": [r.__dict__ for r in ranks],
+        }
+    )
 
 
 def _names(workers: list[models.Worker]) -> str:
@@ -43,18 +46,19 @@ def _names(workers: list[models.Worker]) -> str:
 def _allowing(online: list[models.Worker], model: str, chosen: bool) -> list[models.Worker]:
     """The workers of ``online`` that run ``model`` (``allowlist.py``); a conflict when
     the caller ``chosen`` them and one refuses, or when none runs it."""
-    refusing = [w for w in online
-                if not model_allowed(model, w.builtin_models, w.allowed_models)]
+    refusing = [w for w in online if not model_allowed(model, w.builtin_models, w.allowed_models)]
     if refusing and (chosen or len(refusing) == len(online)):
         raise ConflictError(
             f"model {model!r} is not allowed on worker(s) {_names(refusing)}: a worker runs "
             "its built-in models and the factories its own --allow-model patterns "
-            "(PIPESTUDIO_ALLOWED_MODELS) match")
+            "(PIPESTUDIO_ALLOWED_MODELS) match"
+        )
     return [w for w in online if w not in refusing]
 
 
-def _assign(session: Session, plan: Plan, model: str, worker_ids: list[str] | None,
-            connected: set[str]) -> list[tuple[int, str, int, int]]:
+def _assign(
+    session: Session, plan: Plan, model: str, worker_ids: list[str] | None, connected: set[str]
+) -> list[tuple[int, str, int, int]]:
     """(rank, worker_id, stage, replica) for every rank of the plan, on online workers
     (those of ``worker_ids`` when given) that allow ``model``."""
     online = [w for w in Workers(session).online() if w.id in connected]
@@ -67,63 +71,121 @@ def _assign(session: Session, plan: Plan, model: str, worker_ids: list[str] | No
     busy = Runs(session).busy_ranks_by_worker()
     free = [(w.id, w.slots - busy.get(w.id, 0)) for w in allowing]
     slots = [worker_id for worker_id, count in free for _ in range(max(count, 0))]
-    workers = [(stage_idx, replica) for stage_idx, stage in enumerate(plan.stages)
-               for replica in range(stage.replicas)]
+    workers = [
+        (stage_idx, replica)
+        for stage_idx, stage in enumerate(plan.stages)
+        for replica in range(stage.replicas)
+    ]
     if len(slots) < len(workers):
         refusing = [w for w in online if w not in allowing]
         raise ConflictError(
             f"the plan needs {len(workers)} ranks but the {len(allowing)} online worker(s) "
             f"that allow model {model!r} have {len(slots)} free slot(s)"
-            + (f"; {_names(refusing)} do not allow it" if refusing else ""))
-    return [(rank, slots[rank], stage_idx, replica)
-            for rank, (stage_idx, replica) in enumerate(workers)]
+            + (f"; {_names(refusing)} do not allow it" if refusing else "")
+        )
+    return [
+        (rank, slots[rank], stage_idx, replica) for rank, (stage_idx, replica) in enumerate(workers)
+    ]
 
 
 #: What a run keeps of its request, besides its columns, to start (and restart) it.
-_SETTINGS = {"lr", "seed", "device", "threads_per_rank", "timeout_s", "checkpoint_every",
-             "on_failure", "max_resumes", "on_nonfinite_loss"}
+_SETTINGS = {
+    "lr",
+    "seed",
+    "device",
+    "threads_per_rank",
+    "timeout_s",
+    "checkpoint_every",
+    "on_failure",
+    "max_resumes",
+    "on_nonfinite_loss",
+}
 #: What the engine takes from the settings (``runtime/agent/ranks.py``).
-_ENGINE_SETTINGS = ("lr", "seed", "device", "threads_per_rank", "timeout_s",
-                    "checkpoint_every", "checkpoint_dir", "on_nonfinite_loss")
+_ENGINE_SETTINGS = (
+    "lr",
+    "seed",
+    "device",
+    "threads_per_rank",
+    "timeout_s",
+    "checkpoint_every",
+    "checkpoint_dir",
+    "on_nonfinite_loss",
+)
 
 
-def launch(session: Session, data: RunCreate, connected: set[str], send: Send,
-           checkpoint_root: str | None = None) -> models.Run:
+def launch(
+    session: Session,
+    data: RunCreate,
+    connected: set[str],
+    send: Send,
+    checkpoint_root: str | None = None,
+) -> models.Run:
     """Store the run and its ranks, commit, then send each worker its assignment."""
     if checkpoint_root is None:
-        for field, asked in (("checkpoint_every", data.checkpoint_every > 0),
-                             ("on_failure", data.on_failure == "resume")):
+        for field, asked in (
+            ("checkpoint_every", data.checkpoint_every > 0),
+            ("on_failure", data.on_failure == "resume"),
+        ):
             if asked:
-                raise ConflictError(f"{field}={getattr(data, field)!r} needs the backend's "
-                                    "checkpoint directory, and this server has none "
-                                    "(PIPESTUDIO_CHECKPOINT_DIR)")
+                raise ConflictError(
+                    f"{field}={getattr(data, field)!r} needs the backend's "
+                    "checkpoint directory, and this server has none "
+                    "(PIPESTUDIO_CHECKPOINT_DIR)"
+                )
     plan_row, plan = plan_for_launch(session, data.plan_id)
-    builtin = {name for worker in Workers(session).online()
-               for name in worker.builtin_models or [] if isinstance(name, str)}
+    builtin = {
+        name
+        for worker in Workers(session).online()
+        for name in worker.builtin_models or []
+        if isinstance(name, str)
+    }
     profile = Profiles(session).get(plan_row.profile_id)
     model, model_args, differing = planned_model(profile, data, builtin)
     check_layers(profile, plan, model, model_args, "model" if data.model else "model_args")
     assignment = _assign(session, plan, model, data.worker_ids, connected)
-    run = Runs(session).add(models.Run(
-        plan_id=plan_row.id, state="starting", model=model, model_args=model_args,
-        precision=plan.precision, steps=data.steps,
-        settings=data.model_dump(include=_SETTINGS), created_by=data.author))
+    run = Runs(session).add(
+        models.Run(
+            plan_id=plan_row.id,
+            state="starting",
+            model=model,
+            model_args=model_args,
+            precision=plan.precision,
+            steps=data.steps,
+            settings=data.model_dump(include=_SETTINGS),
+            created_by=data.author,
+        )
+    )
     if checkpoint_root is not None:
-        run.settings = {**run.settings,
-                        "checkpoint_dir": os.path.join(checkpoint_root, f"run-{run.id}")}
+        run.settings = {
+            **run.settings,
+            "checkpoint_dir": os.path.join(checkpoint_root, f"run-{run.id}"),
+        }
     plan_row.state = "launched"
-    session.add(models.Event(run_id=run.id, kind="launch", data={
-        "plan_id": plan_row.id, "ranks": [list(a) for a in assignment],
-        **({"differs_from_profile": differing} if differing else {})},
-        message=f"launched plan {plan_row.id} on {len(assignment)} ranks" + (
-            f"; model_args {', '.join(differing)}: the plan's predictions are for the "
-            "profiled model" if differing else "")))
+    session.add(
+        models.Event(
+            run_id=run.id,
+            kind="launch",
+            data={
+                "plan_id": plan_row.id,
+                "ranks": [list(a) for a in assignment],
+                **({"differs_from_profile": differing} if differing else {}),
+            },
+            message=f"launched plan {plan_row.id} on {len(assignment)} ranks"
+            + (
+                f"; model_args {', '.join(differing)}: the plan's predictions are for the "
+                "profiled model"
+                if differing
+                else ""
+            ),
+        )
+    )
     _start_attempt(session, run, plan, assignment, send)
     return run
 
 
-def planned_model(profile: models.Profile, data: RunCreate, builtin: set[str]
-                  ) -> tuple[str, dict[str, str], list[str]]:
+def planned_model(
+    profile: models.Profile, data: RunCreate, builtin: set[str]
+) -> tuple[str, dict[str, str], list[str]]:
     """The model and arguments a run builds: the request's, else the plan's profile's (its
     ``model`` and ``config.*`` metadata, which the profiler records), and the arguments
     given to the profile's model that the profile recorded with another value (a smaller
@@ -134,25 +196,34 @@ def planned_model(profile: models.Profile, data: RunCreate, builtin: set[str]
     document = profile.document if isinstance(profile.document, dict) else {}
     found = document.get("metadata")
     metadata: dict[str, Any] = found if isinstance(found, dict) else {}
-    recorded = {key.removeprefix("config."): value for key, value in metadata.items()
-                if key.startswith("config.")}
+    recorded = {
+        key.removeprefix("config."): value
+        for key, value in metadata.items()
+        if key.startswith("config.")
+    }
     model = data.model or profile.model
     if data.model is None and model not in builtin:
-        raise InputError("model", f"the plan's profile {profile.id} measured model {model!r}, "
-                         "which is not a built-in model; name the factory that builds it "
-                         "(MODULE:FACTORY)")
+        raise InputError(
+            "model",
+            f"the plan's profile {profile.id} measured model {model!r}, "
+            "which is not a built-in model; name the factory that builds it "
+            "(MODULE:FACTORY)",
+        )
     if model != profile.model:
         return model, dict(data.model_args or {}), []
     if data.model_args is None:
         return model, {key: _text(value) for key, value in recorded.items()}, []
-    differing = [f"{key}={value} (the profile's {key}={_text(recorded[key])})"
-                 for key, value in sorted(data.model_args.items())
-                 if key in recorded and not _same(value, recorded[key])]
+    differing = [
+        f"{key}={value} (the profile's {key}={_text(recorded[key])})"
+        for key, value in sorted(data.model_args.items())
+        if key in recorded and not _same(value, recorded[key])
+    ]
     return model, dict(data.model_args), differing
 
 
-def check_layers(profile: models.Profile, plan: Plan, model: str, model_args: dict[str, str],
-                 field: str) -> None:
+def check_layers(
+    profile: models.Profile, plan: Plan, model: str, model_args: dict[str, str], field: str
+) -> None:
     """422 (on ``field``) when built-in ``model`` with ``model_args`` does not have exactly
     the plan's layers, naming those it lacks and those no stage holds: a worker would
     refuse the plan when it builds the model (``builtin_models.py`` knows a built-in model's
@@ -173,11 +244,14 @@ def check_layers(profile: models.Profile, plan: Plan, model: str, model_args: di
     unplaced = [layer for layer in names if layer not in holds]
     if missing or unplaced:
         given = ", ".join(f"{k}={v}" for k, v in sorted(model_args.items())) or "its defaults"
-        problems = ([f"the plan places layer(s) {_some(missing)}, which it does not have"]
-                    if missing else []) + (
-            [f"its layer(s) {_some(unplaced)} are in no stage of the plan"] if unplaced else [])
-        raise InputError(field, f"model {model!r} with {given} does not build this plan: "
-                         + "; ".join(problems))
+        problems = (
+            [f"the plan places layer(s) {_some(missing)}, which it does not have"]
+            if missing
+            else []
+        ) + ([f"its layer(s) {_some(unplaced)} are in no stage of the plan"] if unplaced else [])
+        raise InputError(
+            field, f"model {model!r} with {given} does not build this plan: " + "; ".join(problems)
+        )
 
 
 def _some(names: list[str], shown: int = 8) -> str:
@@ -201,8 +275,14 @@ def _same(given: str, recorded: object) -> bool:
         return False
 
 
-def relaunch(session: Session, run: models.Run, connected: set[str], send: Send,
-             waited_s: float, wait_s: float) -> messages.Actions | None:
+def relaunch(
+    session: Session,
+    run: models.Run,
+    connected: set[str],
+    send: Send,
+    waited_s: float,
+    wait_s: float,
+) -> messages.Actions | None:
     """Start the next attempt of a ``resuming`` run if enough slots are free; after
     ``wait_s`` without them, fail it. None while it keeps waiting, else what the
     dashboards are to be told."""
@@ -212,47 +292,85 @@ def relaunch(session: Session, run: models.Run, connected: set[str], send: Send,
     except ConflictError as exc:
         if waited_s < wait_s:
             return None
-        return fail(session, run, f"attempt {run.attempt} could not start within "
-                    f"{wait_s:.0f} s: {exc}", send, resume=False)
+        return fail(
+            session,
+            run,
+            f"attempt {run.attempt} could not start within {wait_s:.0f} s: {exc}",
+            send,
+            resume=False,
+        )
     run.state = "starting"
-    session.add(models.Event(run_id=run.id, kind="resume", data={
-        "attempt": run.attempt, "ranks": [list(a) for a in assignment]},
-        message=f"attempt {run.attempt} on {len(assignment)} ranks, from the last "
-                "checkpoint"))
+    session.add(
+        models.Event(
+            run_id=run.id,
+            kind="resume",
+            data={"attempt": run.attempt, "ranks": [list(a) for a in assignment]},
+            message=f"attempt {run.attempt} on {len(assignment)} ranks, from the last checkpoint",
+        )
+    )
     _start_attempt(session, run, plan, assignment, send)
-    return messages.Actions(to_watchers=[(run.id, messages.run_message(
-        run, Runs(session).ranks(run.id)))])
+    return messages.Actions(
+        to_watchers=[(run.id, messages.run_message(run, Runs(session).ranks(run.id)))]
+    )
 
 
-def _start_attempt(session: Session, run: models.Run, plan: Plan,
-                   assignment: list[tuple[int, str, int, int]], send: Send) -> None:
+def _start_attempt(
+    session: Session,
+    run: models.Run,
+    plan: Plan,
+    assignment: list[tuple[int, str, int, int]],
+    send: Send,
+) -> None:
     """Store the attempt's ranks, commit, then send each worker its assignment."""
-    session.add_all(models.RunRank(run_id=run.id, rank=rank, worker_id=worker_id,
-                                   stage=stage, replica=replica, state="assigned")
-                    for rank, worker_id, stage, replica in assignment)
+    session.add_all(
+        models.RunRank(
+            run_id=run.id,
+            rank=rank,
+            worker_id=worker_id,
+            stage=stage,
+            replica=replica,
+            state="assigned",
+        )
+        for rank, worker_id, stage, replica in assignment
+    )
     session.commit()
-    config = {"plan": plan.model_dump(mode="json"), "model": run.model,
-              "model_args": run.model_args, "steps": run.steps,
-              **{key: run.settings[key] for key in _ENGINE_SETTINGS if key in run.settings},
-              "resume": run.attempt > 0}
-    hosts = {worker_id: session.get(models.Worker, worker_id).host  # type: ignore[union-attr]
-             for worker_id in dict.fromkeys(a[1] for a in assignment)}
+    config = {
+        "plan": plan.model_dump(mode="json"),
+        "model": run.model,
+        "model_args": run.model_args,
+        "steps": run.steps,
+        **{key: run.settings[key] for key in _ENGINE_SETTINGS if key in run.settings},
+        "resume": run.attempt > 0,
+    }
+    hosts = {
+        worker_id: session.get(models.Worker, worker_id).host  # type: ignore[union-attr]
+        for worker_id in dict.fromkeys(a[1] for a in assignment)
+    }
     for worker_id, host in hosts.items():
-        ranks = [{"rank": r, "stage": s, "replica": p}
-                 for r, w, s, p in assignment if w == worker_id]
+        ranks = [
+            {"rank": r, "stage": s, "replica": p} for r, w, s, p in assignment if w == worker_id
+        ]
         # ranks of this run on the worker's host, whichever worker runs them: they share
         # its cores, so each rank takes cores / host_ranks threads (``engine/rank.py``)
         host_ranks = sum(1 for a in assignment if hosts[a[1]] == host)
-        message = {"type": "assign", "run_id": run.id, "attempt": run.attempt,
-                   "world_size": len(assignment), "ranks": ranks, "config": config,
-                   "open_store": ranks[0]["rank"] == 0, "host_ranks": host_ranks}
+        message = {
+            "type": "assign",
+            "run_id": run.id,
+            "attempt": run.attempt,
+            "world_size": len(assignment),
+            "ranks": ranks,
+            "config": config,
+            "open_store": ranks[0]["rank"] == 0,
+            "host_ranks": host_ranks,
+        }
         if not send(worker_id, message):
             fail(session, run, f"worker {worker_id} could not be reached", send)
             break
 
 
-def fail(session: Session, run: models.Run, reason: str, send: Send, *,
-         resume: bool = True) -> messages.Actions:
+def fail(
+    session: Session, run: models.Run, reason: str, send: Send, *, resume: bool = True
+) -> messages.Actions:
     """Fail the run (or, with ``resume``, start resuming it: ``messages.end_run``); what
     the dashboards are to be told."""
     actions = messages.end_run(session, run, "failed", reason, resume=resume)
@@ -274,20 +392,32 @@ def stop(session: Session, run_id: int, send: Send) -> tuple[models.Run, message
 
 
 def command(run: models.Run, name: str, payload: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "command", "command_id": uuid.uuid4().hex, "run_id": run.id,
-            "command": name, "payload": payload}
+    return {
+        "type": "command",
+        "command_id": uuid.uuid4().hex,
+        "run_id": run.id,
+        "command": name,
+        "payload": payload,
+    }
 
 
-def metrics(session: Session, run_id: int, kinds: Sequence[str], stage: int | None,
-            start_ms: float | None, end_ms: float | None, max_points: int
-            ) -> tuple[list[models.Metric], int, int]:
+def metrics(
+    session: Session,
+    run_id: int,
+    kinds: Sequence[str],
+    stage: int | None,
+    start_ms: float | None,
+    end_ms: float | None,
+    max_points: int,
+) -> tuple[list[models.Metric], int, int]:
     Runs(session).get(run_id)
     if start_ms is not None and end_ms is not None and end_ms < start_ms:
         raise InputError("query.end_ms", f"end_ms {end_ms} is before start_ms {start_ms}")
     return Metrics(session).query(run_id, kinds, stage, start_ms, end_ms, max_points)
 
 
-def events(session: Session, run_id: int, kinds: list[str] | None, after_id: int,
-           limit: int) -> list[models.Event]:
+def events(
+    session: Session, run_id: int, kinds: list[str] | None, after_id: int, limit: int
+) -> list[models.Event]:
     Runs(session).get(run_id)
     return Events(session).query(run_id, kinds, after_id, limit)

@@ -57,8 +57,7 @@ def cleaned(value: Any, path: str = "") -> tuple[Any, str | None]:
     return value, None
 
 
-def _int(message: dict[str, Any], key: str, low: int, high: int, *,
-         required: bool = False) -> None:
+def _int(message: dict[str, Any], key: str, low: int, high: int, *, required: bool = False) -> None:
     value = message.get(key)
     if value is None and not required:
         return
@@ -81,12 +80,14 @@ def _event(idx: int, event: Any) -> None:
     for key in ("stage", "replica", "step"):
         value = event.get(key)
         if value is not None and (type(value) is not int or not 0 <= value <= MAX_DB_INT):
-            raise Rejected(f"events.{idx}.{key} must be an integer 0..{MAX_DB_INT}, got "
-                           f"{str(value)[:40]}")
+            raise Rejected(
+                f"events.{idx}.{key} must be an integer 0..{MAX_DB_INT}, got {str(value)[:40]}"
+            )
     for key in ("time_ms", "end_ms"):
         value = event.get(key)
-        if value is not None and (isinstance(value, bool)
-                                  or not isinstance(value, (int, float, str))):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float, str))
+        ):
             raise Rejected(f"events.{idx}.{key} must be a number")
     text = event.get("message")
     if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
@@ -112,8 +113,10 @@ def screen(message: dict[str, Any]) -> None:
         _int(message, "port", 1, 65535, required=True)
     elif kind == "run_state":
         if message.get("state") not in RANK_STATES:
-            raise Rejected(f"state must be one of {', '.join(RANK_STATES)}, got "
-                           f"{str(message.get('state'))[:40]!r}")
+            raise Rejected(
+                f"state must be one of {', '.join(RANK_STATES)}, got "
+                f"{str(message.get('state'))[:40]!r}"
+            )
         _text(message, "message", MAX_TEXT)
     else:
         _text(message, "command", MAX_COMMAND)

@@ -37,12 +37,12 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def authenticate(users: dict[str, User], api_token: str | None, *, user: str | None,
-                 password: str) -> Principal:
+def authenticate(
+    users: dict[str, User], api_token: str | None, *, user: str | None, password: str
+) -> Principal:
     """The principal these credentials name: the API token (``user`` empty) or a person."""
     if not user:
-        if api_token is not None and secrets.compare_digest(password.encode(),
-                                                            api_token.encode()):
+        if api_token is not None and secrets.compare_digest(password.encode(), api_token.encode()):
             return Principal(TOKEN_USER, "admin")
         raise SignInError("the API token is wrong")
     found = users.get(user)
@@ -52,16 +52,22 @@ def authenticate(users: dict[str, User], api_token: str | None, *, user: str | N
     return Principal(found.name, found.role)
 
 
-def open_session(session: Session, principal: Principal, issuer: str, ttl_s: float
-                 ) -> tuple[str, models.UserSession]:
+def open_session(
+    session: Session, principal: Principal, issuer: str, ttl_s: float
+) -> tuple[str, models.UserSession]:
     """A new session for ``principal``, made with the credential whose digest is
     ``issuer``; the token is returned here and nowhere else."""
-    session.execute(delete(models.UserSession).where(
-        models.UserSession.expires_at < models.utcnow()))
+    session.execute(
+        delete(models.UserSession).where(models.UserSession.expires_at < models.utcnow())
+    )
     token = secrets.token_urlsafe(32)
-    row = models.UserSession(token_sha256=token_digest(token), user=principal.user,
-                             role=principal.role, issuer_sha256=issuer,
-                             expires_at=models.utcnow() + timedelta(seconds=ttl_s))
+    row = models.UserSession(
+        token_sha256=token_digest(token),
+        user=principal.user,
+        role=principal.role,
+        issuer_sha256=issuer,
+        expires_at=models.utcnow() + timedelta(seconds=ttl_s),
+    )
     session.add(row)
     session.flush()
     return token, row
@@ -77,6 +83,7 @@ def find_session(session: Session, token: str) -> models.UserSession | None:
 
 def close_session(session: Session, token: str) -> bool:
     """End the session of ``token``; whether there was one."""
-    result = session.execute(delete(models.UserSession).where(
-        models.UserSession.token_sha256 == token_digest(token)))
+    result = session.execute(
+        delete(models.UserSession).where(models.UserSession.token_sha256 == token_digest(token))
+    )
     return bool(getattr(result, "rowcount", 0))

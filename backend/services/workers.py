@@ -51,10 +51,14 @@ def _known(session: Session, hello: Hello) -> models.Worker | None:
     if hello.worker_id is None:
         return None
     found = session.get(models.Worker, hello.worker_id)
-    if found is not None and found.secret_sha256 is not None and not (
-            hello.secret and hmac.compare_digest(_digest(hello.secret), found.secret_sha256)):
-        raise IdentityError(f"worker id {found.id} is another worker's: say it with the "
-                            "secret its welcome gave")
+    if (
+        found is not None
+        and found.secret_sha256 is not None
+        and not (hello.secret and hmac.compare_digest(_digest(hello.secret), found.secret_sha256))
+    ):
+        raise IdentityError(
+            f"worker id {found.id} is another worker's: say it with the secret its welcome gave"
+        )
     return found
 
 
@@ -63,21 +67,29 @@ def register(session: Session, hello: Hello) -> tuple[models.Worker, Judgment, s
     be made now or once its earlier messages are stored (``Judgment``); and the secret to
     put in its ``welcome`` (the one it said, or a new one: only the hash is kept)."""
     worker = _known(session, hello)
-    fields = {"name": hello.name, "host": hello.host, "devices": hello.devices,
-              "slots": hello.slots if hello.slots is not None else len(hello.devices),
-              "builtin_models": hello.models, "allowed_models": hello.allowed_models,
-              "state": "online", "connected_at": models.utcnow(),
-              "last_seen_at": models.utcnow()}
+    fields = {
+        "name": hello.name,
+        "host": hello.host,
+        "devices": hello.devices,
+        "slots": hello.slots if hello.slots is not None else len(hello.devices),
+        "builtin_models": hello.models,
+        "allowed_models": hello.allowed_models,
+        "state": "online",
+        "connected_at": models.utcnow(),
+        "last_seen_at": models.utcnow(),
+    }
     if worker is None:
-        worker = Workers(session).add(models.Worker(id=uuid.uuid4().hex,
-                                                    last_seq=hello.next_seq - 1, **fields))
+        worker = Workers(session).add(
+            models.Worker(id=uuid.uuid4().hex, last_seq=hello.next_seq - 1, **fields)
+        )
     else:
         for key, value in fields.items():
             setattr(worker, key, value)
         if hello.last_seq is not None and hello.last_seq < worker.last_seq:
             worker.last_seq = hello.next_seq - 1  # a restarted process numbers from 1 again
-    secret = hello.secret if hello.worker_id == worker.id and hello.secret else \
-        secrets.token_urlsafe(32)
+    secret = (
+        hello.secret if hello.worker_id == worker.id and hello.secret else secrets.token_urlsafe(32)
+    )
     worker.secret_sha256 = _digest(secret)
     session.flush()
     held = {(run.run_id, run.attempt) for run in hello.runs}
@@ -93,26 +105,45 @@ def judge(session: Session, judgment: Judgment) -> Actions:
     if worker is None:
         return actions
     for run in Runs(session).active():
-        mine = [r for r in Runs(session).ranks(run.id) if r.worker_id == worker.id
-                and r.state not in messages.TERMINAL_RUN_STATES]
+        mine = [
+            r
+            for r in Runs(session).ranks(run.id)
+            if r.worker_id == worker.id and r.state not in messages.TERMINAL_RUN_STATES
+        ]
         if mine and (run.id, run.attempt) not in judgment.held and run.state == "running":
-            actions.extend(messages.end_run(session, run, "failed", (
-                f"worker {worker.name} ({worker.id}) came back without the ranks of run "
-                f"{run.id}: it restarted")))
+            actions.extend(
+                messages.end_run(
+                    session,
+                    run,
+                    "failed",
+                    (
+                        f"worker {worker.name} ({worker.id}) came back without the ranks of run "
+                        f"{run.id}: it restarted"
+                    ),
+                )
+            )
     for run_id, attempt in sorted(judgment.held):
         held = session.get(models.Run, run_id)
-        if held is None or held.state in messages.TERMINAL_RUN_STATES \
-                or attempt != held.attempt:
-            actions.to_workers.append((worker.id, {
-                "type": "command", "command_id": uuid.uuid4().hex, "run_id": run_id,
-                "command": "stop", "payload": {"reason": "the run is no longer active",
-                                               "attempt": attempt}}))
+        if held is None or held.state in messages.TERMINAL_RUN_STATES or attempt != held.attempt:
+            actions.to_workers.append(
+                (
+                    worker.id,
+                    {
+                        "type": "command",
+                        "command_id": uuid.uuid4().hex,
+                        "run_id": run_id,
+                        "command": "stop",
+                        "payload": {"reason": "the run is no longer active", "attempt": attempt},
+                    },
+                )
+            )
     session.flush()
     return actions
 
 
-def check_silence(session: Session, online: list[models.Worker], hub: Hub, timeout_s: float
-                  ) -> Actions:
+def check_silence(
+    session: Session, online: list[models.Worker], hub: Hub, timeout_s: float
+) -> Actions:
     """Mark silent workers of ``online`` (``touch``'s answer) offline and fail the active
     runs that used them."""
     now = time.monotonic()
@@ -129,10 +160,18 @@ def check_silence(session: Session, online: list[models.Worker], hub: Hub, timeo
         lost = [r for r in Runs(session).ranks(run.id) if r.worker_id in silent]
         if lost:
             worker, quiet_s = silent[lost[0].worker_id]
-            actions.extend(messages.end_run(session, run, "failed", (
-                f"worker {worker.name} ({worker.id}) with rank(s) "
-                f"{', '.join(str(r.rank) for r in lost)} has been silent for "
-                f"{quiet_s:.0f} s")))
+            actions.extend(
+                messages.end_run(
+                    session,
+                    run,
+                    "failed",
+                    (
+                        f"worker {worker.name} ({worker.id}) with rank(s) "
+                        f"{', '.join(str(r.rank) for r in lost)} has been silent for "
+                        f"{quiet_s:.0f} s"
+                    ),
+                )
+            )
     return actions
 
 
@@ -152,6 +191,6 @@ def touch(session: Session, seen: dict[str, float]) -> list[models.Worker]:
         worker = locked.get(worker_id)
         if worker is not None:
             worker.last_seen_at = models.utcnow().fromtimestamp(
-                time.time() - (now - last), models.utcnow().tzinfo)
-    return sorted((w for w in locked.values() if w.state == "online"),
-                  key=lambda w: w.created_at)
+                time.time() - (now - last), models.utcnow().tzinfo
+            )
+    return sorted((w for w in locked.values() if w.state == "online"), key=lambda w: w.created_at)

@@ -33,17 +33,34 @@ class Candidate:
     replicas: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, name: str, result: SimResult, planner_ms: float | None = None
-           ) -> "Candidate":
+    def of(cls, name: str, result: SimResult, planner_ms: float | None = None) -> "Candidate":
         limits = [s.device_memory_bytes for s in result.stages if s.device_memory_bytes]
-        return cls(name, result.step_time_ms, None, planner_ms, result.samples_per_s,
-                   result.bubble_fraction, result.fits,
-                   max(stage.peak_bytes for stage in result.stages),
-                   min(limits) if limits else None)
+        return cls(
+            name,
+            result.step_time_ms,
+            None,
+            planner_ms,
+            result.samples_per_s,
+            result.bubble_fraction,
+            result.fits,
+            max(stage.peak_bytes for stage in result.stages),
+            min(limits) if limits else None,
+        )
 
 
-COMPARE_COLUMNS = ("plan", "stages", "replicas", "step time (ms)", "samples/s", "bubble",
-                   "peak memory", "device limit", "fits", "proven", "planner time (ms)")
+COMPARE_COLUMNS = (
+    "plan",
+    "stages",
+    "replicas",
+    "step time (ms)",
+    "samples/s",
+    "bubble",
+    "peak memory",
+    "device limit",
+    "fits",
+    "proven",
+    "planner time (ms)",
+)
 
 
 def replicas_text(replicas: Sequence[int]) -> str:
@@ -74,14 +91,21 @@ def compare_rows(candidates: Sequence[Candidate]) -> list[dict[str, str]]:
         if c.step_time_ms is None:
             row["fits"] = f"no plan: {c.error or 'unknown reason'}"
         else:
-            row.update({
-                "step time (ms)": f"{c.step_time_ms:.2f}", "samples/s": f"{c.samples_per_s:.1f}",
-                "bubble": f"{c.bubble_fraction:.1%}", "peak memory": format_bytes(c.peak_bytes),
-                "device limit": ("unlimited" if c.device_memory_bytes is None
-                                 else format_bytes(c.device_memory_bytes)),
-                "fits": "yes" if c.fits else "NO",
-                "proven": c.claim or "—",
-            })
+            row.update(
+                {
+                    "step time (ms)": f"{c.step_time_ms:.2f}",
+                    "samples/s": f"{c.samples_per_s:.1f}",
+                    "bubble": f"{c.bubble_fraction:.1%}",
+                    "peak memory": format_bytes(c.peak_bytes),
+                    "device limit": (
+                        "unlimited"
+                        if c.device_memory_bytes is None
+                        else format_bytes(c.device_memory_bytes)
+                    ),
+                    "fits": "yes" if c.fits else "NO",
+                    "proven": c.claim or "—",
+                }
+            )
         rows.append(row)
     return rows
 
@@ -90,8 +114,10 @@ def _panel(col: int, title: str) -> dict[str, Any]:
     """Axes of the ``col``-th of three side-by-side panels."""
     suffix = "" if col == 1 else str(col)
     left = (col - 1) / 3
-    return {f"xaxis{suffix}": {"domain": [left + 0.02, left + 0.3], "anchor": f"y{suffix}"},
-            f"yaxis{suffix}": {"anchor": f"x{suffix}", "title": {"text": title}}}
+    return {
+        f"xaxis{suffix}": {"domain": [left + 0.02, left + 0.3], "anchor": f"y{suffix}"},
+        f"yaxis{suffix}": {"anchor": f"x{suffix}", "title": {"text": title}},
+    }
 
 
 def compare_figure(candidates: Sequence[Candidate]) -> Figure:
@@ -104,23 +130,53 @@ def compare_figure(candidates: Sequence[Candidate]) -> Figure:
     limits = [c.device_memory_bytes for c in ready]
     unit, size = byte_unit(max([c.peak_bytes for c in ready] + [m for m in limits if m]))
     data: list[dict[str, Any]] = [
-        {"type": "bar", "x": names, "y": [c.step_time_ms for c in ready],
-         "name": "step time (ms)", "marker": {"color": "#4C78A8"},
-         "hovertemplate": "%{x}: %{y:.2f} ms<extra></extra>"},
-        {"type": "bar", "x": names, "y": [c.bubble_fraction * 100 for c in ready],
-         "name": "bubble (%)", "marker": {"color": "#BAB0AC"}, "xaxis": "x2", "yaxis": "y2",
-         "hovertemplate": "%{x}: %{y:.1f} %<extra></extra>"},
-        {"type": "bar", "x": names, "y": [c.peak_bytes / size for c in ready],
-         "name": f"peak memory ({unit}; red: does not fit)", "xaxis": "x3", "yaxis": "y3",
-         "marker": {"color": ["#54A24B" if c.fits else LIMIT_COLOR for c in ready]},
-         "hovertemplate": "%{x}: %{y:.2f} " + unit + "<extra></extra>"},
+        {
+            "type": "bar",
+            "x": names,
+            "y": [c.step_time_ms for c in ready],
+            "name": "step time (ms)",
+            "marker": {"color": "#4C78A8"},
+            "hovertemplate": "%{x}: %{y:.2f} ms<extra></extra>",
+        },
+        {
+            "type": "bar",
+            "x": names,
+            "y": [c.bubble_fraction * 100 for c in ready],
+            "name": "bubble (%)",
+            "marker": {"color": "#BAB0AC"},
+            "xaxis": "x2",
+            "yaxis": "y2",
+            "hovertemplate": "%{x}: %{y:.1f} %<extra></extra>",
+        },
+        {
+            "type": "bar",
+            "x": names,
+            "y": [c.peak_bytes / size for c in ready],
+            "name": f"peak memory ({unit}; red: does not fit)",
+            "xaxis": "x3",
+            "yaxis": "y3",
+            "marker": {"color": ["#54A24B" if c.fits else LIMIT_COLOR for c in ready]},
+            "hovertemplate": "%{x}: %{y:.2f} " + unit + "<extra></extra>",
+        },
     ]
     if any(limits):
-        data.append({"type": "scatter", "mode": "markers", "x": names, "xaxis": "x3",
-                     "yaxis": "y3", "name": "device memory limit",
-                     "y": [None if m is None else m / size for m in limits],
-                     "marker": {"symbol": "line-ew-open", "size": 30, "color": LIMIT_COLOR,
-                                "line": {"width": 3, "color": LIMIT_COLOR}}})
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "x": names,
+                "xaxis": "x3",
+                "yaxis": "y3",
+                "name": "device memory limit",
+                "y": [None if m is None else m / size for m in limits],
+                "marker": {
+                    "symbol": "line-ew-open",
+                    "size": 30,
+                    "color": LIMIT_COLOR,
+                    "line": {"width": 3, "color": LIMIT_COLOR},
+                },
+            }
+        )
     layout = base_layout(title, "", "", height=340)
     layout.update(_panel(1, "step time (ms)"))
     layout.update(_panel(2, "bubble (% of the step)"))

@@ -8,8 +8,14 @@ from dash import html
 
 from pipestudio.dashboard.widgets import table
 
-FIDELITY_COLUMNS = ("", "measured (ms)", "predicted (ms)", "measured vs predicted",
-                    "calibrated (ms)", "measured vs calibrated")
+FIDELITY_COLUMNS = (
+    "",
+    "measured (ms)",
+    "predicted (ms)",
+    "measured vs predicted",
+    "calibrated (ms)",
+    "measured vs calibrated",
+)
 
 
 def samples_per_s(step_ms: float | None, samples_per_step: int) -> float | None:
@@ -25,10 +31,11 @@ def headline(calibration: dict[str, Any], samples_per_step: int) -> str:
     first, last = calibration["steps"]
     predicted = samples_per_s(step["predicted"], samples_per_step)
     calibrated = samples_per_s(step["calibrated"], samples_per_step)
-    return (f"Measured {measured:.1f} samples/s · predicted {predicted:.1f} "
-            f"({_relative(measured, predicted)}) · calibrated {calibrated:.1f} "
-            f"({_relative(measured, calibrated)}) · steps {first}..{last}"
-            + _utilisation(calibration))
+    return (
+        f"Measured {measured:.1f} samples/s · predicted {predicted:.1f} "
+        f"({_relative(measured, predicted)}) · calibrated {calibrated:.1f} "
+        f"({_relative(measured, calibrated)}) · steps {first}..{last}" + _utilisation(calibration)
+    )
 
 
 def _utilisation(calibration: dict[str, Any]) -> str:
@@ -45,26 +52,36 @@ def _utilisation(calibration: dict[str, Any]) -> str:
     return text
 
 
-def fidelity_view(calibration: dict[str, Any] | None, samples_per_step: int,
-                  waiting: str) -> html.Div:
+def fidelity_view(
+    calibration: dict[str, Any] | None, samples_per_step: int, waiting: str
+) -> html.Div:
     """The headline and a table: the step, then each stage's compute per step."""
     if calibration is None:
         return html.Div(waiting, className="ps-empty", id="runs-fidelity-waiting")
     rows = [_row("step", calibration["step_ms"])]
     rows += [_row(f"stage {s['stage']} compute", s) for s in calibration["stage_busy_ms"]]
-    return html.Div([
-        html.Div(headline(calibration, samples_per_step), id="runs-fidelity-headline",
-                 className="ps-prediction"),
-        table(FIDELITY_COLUMNS, rows, "Nothing measured yet.", "runs-fidelity-table")])
+    return html.Div(
+        [
+            html.Div(
+                headline(calibration, samples_per_step),
+                id="runs-fidelity-headline",
+                className="ps-prediction",
+            ),
+            table(FIDELITY_COLUMNS, rows, "Nothing measured yet.", "runs-fidelity-table"),
+        ]
+    )
 
 
 def _row(label: str, compared: dict[str, Any]) -> dict[str, str]:
     measured = compared["measured"]
-    return {"": label, "measured (ms)": "—" if measured is None else f"{measured:.2f}",
-            "predicted (ms)": f"{compared['predicted']:.2f}",
-            "measured vs predicted": _percent(compared["predicted_error"]),
-            "calibrated (ms)": f"{compared['calibrated']:.2f}",
-            "measured vs calibrated": _percent(compared["calibrated_error"])}
+    return {
+        "": label,
+        "measured (ms)": "—" if measured is None else f"{measured:.2f}",
+        "predicted (ms)": f"{compared['predicted']:.2f}",
+        "measured vs predicted": _percent(compared["predicted_error"]),
+        "calibrated (ms)": f"{compared['calibrated']:.2f}",
+        "measured vs calibrated": _percent(compared["calibrated_error"]),
+    }
 
 
 def _percent(error: float | None) -> str:

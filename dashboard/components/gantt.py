@@ -56,19 +56,28 @@ def row_label(stage: int, replica: int, replicated: bool) -> str:
 
 def result_ops(result: SimResult) -> list[dict[str, Any]]:
     """A SimResult's timeline as plain dicts, the form measured ops arrive in."""
-    return [{"stage": op.stage, "replica": op.replica, "op": op.op,
-             "microbatch": op.microbatch, "step": op.step, "start_ms": op.start_ms,
-             "end_ms": op.end_ms} for op in result.timeline]
+    return [
+        {
+            "stage": op.stage,
+            "replica": op.replica,
+            "op": op.op,
+            "microbatch": op.microbatch,
+            "step": op.step,
+            "start_ms": op.start_ms,
+            "end_ms": op.end_ms,
+        }
+        for op in result.timeline
+    ]
 
 
-def idle_spans(ops: Sequence[Mapping[str, Any]], window: tuple[float, float]
-               ) -> dict[tuple[int, int], list[tuple[float, float]]]:
+def idle_spans(
+    ops: Sequence[Mapping[str, Any]], window: tuple[float, float]
+) -> dict[tuple[int, int], list[tuple[float, float]]]:
     """Per (stage, replica): the gaps of its compute stream inside ``window``."""
     busy: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for op in ops:
         if op["op"] in COMPUTE_OPS:
-            busy.setdefault((op["stage"], op["replica"]), []).append(
-                (op["start_ms"], op["end_ms"]))
+            busy.setdefault((op["stage"], op["replica"]), []).append((op["start_ms"], op["end_ms"]))
     gaps: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for worker, spans in busy.items():
         cursor, mine = window[0], []
@@ -82,8 +91,9 @@ def idle_spans(ops: Sequence[Mapping[str, Any]], window: tuple[float, float]
     return gaps
 
 
-def kind_layers(name: str, color: str, lane: str, bars: Sequence[Bar], row_px: float,
-                hover_step_ms: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def kind_layers(
+    name: str, color: str, lane: str, bars: Sequence[Bar], row_px: float, hover_step_ms: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The bars of one kind as (a path shape in the legend, its hover trace).
 
     A bar is a horizontal stroke as thick as its lane (``row_px`` is a row's height in
@@ -104,13 +114,30 @@ def kind_layers(name: str, color: str, lane: str, bars: Sequence[Bar], row_px: f
         y += [middle] * num_points
         texts += [text] * num_points
     # the fill colours the legend's symbol; a stroke's path encloses nothing to fill
-    shape = {"type": "path", "path": "".join(path), "xref": "x", "yref": "y",
-             "line": {"color": color, "width": round((bottom - top) * row_px, 1)},
-             "fillcolor": color, "layer": "between", "name": name, "showlegend": True,
-             "legendgroup": name}
-    trace = {"type": "scatter", "mode": "none", "name": name, "legendgroup": name,
-             "showlegend": False, "x": x, "y": y, "text": texts,
-             "hovertemplate": "%{text}<extra></extra>", "hoverlabel": {"bgcolor": color}}
+    shape = {
+        "type": "path",
+        "path": "".join(path),
+        "xref": "x",
+        "yref": "y",
+        "line": {"color": color, "width": round((bottom - top) * row_px, 1)},
+        "fillcolor": color,
+        "layer": "between",
+        "name": name,
+        "showlegend": True,
+        "legendgroup": name,
+    }
+    trace = {
+        "type": "scatter",
+        "mode": "none",
+        "name": name,
+        "legendgroup": name,
+        "showlegend": False,
+        "x": x,
+        "y": y,
+        "text": texts,
+        "hovertemplate": "%{text}<extra></extra>",
+        "hoverlabel": {"bgcolor": color},
+    }
     return shape, trace
 
 
@@ -118,44 +145,69 @@ def _op_text(label: str, op: Mapping[str, Any]) -> str:
     what = OP_LABELS[op["op"]]
     if op.get("microbatch") is not None:
         what += f" of micro-batch {op['microbatch']}"
-    return (f"{label}: {what}<br>{op['end_ms'] - op['start_ms']:.2f} ms from "
-            f"{op['start_ms']:.2f} ms")
+    return f"{label}: {what}<br>{op['end_ms'] - op['start_ms']:.2f} ms from {op['start_ms']:.2f} ms"
 
 
-def _gantt_layout(title: str, labels: list[str], window: tuple[float, float]
-                  ) -> tuple[dict[str, Any], float]:
+def _gantt_layout(
+    title: str, labels: list[str], window: tuple[float, float]
+) -> tuple[dict[str, Any], float]:
     """The layout with one labelled row per worker, and a row's height in pixels."""
     plot_px = max(_MIN_PLOT_PX, _ROW_PX * len(labels))
-    layout = base_layout(title, "time (ms)", "", height=plot_px + _MARGIN["t"] + _MARGIN["b"],
-                         margin=dict(_MARGIN))
-    layout["yaxis"].update(tickmode="array", tickvals=list(range(len(labels))),
-                           ticktext=labels, range=[len(labels) - 0.5, -0.5], showgrid=False,
-                           zeroline=False, fixedrange=True)
+    layout = base_layout(
+        title, "time (ms)", "", height=plot_px + _MARGIN["t"] + _MARGIN["b"], margin=dict(_MARGIN)
+    )
+    layout["yaxis"].update(
+        tickmode="array",
+        tickvals=list(range(len(labels))),
+        ticktext=labels,
+        range=[len(labels) - 0.5, -0.5],
+        showgrid=False,
+        zeroline=False,
+        fixedrange=True,
+    )
     layout["xaxis"].update(range=list(window), zeroline=False)
     return layout, plot_px / len(labels)
 
 
-def _bars_by_kind(ops: Sequence[Mapping[str, Any]], rows: Mapping[tuple[int, int], int],
-                  labels: Sequence[str], window: tuple[float, float]
-                  ) -> list[tuple[str, str, str, list[Bar]]]:
+def _bars_by_kind(
+    ops: Sequence[Mapping[str, Any]],
+    rows: Mapping[tuple[int, int], int],
+    labels: Sequence[str],
+    window: tuple[float, float],
+) -> list[tuple[str, str, str, list[Bar]]]:
     """(legend name, colour, lane, bars) of the bubbles and of each op kind drawn."""
-    idle = [(rows[worker], start, end, f"{labels[rows[worker]]}: idle (bubble)<br>"
-             f"{end - start:.2f} ms from {start:.2f} ms")
-            for worker, spans in idle_spans(ops, window).items() for start, end in spans]
+    idle = [
+        (
+            rows[worker],
+            start,
+            end,
+            f"{labels[rows[worker]]}: idle (bubble)<br>{end - start:.2f} ms from {start:.2f} ms",
+        )
+        for worker, spans in idle_spans(ops, window).items()
+        for start, end in spans
+    ]
     kinds = [("idle (bubble)", IDLE_COLOR, "compute", idle)] if idle else []
     by_kind: dict[str, list[Bar]] = {}
     for op in ops:
         row = rows[(op["stage"], op["replica"])]
         by_kind.setdefault(op["op"], []).append(
-            (row, op["start_ms"], op["end_ms"], _op_text(labels[row], op)))
-    return kinds + [(OP_LABELS[kind], OP_COLORS[kind], _lane(kind), by_kind[kind])
-                    for kind in OP_COLORS if kind in by_kind]
+            (row, op["start_ms"], op["end_ms"], _op_text(labels[row], op))
+        )
+    return kinds + [
+        (OP_LABELS[kind], OP_COLORS[kind], _lane(kind), by_kind[kind])
+        for kind in OP_COLORS
+        if kind in by_kind
+    ]
 
 
-def ops_gantt(ops: Sequence[Mapping[str, Any]], title: str, *,
-              window: tuple[float, float] | None = None,
-              migrations: Iterable[tuple[float, str]] = (),
-              empty_message: str = "No ops to draw yet.") -> Figure:
+def ops_gantt(
+    ops: Sequence[Mapping[str, Any]],
+    title: str,
+    *,
+    window: tuple[float, float] | None = None,
+    migrations: Iterable[tuple[float, str]] = (),
+    empty_message: str = "No ops to draw yet.",
+) -> Figure:
     """Gantt of ``ops`` (dicts with stage, replica, op, microbatch, start_ms, end_ms)."""
     if not ops:
         return empty_figure(empty_message, title)
@@ -168,8 +220,9 @@ def ops_gantt(ops: Sequence[Mapping[str, Any]], title: str, *,
     layout, row_px = _gantt_layout(title, labels, window)
     layout["shapes"], data = [], []
     for name, color, lane, bars in _bars_by_kind(ops, rows, labels, window):
-        shape, trace = kind_layers(name, color, lane, bars, row_px,
-                                   (window[1] - window[0]) * _HOVER_STEP or 1.0)
+        shape, trace = kind_layers(
+            name, color, lane, bars, row_px, (window[1] - window[0]) * _HOVER_STEP or 1.0
+        )
         layout["shapes"].append(shape)
         data.append(trace)
     figure = {"data": data, "layout": layout}
@@ -187,4 +240,5 @@ def schedule_gantt(result: SimResult | None) -> Figure:
         result_ops(result),
         f"{title}: step {result.step_time_ms:.1f} ms, bubble {result.bubble_fraction:.0%} "
         f"({result.schedule}, {result.num_microbatches} micro-batches)",
-        window=(result.window_start_ms, result.window_end_ms))
+        window=(result.window_start_ms, result.window_end_ms),
+    )

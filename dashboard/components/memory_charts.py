@@ -26,35 +26,53 @@ def memory_timeline_figure(result: SimResult | None) -> Figure:
     if result is None or not result.memory_timeline:
         return empty_figure("No plan yet: run a planner or make one by hand.", title)
     limits = {stage.index: stage.device_memory_bytes for stage in result.stages}
-    unit, size = byte_unit(max([max(track.bytes, default=0) for track in result.memory_timeline]
-                               + [limit for limit in limits.values() if limit]))
+    unit, size = byte_unit(
+        max(
+            [max(track.bytes, default=0) for track in result.memory_timeline]
+            + [limit for limit in limits.values() if limit]
+        )
+    )
     replicated = {track.stage for track in result.memory_timeline if track.replica > 0}
     legend = len(result.memory_timeline) <= MAX_LEGEND_LINES
     data = []
     over_x, over_y, over_text = [], [], []
     for track in result.memory_timeline:
         label = row_label(track.stage, track.replica, track.stage in replicated)
-        data.append({
-            "type": "scatter", "mode": "lines", "name": label, "showlegend": legend,
-            "x": [*track.times_ms, result.window_end_ms],
-            "y": [value / size for value in [*track.bytes, track.bytes[-1]]],
-            "line": {"shape": "hv", "width": 1.5},
-            "hovertemplate": label + ": %{y:.2f} " + unit + " at %{x:.2f} ms<extra></extra>"})
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": label,
+                "showlegend": legend,
+                "x": [*track.times_ms, result.window_end_ms],
+                "y": [value / size for value in [*track.bytes, track.bytes[-1]]],
+                "line": {"shape": "hv", "width": 1.5},
+                "hovertemplate": label + ": %{y:.2f} " + unit + " at %{x:.2f} ms<extra></extra>",
+            }
+        )
         limit = limits.get(track.stage)
-        first = next((idx for idx, value in enumerate(track.bytes) if limit and value > limit),
-                     None)
+        first = next(
+            (idx for idx, value in enumerate(track.bytes) if limit and value > limit), None
+        )
         if first is not None:
             over_x.append(track.times_ms[first])
             over_y.append(track.bytes[first] / size)
             over_text.append(f"{label} runs out of memory at {track.times_ms[first]:.1f} ms")
     if over_x:
-        data.append({"type": "scatter", "mode": "markers", "name": "first over the limit",
-                     "x": over_x, "y": over_y, "text": over_text,
-                     "hovertemplate": "%{text}<extra></extra>",
-                     "marker": {"symbol": "x", "size": 12, "color": LIMIT_COLOR}})
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "first over the limit",
+                "x": over_x,
+                "y": over_y,
+                "text": over_text,
+                "hovertemplate": "%{text}<extra></extra>",
+                "marker": {"symbol": "x", "size": 12, "color": LIMIT_COLOR},
+            }
+        )
     hint = "" if legend else "; hover a line for its stage"
-    layout = base_layout(f"{title} ({unit}{hint})", "time (ms)", f"memory ({unit})",
-                         height=330)
+    layout = base_layout(f"{title} ({unit}{hint})", "time (ms)", f"memory ({unit})", height=330)
     layout["xaxis"]["range"] = [result.window_start_ms, result.window_end_ms]
     figure = {"data": data, "layout": layout}
     for limit in sorted({limit for limit in limits.values() if limit}):

@@ -46,9 +46,15 @@ def _mark(figure: Figure, markers: Sequence[Marker], xrefs: Sequence[str] = ("x"
     for idx, marker in enumerate(sorted(markers, key=lambda m: m.step)):
         label_y = 1.0 - 0.1 * (idx % LABEL_ROWS)
         for xref in xrefs:
-            add_vline(figure, marker.step, (marker.label or marker.text)
-                      if xref == xrefs[0] else "", MIGRATION_COLOR, xref=xref,
-                      label_y=label_y, hovertext=marker.text)
+            add_vline(
+                figure,
+                marker.step,
+                (marker.label or marker.text) if xref == xrefs[0] else "",
+                MIGRATION_COLOR,
+                xref=xref,
+                label_y=label_y,
+                hovertext=marker.text,
+            )
     for xref in xrefs:
         axis = "xaxis" + xref.removeprefix("x")
         figure["layout"].setdefault(axis, {})["rangemode"] = "nonnegative"
@@ -59,8 +65,11 @@ def stage_series(events: Sequence[Event]) -> dict[str, list[Event]]:
     groups: dict[str, list[Event]] = {}
     replicated = {e["stage"] for e in events if e.get("replica", 0) > 0}
     for event in sorted(events, key=lambda e: (e["stage"], e.get("replica", 0), e["step"])):
-        label = (f"stage {event['stage']}.{event.get('replica', 0)}"
-                 if event["stage"] in replicated else f"stage {event['stage']}")
+        label = (
+            f"stage {event['stage']}.{event.get('replica', 0)}"
+            if event["stage"] in replicated
+            else f"stage {event['stage']}"
+        )
         groups.setdefault(label, []).append(event)
     return groups
 
@@ -81,34 +90,68 @@ def step_throughput(steps: Sequence[Event]) -> tuple[list[int], list[float]]:
     return ordered, rates
 
 
-def _lines(groups: Mapping[str, list[Event]], value: Any, unit: str,
-           **extra: Any) -> list[dict[str, Any]]:
-    return [{"type": "scatter", "mode": "lines+markers", "name": label,
-             "x": [e["step"] for e in events], "y": [value(e) for e in events],
-             "hovertemplate": label + " step %{x}: %{y:.2f} " + unit + "<extra></extra>",
-             **extra} for label, events in groups.items()]
+def _lines(
+    groups: Mapping[str, list[Event]], value: Any, unit: str, **extra: Any
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": label,
+            "x": [e["step"] for e in events],
+            "y": [value(e) for e in events],
+            "hovertemplate": label + " step %{x}: %{y:.2f} " + unit + "<extra></extra>",
+            **extra,
+        }
+        for label, events in groups.items()
+    ]
 
 
-def throughput_figure(steps: Sequence[Event], markers: Sequence[Marker] = (),
-                      predicted_samples_per_s: float | None = None,
-                      calibrated_samples_per_s: float | None = None) -> Figure:
+def throughput_figure(
+    steps: Sequence[Event],
+    markers: Sequence[Marker] = (),
+    predicted_samples_per_s: float | None = None,
+    calibrated_samples_per_s: float | None = None,
+) -> Figure:
     """Measured samples/s per step, with the plan's prediction and, once the run has
     calibrated its profile, the calibrated prediction."""
     title = "Throughput"
     step_idx, rates = step_throughput(steps)
     if not step_idx:
         return empty_figure(WAITING, title)
-    data = [{"type": "scatter", "mode": "lines+markers", "name": "measured", "x": step_idx,
-             "y": rates, "hovertemplate": "step %{x}: %{y:.1f} samples/s<extra></extra>"}]
-    figure = {"data": data, "layout": base_layout(
-        f"{title} (samples/s; last step {rates[-1]:.1f})", "step", "samples per second",
-        height=300)}
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": "measured",
+            "x": step_idx,
+            "y": rates,
+            "hovertemplate": "step %{x}: %{y:.1f} samples/s<extra></extra>",
+        }
+    ]
+    figure = {
+        "data": data,
+        "layout": base_layout(
+            f"{title} (samples/s; last step {rates[-1]:.1f})",
+            "step",
+            "samples per second",
+            height=300,
+        ),
+    }
     if predicted_samples_per_s:
-        add_hline(figure, predicted_samples_per_s,
-                  f"predicted {predicted_samples_per_s:.1f} samples/s", "#888888")
+        add_hline(
+            figure,
+            predicted_samples_per_s,
+            f"predicted {predicted_samples_per_s:.1f} samples/s",
+            "#888888",
+        )
     if calibrated_samples_per_s:
-        add_hline(figure, calibrated_samples_per_s,
-                  f"calibrated {calibrated_samples_per_s:.1f} samples/s", "#54A24B")
+        add_hline(
+            figure,
+            calibrated_samples_per_s,
+            f"calibrated {calibrated_samples_per_s:.1f} samples/s",
+            "#54A24B",
+        )
     _mark(figure, markers)
     return figure
 
@@ -118,24 +161,27 @@ def stage_busy_figure(steps: Sequence[Event], markers: Sequence[Marker] = ()) ->
     title = "Compute per stage"
     if not steps:
         return empty_figure(WAITING, title)
-    figure = {"data": _lines(stage_series(steps), lambda e: e["busy_ms"], "ms"),
-              "layout": base_layout(f"{title} (ms per step)", "step", "compute (ms)",
-                                    height=300)}
+    figure = {
+        "data": _lines(stage_series(steps), lambda e: e["busy_ms"], "ms"),
+        "layout": base_layout(f"{title} (ms per step)", "step", "compute (ms)", height=300),
+    }
     _mark(figure, markers)
     return figure
 
 
-def run_memory_figure(memory: Sequence[Event], limits_bytes: Mapping[int, int | None],
-                      markers: Sequence[Marker] = ()) -> Figure:
+def run_memory_figure(
+    memory: Sequence[Event], limits_bytes: Mapping[int, int | None], markers: Sequence[Marker] = ()
+) -> Figure:
     """Peak memory per stage and step against each stage's device limit."""
     title = "Peak memory per stage"
     if not memory:
         return empty_figure(WAITING, title)
     known = sorted({limit for limit in limits_bytes.values() if limit})
     unit, size = byte_unit(max([e["peak_bytes"] for e in memory] + known))
-    figure = {"data": _lines(stage_series(memory), lambda e: e["peak_bytes"] / size, unit),
-              "layout": base_layout(f"{title} ({unit})", "step", f"peak memory ({unit})",
-                                    height=300)}
+    figure = {
+        "data": _lines(stage_series(memory), lambda e: e["peak_bytes"] / size, unit),
+        "layout": base_layout(f"{title} ({unit})", "step", f"peak memory ({unit})", height=300),
+    }
     for limit in known:
         add_hline(figure, limit / size, f"device limit {limit / size:.2f} {unit}", LIMIT_COLOR)
     _mark(figure, markers)
@@ -150,8 +196,14 @@ def swap_recompute_figure(steps: Sequence[Event], markers: Sequence[Marker] = ()
     unit, size = byte_unit(max(e.get("swap_bytes", 0) for e in steps))
     groups = stage_series(steps)
     data = _lines(groups, lambda e: e.get("recompute_ms", 0.0), "ms")
-    for trace in _lines(groups, lambda e: e.get("swap_bytes", 0) / size, unit,
-                        xaxis="x2", yaxis="y2", showlegend=False):
+    for trace in _lines(
+        groups,
+        lambda e: e.get("swap_bytes", 0) / size,
+        unit,
+        xaxis="x2",
+        yaxis="y2",
+        showlegend=False,
+    ):
         data.append(trace)
     for idx, trace in enumerate(data):
         trace["legendgroup"] = trace["name"]
@@ -172,14 +224,27 @@ def loss_figure(steps: Sequence[Event], markers: Sequence[Marker] = ()) -> Figur
     points = sorted((e["step"], e["loss"]) for e in steps if e.get("loss") is not None)
     if not points:
         return empty_figure("Waiting for the last stage to report a loss…", title)
-    data = [{"type": "scatter", "mode": "lines+markers", "name": "loss",
-             "x": [p[0] for p in points],
-             "y": [p[1] if math.isfinite(p[1]) else None for p in points],
-             "hovertemplate": "step %{x}: loss %{y:.4f}<extra></extra>"}]
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": "loss",
+            "x": [p[0] for p in points],
+            "y": [p[1] if math.isfinite(p[1]) else None for p in points],
+            "hovertemplate": "step %{x}: loss %{y:.4f}<extra></extra>",
+        }
+    ]
     broken = next((p for p in points if not math.isfinite(p[1])), None)
-    summary = (f"{'NaN' if math.isnan(broken[1]) else broken[1]} from step {broken[0]}"
-               if broken is not None else f"last {points[-1][1]:.4f}")
-    figure = {"data": data, "layout": base_layout(
-        f"{title} ({summary})", "step", "loss (sum over micro-batches)", height=300)}
+    summary = (
+        f"{'NaN' if math.isnan(broken[1]) else broken[1]} from step {broken[0]}"
+        if broken is not None
+        else f"last {points[-1][1]:.4f}"
+    )
+    figure = {
+        "data": data,
+        "layout": base_layout(
+            f"{title} ({summary})", "step", "loss (sum over micro-batches)", height=300
+        ),
+    }
     _mark(figure, markers)
     return figure

@@ -80,12 +80,25 @@ def base_layout(title: str, x_title: str, y_title: str, **extra: Any) -> dict[st
     plot's height) does not run into it.
     """
     layout: dict[str, Any] = {
-        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 15},
-                  "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 12}},
+        "title": {
+            "text": title,
+            "x": 0.01,
+            "xanchor": "left",
+            "font": {"size": 15},
+            "y": 1,
+            "yref": "container",
+            "yanchor": "top",
+            "pad": {"t": 12},
+        },
         "xaxis": {"title": {"text": x_title}},
         "yaxis": {"title": {"text": y_title}},
-        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0.01,
-                   "traceorder": "normal"},
+        "legend": {
+            "orientation": "h",
+            "yanchor": "bottom",
+            "y": 1.02,
+            "x": 0.01,
+            "traceorder": "normal",
+        },
         "margin": {"l": 70, "r": 20, "t": 80, "b": 50},
         "template": "plotly_white",
         "hovermode": "closest",
@@ -96,36 +109,96 @@ def base_layout(title: str, x_title: str, y_title: str, **extra: Any) -> dict[st
 
 def empty_figure(message: str, title: str = "") -> Figure:
     """A blank chart that says why it is blank and what to do."""
-    return {"data": [], "layout": {
-        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 15}},
-        "template": "plotly_white", "xaxis": {"visible": False}, "yaxis": {"visible": False},
-        "margin": {"l": 20, "r": 20, "t": 50, "b": 20}, "height": 260,
-        "annotations": [{"text": message, "showarrow": False, "xref": "paper",
-                         "yref": "paper", "x": 0.5, "y": 0.5,
-                         "font": {"size": 14, "color": "#666"}}]}}
+    return {
+        "data": [],
+        "layout": {
+            "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 15}},
+            "template": "plotly_white",
+            "xaxis": {"visible": False},
+            "yaxis": {"visible": False},
+            "margin": {"l": 20, "r": 20, "t": 50, "b": 20},
+            "height": 260,
+            "annotations": [
+                {
+                    "text": message,
+                    "showarrow": False,
+                    "xref": "paper",
+                    "yref": "paper",
+                    "x": 0.5,
+                    "y": 0.5,
+                    "font": {"size": 14, "color": "#666"},
+                }
+            ],
+        },
+    }
 
 
-def add_vline(figure: Figure, x: float, text: str, color: str, xref: str = "x",
-              label_y: float = 1.0, hovertext: str | None = None) -> None:
+def add_vline(
+    figure: Figure,
+    x: float,
+    text: str,
+    color: str,
+    xref: str = "x",
+    label_y: float = 1.0,
+    hovertext: str | None = None,
+) -> None:
     """A dotted vertical line across the plot at ``x``, labelled at ``label_y`` (a fraction
     of the plot's height; the top by default); ``hovertext`` shows over the label."""
     layout = figure["layout"]
-    layout.setdefault("shapes", []).append({
-        "type": "line", "xref": xref, "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
-        "line": {"color": color, "width": 2, "dash": "dot"}})
-    layout.setdefault("annotations", []).append({
-        "x": x, "xref": xref, "y": label_y, "yref": "paper", "text": text,
-        "showarrow": False, "xanchor": "right", "yanchor": "top",
-        "font": {"color": color, "size": 11}, "bgcolor": "rgba(255,255,255,0.8)",
-        **({"hovertext": hovertext} if hovertext else {})})
+    layout.setdefault("shapes", []).append(
+        {
+            "type": "line",
+            "xref": xref,
+            "yref": "paper",
+            "x0": x,
+            "x1": x,
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": color, "width": 2, "dash": "dot"},
+        }
+    )
+    layout.setdefault("annotations", []).append(
+        {
+            "x": x,
+            "xref": xref,
+            "y": label_y,
+            "yref": "paper",
+            "text": text,
+            "showarrow": False,
+            "xanchor": "right",
+            "yanchor": "top",
+            "font": {"color": color, "size": 11},
+            "bgcolor": "rgba(255,255,255,0.8)",
+            **({"hovertext": hovertext} if hovertext else {}),
+        }
+    )
 
 
 def add_hline(figure: Figure, y: float, text: str, color: str, yref: str = "y") -> None:
     """A dashed horizontal line across the plot at ``y``, labelled at its right end."""
     layout = figure["layout"]
-    layout.setdefault("shapes", []).append({
-        "type": "line", "xref": "paper", "yref": yref, "x0": 0, "x1": 1, "y0": y, "y1": y,
-        "line": {"color": color, "width": 2, "dash": "dash"}})
-    layout.setdefault("annotations", []).append({
-        "x": 1, "xref": "paper", "y": y, "yref": yref, "text": text, "showarrow": False,
-        "xanchor": "right", "yanchor": "bottom", "font": {"color": color, "size": 11}})
+    layout.setdefault("shapes", []).append(
+        {
+            "type": "line",
+            "xref": "paper",
+            "yref": yref,
+            "x0": 0,
+            "x1": 1,
+            "y0": y,
+            "y1": y,
+            "line": {"color": color, "width": 2, "dash": "dash"},
+        }
+    )
+    layout.setdefault("annotations", []).append(
+        {
+            "x": 1,
+            "xref": "paper",
+            "y": y,
+            "yref": yref,
+            "text": text,
+            "showarrow": False,
+            "xanchor": "right",
+            "yanchor": "bottom",
+            "font": {"color": color, "size": 11},
+        }
+    )

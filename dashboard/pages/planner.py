@@ -18,130 +18,268 @@ NAME = "Planner"
 
 
 def _button(label: str, component_id: str, secondary: bool = False) -> html.Button:
-    return html.Button(label, id=component_id,
-                       className="ps-button ps-secondary" if secondary else "ps-button")
+    return html.Button(
+        label, id=component_id, className="ps-button ps-secondary" if secondary else "ps-button"
+    )
 
 
 def _request_controls(choices: dict[str, Any]) -> html.Div:
     def number(component_id: str, value: int | None, minimum: int = 1) -> dcc.Input:
-        return dcc.Input(id=component_id, type="number", min=minimum, step=1, value=value,
-                         className="ps-input", style={"width": "110px"})
+        return dcc.Input(
+            id=component_id,
+            type="number",
+            min=minimum,
+            step=1,
+            value=value,
+            className="ps-input",
+            style={"width": "110px"},
+        )
 
-    return html.Div([
-        field("Profile", dcc.Dropdown(id="planner-profile", placeholder="pick a profile",
-                                      options=choices["profiles"], value=choices["profile"],
-                                      style={"minWidth": "260px"})),
-        field("Cluster", dcc.Dropdown(id="planner-cluster", style={"minWidth": "220px"},
-                                      options=choices["clusters"],
-                                      placeholder="none: free links"),
-              "none: links are free; memory below"),
-        field("Memory per device", dcc.Input(id="planner-memory", value="", debounce=True,
-                                             className="ps-input", placeholder="e.g. 16GiB",
-                                             style={"width": "120px"}),
-              "empty: unlimited"),
-        field("Stages", number("planner-stages", 4)),
-        field("Micro-batches per step", number("planner-microbatches", 8)),
-        field("Micro-batch size", number("planner-microbatch-size", None),
-              "samples; empty: the profile's"),
-        field("Schedule", dcc.Dropdown(id="planner-schedule", options=list(SCHEDULES),
-                                       value="1f1b", clearable=False,
-                                       style={"width": "130px"})),
-        field("Optimizer", dcc.Dropdown(id="planner-optimizer", value="adam", clearable=False,
-                                        options=["sgd", "momentum", "adam"],
-                                        style={"width": "130px"})),
-    ], className="ps-row")
+    return html.Div(
+        [
+            field(
+                "Profile",
+                dcc.Dropdown(
+                    id="planner-profile",
+                    placeholder="pick a profile",
+                    options=choices["profiles"],
+                    value=choices["profile"],
+                    style={"minWidth": "260px"},
+                ),
+            ),
+            field(
+                "Cluster",
+                dcc.Dropdown(
+                    id="planner-cluster",
+                    style={"minWidth": "220px"},
+                    options=choices["clusters"],
+                    placeholder="none: free links",
+                ),
+                "none: links are free; memory below",
+            ),
+            field(
+                "Memory per device",
+                dcc.Input(
+                    id="planner-memory",
+                    value="",
+                    debounce=True,
+                    className="ps-input",
+                    placeholder="e.g. 16GiB",
+                    style={"width": "120px"},
+                ),
+                "empty: unlimited",
+            ),
+            field("Stages", number("planner-stages", 4)),
+            field("Micro-batches per step", number("planner-microbatches", 8)),
+            field(
+                "Micro-batch size",
+                number("planner-microbatch-size", None),
+                "samples; empty: the profile's",
+            ),
+            field(
+                "Schedule",
+                dcc.Dropdown(
+                    id="planner-schedule",
+                    options=list(SCHEDULES),
+                    value="1f1b",
+                    clearable=False,
+                    style={"width": "130px"},
+                ),
+            ),
+            field(
+                "Optimizer",
+                dcc.Dropdown(
+                    id="planner-optimizer",
+                    value="adam",
+                    clearable=False,
+                    options=["sgd", "momentum", "adam"],
+                    style={"width": "130px"},
+                ),
+            ),
+        ],
+        className="ps-row",
+    )
 
 
 def _make_controls() -> html.Div:
-    return html.Div([
-        _button("Equal layers per stage", "planner-template", secondary=True),
-        field("Planner", dcc.Dropdown(id="planner-algorithm", options=list(PLANNERS),
-                                      value="balance-time", clearable=False,
-                                      style={"width": "170px"})),
-        _button("Run this planner", "planner-run"),
-        _button("Run all planners and compare", "planner-run-all", secondary=True),
-        dcc.Checklist(id="planner-straight", className="ps-check",
-                      options=[{"label": " one device per stage (no replicated stages)",
-                                "value": "straight"}], value=[]),
-    ], className="ps-row")
+    return html.Div(
+        [
+            _button("Equal layers per stage", "planner-template", secondary=True),
+            field(
+                "Planner",
+                dcc.Dropdown(
+                    id="planner-algorithm",
+                    options=list(PLANNERS),
+                    value="balance-time",
+                    clearable=False,
+                    style={"width": "170px"},
+                ),
+            ),
+            _button("Run this planner", "planner-run"),
+            _button("Run all planners and compare", "planner-run-all", secondary=True),
+            dcc.Checklist(
+                id="planner-straight",
+                className="ps-check",
+                options=[
+                    {"label": " one device per stage (no replicated stages)", "value": "straight"}
+                ],
+                value=[],
+            ),
+        ],
+        className="ps-row",
+    )
 
 
 def _editor_controls() -> html.Div:
-    slider = dcc.RangeSlider(id="planner-boundaries", min=1, max=2, step=1, value=[],
-                             pushable=1, allowCross=False, updatemode="mouseup",
-                             tooltip={"placement": "bottom", "always_visible": False})
-    policy = html.Div([
-        field("Layers", dcc.Dropdown(id="planner-policy-layers", multi=True,
-                                     placeholder="pick layers", style={"minWidth": "320px"})),
-        field("Memory policy", dcc.RadioItems(id="planner-policy-choice", value="recompute",
-                                              inline=True,
-                                              options=["keep", "recompute", "swap"])),
-        _button("Apply to these layers", "planner-policy-apply", secondary=True),
-        html.Div(id="planner-policy-summary", className="ps-hint"),
-    ], className="ps-row")
-    return html.Div([
-        html.Div("Drag the handles to move stage boundaries (layer index where each stage "
-                 "after the first begins); the prediction follows.", className="ps-hint"),
-        html.Div(slider, className="ps-slider"),
-        html.Div(id="planner-boundaries-live", className="ps-hint"),
-        policy,
-    ])
+    slider = dcc.RangeSlider(
+        id="planner-boundaries",
+        min=1,
+        max=2,
+        step=1,
+        value=[],
+        pushable=1,
+        allowCross=False,
+        updatemode="mouseup",
+        tooltip={"placement": "bottom", "always_visible": False},
+    )
+    policy = html.Div(
+        [
+            field(
+                "Layers",
+                dcc.Dropdown(
+                    id="planner-policy-layers",
+                    multi=True,
+                    placeholder="pick layers",
+                    style={"minWidth": "320px"},
+                ),
+            ),
+            field(
+                "Memory policy",
+                dcc.RadioItems(
+                    id="planner-policy-choice",
+                    value="recompute",
+                    inline=True,
+                    options=["keep", "recompute", "swap"],
+                ),
+            ),
+            _button("Apply to these layers", "planner-policy-apply", secondary=True),
+            html.Div(id="planner-policy-summary", className="ps-hint"),
+        ],
+        className="ps-row",
+    )
+    return html.Div(
+        [
+            html.Div(
+                "Drag the handles to move stage boundaries (layer index where each stage "
+                "after the first begins); the prediction follows.",
+                className="ps-hint",
+            ),
+            html.Div(slider, className="ps-slider"),
+            html.Div(id="planner-boundaries-live", className="ps-hint"),
+            policy,
+        ]
+    )
 
 
 def _save_controls() -> html.Div:
-    return html.Div([
-        field("Plan name", dcc.Input(id="planner-name", className="ps-input",
-                                     placeholder="default: model, planner, stages")),
-        _button("Save as draft", "planner-save", secondary=True),
-        _button("Approve", "planner-approve"),
-        _button("Export plan JSON", "planner-export-plan", secondary=True),
-        _button("Export Chrome trace (predicted)", "planner-export-trace", secondary=True),
-        html.Span("PNG: the camera icon above each chart.", className="ps-hint"),
-        dcc.Download(id="planner-download"),
-        # approving a plan that would not run as planned asks first (``planning.save_plan``)
-        dcc.ConfirmDialog(id="planner-approve-confirm"),
-    ], className="ps-row")
+    return html.Div(
+        [
+            field(
+                "Plan name",
+                dcc.Input(
+                    id="planner-name",
+                    className="ps-input",
+                    placeholder="default: model, planner, stages",
+                ),
+            ),
+            _button("Save as draft", "planner-save", secondary=True),
+            _button("Approve", "planner-approve"),
+            _button("Export plan JSON", "planner-export-plan", secondary=True),
+            _button("Export Chrome trace (predicted)", "planner-export-trace", secondary=True),
+            html.Span("PNG: the camera icon above each chart.", className="ps-hint"),
+            dcc.Download(id="planner-download"),
+            # approving a plan that would not run as planned asks first (``planning.save_plan``)
+            dcc.ConfirmDialog(id="planner-approve-confirm"),
+        ],
+        className="ps-row",
+    )
 
 
 def layout(plan: str | None = None, **_: Any) -> html.Div:
     """The page, its profile and cluster choices filled in (the profile of the plan that
     ``?plan=ID`` opens, else the newest): the first prediction is then one round trip
     away, not two."""
-    context = (flask.current_app.config.get("PIPESTUDIO_CONTEXT")
-               if flask.has_request_context() else None)
-    choices = (planner_callbacks.choices(context, f"?plan={plan}" if plan else None)
-               if context is not None else planner_callbacks.NO_CHOICES)
+    context = (
+        flask.current_app.config.get("PIPESTUDIO_CONTEXT") if flask.has_request_context() else None
+    )
+    choices = (
+        planner_callbacks.choices(context, f"?plan={plan}" if plan else None)
+        if context is not None
+        else planner_callbacks.NO_CHOICES
+    )
     shown, figure, _openable = planner_callbacks.compare_view([])  # nothing compared yet
-    compare = html.Div([
-        html.Div(shown, id="planner-compare-table"),
-        graph("planner-compare-graph", figure),
-        html.Div([
-            field("Open in the editor", dcc.Dropdown(id="planner-compare-pick",
-                                                     style={"minWidth": "200px"})),
-            _button("Open", "planner-compare-open", secondary=True),
-            field("Side by side: left", dcc.Dropdown(id="planner-side-a",
-                                                     style={"minWidth": "200px"})),
-            field("right", dcc.Dropdown(id="planner-side-b", style={"minWidth": "200px"})),
-        ], className="ps-row"),
-        html.Div([html.Div(graph("planner-side-a-graph", schedule_gantt(None)),
-                           className="ps-col"),
-                  html.Div(graph("planner-side-b-graph", schedule_gantt(None)),
-                           className="ps-col")],
-                 className="ps-row"),
-    ])
-    return html.Div([
-        section("What to plan", _request_controls(choices), _make_controls(),
-                dcc.Loading(html.Div(id="planner-status"), type="dot")),
-        section("Plan", html.Div(id="planner-prediction", className="ps-prediction"),
-                _editor_controls(), _save_controls(), html.Div(id="planner-save-status"),
-                html.Div([html.Div(graph("planner-compute-graph"), className="ps-col"),
-                          html.Div(graph("planner-memory-graph"), className="ps-col")],
-                         className="ps-row"),
-                graph("planner-gantt-graph"), graph("planner-memory-time-graph")),
-        section("Compare plans", compare),
-        dcc.Store(id="planner-editor"), dcc.Store(id="planner-candidates", data=[]),
-        dcc.Store(id="planner-drawn"),
-    ])
+    compare = html.Div(
+        [
+            html.Div(shown, id="planner-compare-table"),
+            graph("planner-compare-graph", figure),
+            html.Div(
+                [
+                    field(
+                        "Open in the editor",
+                        dcc.Dropdown(id="planner-compare-pick", style={"minWidth": "200px"}),
+                    ),
+                    _button("Open", "planner-compare-open", secondary=True),
+                    field(
+                        "Side by side: left",
+                        dcc.Dropdown(id="planner-side-a", style={"minWidth": "200px"}),
+                    ),
+                    field("right", dcc.Dropdown(id="planner-side-b", style={"minWidth": "200px"})),
+                ],
+                className="ps-row",
+            ),
+            html.Div(
+                [
+                    html.Div(
+                        graph("planner-side-a-graph", schedule_gantt(None)), className="ps-col"
+                    ),
+                    html.Div(
+                        graph("planner-side-b-graph", schedule_gantt(None)), className="ps-col"
+                    ),
+                ],
+                className="ps-row",
+            ),
+        ]
+    )
+    return html.Div(
+        [
+            section(
+                "What to plan",
+                _request_controls(choices),
+                _make_controls(),
+                dcc.Loading(html.Div(id="planner-status"), type="dot"),
+            ),
+            section(
+                "Plan",
+                html.Div(id="planner-prediction", className="ps-prediction"),
+                _editor_controls(),
+                _save_controls(),
+                html.Div(id="planner-save-status"),
+                html.Div(
+                    [
+                        html.Div(graph("planner-compute-graph"), className="ps-col"),
+                        html.Div(graph("planner-memory-graph"), className="ps-col"),
+                    ],
+                    className="ps-row",
+                ),
+                graph("planner-gantt-graph"),
+                graph("planner-memory-time-graph"),
+            ),
+            section("Compare plans", compare),
+            dcc.Store(id="planner-editor"),
+            dcc.Store(id="planner-candidates", data=[]),
+            dcc.Store(id="planner-drawn"),
+        ]
+    )
 
 
 def register_callbacks(app: Dash, context: Context) -> None:
@@ -154,4 +292,6 @@ def register_callbacks(app: Dash, context: Context) -> None:
             return "Layers per stage: " + sizes.join(" | ");
         }""",
         Output("planner-boundaries-live", "children"),
-        Input("planner-boundaries", "drag_value"), State("planner-boundaries", "max"))
+        Input("planner-boundaries", "drag_value"),
+        State("planner-boundaries", "max"),
+    )

@@ -22,8 +22,18 @@ from pipestudio.dashboard.widgets import message, table
 from pipestudio.planner import PlannerError
 from pipestudio.planner.units import parse_size
 
-FORM = ("profile", "cluster", "memory", "stages", "microbatches", "microbatch-size",
-        "schedule", "optimizer", "algorithm", "straight")
+FORM = (
+    "profile",
+    "cluster",
+    "memory",
+    "stages",
+    "microbatches",
+    "microbatch-size",
+    "schedule",
+    "optimizer",
+    "algorithm",
+    "straight",
+)
 #: Form fields that reshape the plan being edited without replacing it.
 RESHAPE = ("cluster", "memory", "microbatches", "microbatch-size", "schedule", "optimizer")
 
@@ -35,13 +45,18 @@ def form_editor(form: dict[str, Any]) -> Editor:
     memory = (form.get("memory") or "").strip()
     for name in ("stages", "microbatches"):
         if not form.get(name) or int(form[name]) < 1:
-            raise ValueError(f"'{name}' must be a whole number of at least 1, got "
-                             f"{form.get(name)!r}")
-    editor = new_editor(int(form["profile"]), form.get("cluster"), schedule=form["schedule"],
-                        num_microbatches=int(form["microbatches"]),
-                        microbatch_size=form.get("microbatch-size") or None,
-                        device_memory_bytes=parse_size(memory) if memory else None,
-                        optimizer=form.get("optimizer") or "adam")
+            raise ValueError(
+                f"'{name}' must be a whole number of at least 1, got {form.get(name)!r}"
+            )
+    editor = new_editor(
+        int(form["profile"]),
+        form.get("cluster"),
+        schedule=form["schedule"],
+        num_microbatches=int(form["microbatches"]),
+        microbatch_size=form.get("microbatch-size") or None,
+        device_memory_bytes=parse_size(memory) if memory else None,
+        optimizer=form.get("optimizer") or "adam",
+    )
     # "one device per stage": the planners that replicate stages (optimal, pipedream) may not
     if form.get("straight"):
         editor["straight"] = True
@@ -50,8 +65,12 @@ def form_editor(form: dict[str, Any]) -> Editor:
 
 def slider_props(num_layers: int, boundaries: list[int]) -> dict[str, Any]:
     ticks = sorted({1, *range(0, num_layers, max(1, num_layers // 8))[1:], num_layers - 1})
-    return {"min": 1, "max": max(1, num_layers - 1), "value": boundaries,
-            "marks": {str(t): f"layer {t}" for t in ticks}}
+    return {
+        "min": 1,
+        "max": max(1, num_layers - 1),
+        "value": boundaries,
+        "marks": {str(t): f"layer {t}" for t in ticks},
+    }
 
 
 NO_CHOICES: dict[str, Any] = {"profiles": [], "clusters": [], "profile": None}
@@ -71,11 +90,20 @@ def choices(context: Context, search: str | None) -> dict[str, Any]:
     except ApiError:  # a plan that is gone: the editor says so when it tries to open it
         profile_id = None
     ids = [p["id"] for p in profiles]
-    return {"profiles": [{"label": f"{p['id']}: {p['name']} ({p['num_layers']} layers) · "
-                                   f"{p['precision']}", "value": p["id"]} for p in profiles],
-            "clusters": [{"label": f"{c['id']}: {c['name']} ({c['num_devices']} devices)",
-                          "value": c["id"]} for c in clusters],
-            "profile": profile_id if profile_id in ids else (max(ids) if ids else None)}
+    return {
+        "profiles": [
+            {
+                "label": f"{p['id']}: {p['name']} ({p['num_layers']} layers) · {p['precision']}",
+                "value": p["id"],
+            }
+            for p in profiles
+        ],
+        "clusters": [
+            {"label": f"{c['id']}: {c['name']} ({c['num_devices']} devices)", "value": c["id"]}
+            for c in clusters
+        ],
+        "profile": profile_id if profile_id in ids else (max(ids) if ids else None),
+    }
 
 
 def opened_plan(search: str | None) -> int | None:
@@ -91,23 +119,43 @@ def open_stored(context: Context, plan_id: int) -> tuple[Editor, dict[str, Any],
     row = context.client.plan(plan_id)
     document = row["document"]
     profile = context.profile(row["profile_id"])
-    fresh = new_editor(row["profile_id"], row["cluster_id"], schedule=document["schedule"],
-                       num_microbatches=document["num_microbatches"],
-                       microbatch_size=document["microbatch_size"], device_memory_bytes=None,
-                       optimizer=document.get("optimizer", "adam"))
+    fresh = new_editor(
+        row["profile_id"],
+        row["cluster_id"],
+        schedule=document["schedule"],
+        num_microbatches=document["num_microbatches"],
+        microbatch_size=document["microbatch_size"],
+        device_memory_bytes=None,
+        optimizer=document.get("optimizer", "adam"),
+    )
     loaded, cuts = editor_from_plan(fresh, profile, document, f"plan {plan_id}")
-    loaded = {**loaded, "plan_id": plan_id, "plan_state": row["state"],
-              "saved": planning.fingerprint(document)}
-    return loaded, slider_props(profile.num_layers, cuts), message(
-        f"Opened plan {plan_id} ({row['name']}, {row['state']}). Edits make a new draft.",
-        "ok")
+    loaded = {
+        **loaded,
+        "plan_id": plan_id,
+        "plan_state": row["state"],
+        "saved": planning.fingerprint(document),
+    }
+    return (
+        loaded,
+        slider_props(profile.num_layers, cuts),
+        message(
+            f"Opened plan {plan_id} ({row['name']}, {row['state']}). Edits make a new draft.", "ok"
+        ),
+    )
 
 
-def editor_action(context: Context, trigger: str | None, form: dict[str, Any],
-                  editor: Editor | None, boundaries: list[int] | None,
-                  candidates: list[dict[str, Any]], pick: str | None,
-                  policy_layers: list[str] | None, policy: str, search: str | None = None
-                  ) -> tuple[Editor | None, dict[str, Any] | None, Any]:
+def editor_action(
+    context: Context,
+    trigger: str | None,
+    form: dict[str, Any],
+    editor: Editor | None,
+    boundaries: list[int] | None,
+    candidates: list[dict[str, Any]],
+    pick: str | None,
+    policy_layers: list[str] | None,
+    policy: str,
+    search: str | None = None,
+) -> tuple[Editor | None, dict[str, Any] | None, Any]:
     """What a button or a form change does to the edited plan:
     (the new editor state, the slider's props or None, the notice). On the page's first
     draw (no editor yet: the page's first call, or the one after its profile options came),
@@ -116,8 +164,12 @@ def editor_action(context: Context, trigger: str | None, form: dict[str, Any],
         stored = opened_plan(search)
         if stored is not None and editor is None and trigger in (None, "planner-profile"):
             return open_stored(context, stored)
-        if (trigger == "planner-profile" and editor and form.get("profile") is not None
-                and editor["profile_id"] == int(form["profile"])):
+        if (
+            trigger == "planner-profile"
+            and editor
+            and form.get("profile") is not None
+            and editor["profile_id"] == int(form["profile"])
+        ):
             return editor, None, no_update  # the same profile again: keep what is edited
         if trigger == "planner-policy-apply":
             if not editor or not policy_layers:
@@ -128,11 +180,13 @@ def editor_action(context: Context, trigger: str | None, form: dict[str, Any],
                     policies.pop(name, None)
                 else:
                     policies[name] = policy
-            return ({**editor, "policies": policies, "plan_id": None}, None,
-                    message(f"{len(policy_layers)} layer(s) set to {policy}.", "ok"))
+            return (
+                {**editor, "policies": policies, "plan_id": None},
+                None,
+                message(f"{len(policy_layers)} layer(s) set to {policy}.", "ok"),
+            )
         if form.get("profile") is None:
-            return None, None, message("Pick a profile to plan (upload one on the Profiles "
-                                       "page).")
+            return None, None, message("Pick a profile to plan (upload one on the Profiles page).")
         fresh = form_editor(form)
         profile = context.profile(fresh["profile_id"])
         if trigger == "planner-compare-open":
@@ -140,30 +194,51 @@ def editor_action(context: Context, trigger: str | None, form: dict[str, Any],
             if row is None or row.get("plan") is None:
                 return editor, None, message("Pick a compared plan that has one.")
             loaded, cuts = editor_from_plan(fresh, profile, row["plan"], row["algorithm"])
-            return loaded, slider_props(profile.num_layers, cuts), message(
-                f"Opened the {pick} plan in the editor.", "ok")
+            return (
+                loaded,
+                slider_props(profile.num_layers, cuts),
+                message(f"Opened the {pick} plan in the editor.", "ok"),
+            )
         if trigger == "planner-run":
-            rows = planning.run_planners(context, fresh, int(form["stages"]),
-                                         [form["algorithm"]])
+            rows = planning.run_planners(context, fresh, int(form["stages"]), [form["algorithm"]])
             if rows[0]["plan"] is None:
-                shown = ("" if not editor else "\nThe plan below is the one you had before "
-                         f"(from {editor.get('source') or 'the editor'}), not "
-                         f"{form['algorithm']}'s.")
-                return editor, None, message(f"{form['algorithm']} found no plan:\n"
-                                             f"{planning.candidate(rows[0]).error}{shown}",
-                                             "error")
+                shown = (
+                    ""
+                    if not editor
+                    else "\nThe plan below is the one you had before "
+                    f"(from {editor.get('source') or 'the editor'}), not "
+                    f"{form['algorithm']}'s."
+                )
+                return (
+                    editor,
+                    None,
+                    message(
+                        f"{form['algorithm']} found no plan:\n"
+                        f"{planning.candidate(rows[0]).error}{shown}",
+                        "error",
+                    ),
+                )
             loaded, cuts = editor_from_plan(fresh, profile, rows[0]["plan"], form["algorithm"])
             devices = sum(loaded["replicas"])
-            return loaded, slider_props(profile.num_layers, cuts), message(
-                f"{form['algorithm']} planned {len(cuts) + 1} stage(s) on {devices} device(s) "
-                f"in {rows[0]['planner_ms']:.0f} ms.", "ok")
+            return (
+                loaded,
+                slider_props(profile.num_layers, cuts),
+                message(
+                    f"{form['algorithm']} planned {len(cuts) + 1} stage(s) on {devices} device(s) "
+                    f"in {rows[0]['planner_ms']:.0f} ms.",
+                    "ok",
+                ),
+            )
         reshape = trigger in {f"planner-{name}" for name in RESHAPE}
         if reshape and editor and editor["profile_id"] == fresh["profile_id"]:
             kept = {key: editor[key] for key in ("replicas", "devices", "policies", "source")}
             return {**fresh, **kept}, None, ""
         stages = min(int(form["stages"]), profile.num_layers)
-        return fresh, slider_props(profile.num_layers, equal_boundaries(
-            profile.num_layers, stages)), ""
+        return (
+            fresh,
+            slider_props(profile.num_layers, equal_boundaries(profile.num_layers, stages)),
+            "",
+        )
     except (ValueError, ApiError) as exc:
         return editor, None, message(str(exc), "error")
 
@@ -174,16 +249,20 @@ def drag_notice(boundaries: list[int] | None, editor: Editor | None) -> Any:
         return no_update
     source = editor.get("source") or "manual"
     origin = "" if source == "manual" else f" from {source}'s plan"
-    return message(f"Edited by hand{origin}: stages begin at layers "
-                   f"{', '.join(map(str, boundaries))}.")
+    return message(
+        f"Edited by hand{origin}: stages begin at layers {', '.join(map(str, boundaries))}."
+    )
 
 
 def policy_summary(editor: Editor | None) -> str:
     policies = (editor or {}).get("policies") or {}
-    counts = {kind: sum(1 for p in policies.values() if p == kind)
-              for kind in ("recompute", "swap")}
-    return (f"{counts['recompute']} layer(s) recompute, {counts['swap']} swap; "
-            "the rest keep their activations.")
+    counts = {
+        kind: sum(1 for p in policies.values() if p == kind) for kind in ("recompute", "swap")
+    }
+    return (
+        f"{counts['recompute']} layer(s) recompute, {counts['swap']} swap; "
+        "the rest keep their activations."
+    )
 
 
 def layer_names(context: Context, profile_id: int | None) -> list[str]:
@@ -221,45 +300,68 @@ def drawn_key(editor: Editor | None, boundaries: list[int] | None) -> str | None
 def register(app: Dash, context: Context) -> None:
     form_states = [State(f"planner-{name}", "value") for name in FORM]
 
-    triggers = ["planner-template", "planner-run", "planner-compare-open",
-                "planner-policy-apply"]
+    triggers = ["planner-template", "planner-run", "planner-compare-open", "planner-policy-apply"]
 
-    @app.callback(Output("planner-editor", "data"), Output("planner-boundaries", "min"),
-                  Output("planner-boundaries", "max"), Output("planner-boundaries", "value"),
-                  Output("planner-boundaries", "marks"), Output("planner-status", "children"),
-                  [Input(name, "n_clicks") for name in triggers],
-                  [Input(f"planner-{name}", "value") for name in ("profile", "stages", *RESHAPE)],
-                  *form_states, State("planner-editor", "data"),
-                  State("planner-boundaries", "value"), State("planner-candidates", "data"),
-                  State("planner-compare-pick", "value"), State("planner-policy-layers", "value"),
-                  State("planner-policy-choice", "value"), State("url", "search"))
+    @app.callback(
+        Output("planner-editor", "data"),
+        Output("planner-boundaries", "min"),
+        Output("planner-boundaries", "max"),
+        Output("planner-boundaries", "value"),
+        Output("planner-boundaries", "marks"),
+        Output("planner-status", "children"),
+        [Input(name, "n_clicks") for name in triggers],
+        [Input(f"planner-{name}", "value") for name in ("profile", "stages", *RESHAPE)],
+        *form_states,
+        State("planner-editor", "data"),
+        State("planner-boundaries", "value"),
+        State("planner-candidates", "data"),
+        State("planner-compare-pick", "value"),
+        State("planner-policy-layers", "value"),
+        State("planner-policy-choice", "value"),
+        State("url", "search"),
+    )
     def _edit(*args: Any) -> Any:
         first = len(triggers) + 2 + len(RESHAPE)
-        form = dict(zip(FORM, args[first:first + len(FORM)], strict=True))
-        editor, boundaries, candidates, pick, layers, policy, search = args[first + len(FORM):]
-        new, slider, notice = editor_action(context, ctx.triggered_id, form, editor, boundaries,
-                                            candidates or [], pick, layers, policy, search)
+        form = dict(zip(FORM, args[first : first + len(FORM)], strict=True))
+        editor, boundaries, candidates, pick, layers, policy, search = args[first + len(FORM) :]
+        new, slider, notice = editor_action(
+            context,
+            ctx.triggered_id,
+            form,
+            editor,
+            boundaries,
+            candidates or [],
+            pick,
+            layers,
+            policy,
+            search,
+        )
         if slider is None:
             return new, no_update, no_update, no_update, no_update, notice
         if new is not None:  # the cuts it drew, to tell a drag from them (``_dragged``)
             new = {**new, "cuts": list(slider["value"])}
         return new, slider["min"], slider["max"], slider["value"], slider["marks"], notice
 
-    @app.callback(Output("planner-status", "children", allow_duplicate=True),
-                  Input("planner-boundaries", "value"), State("planner-editor", "data"),
-                  prevent_initial_call=True)
+    @app.callback(
+        Output("planner-status", "children", allow_duplicate=True),
+        Input("planner-boundaries", "value"),
+        State("planner-editor", "data"),
+        prevent_initial_call=True,
+    )
     def _dragged(boundaries: list[int] | None, editor: Editor | None) -> Any:
         return drag_notice(boundaries, editor)
 
     # The numbers come back on their own, so that they show while the charts are drawn.
-    @app.callback(Output("planner-prediction", "children"),
-                  Output("planner-prediction", "className"),
-                  Output("planner-policy-summary", "children"),
-                  Output("planner-drawn", "data"),
-                  Input("planner-boundaries", "value"), Input("planner-editor", "data"),
-                  State("planner-drawn", "data"))
-    def _predict(boundaries: list[int] | None, editor: Editor | None,
-                 drawn: str | None) -> Any:
+    @app.callback(
+        Output("planner-prediction", "children"),
+        Output("planner-prediction", "className"),
+        Output("planner-policy-summary", "children"),
+        Output("planner-drawn", "data"),
+        Input("planner-boundaries", "value"),
+        Input("planner-editor", "data"),
+        State("planner-drawn", "data"),
+    )
+    def _predict(boundaries: list[int] | None, editor: Editor | None, drawn: str | None) -> Any:
         key = drawn_key(editor, boundaries)
         if key is not None and key == drawn:
             raise PreventUpdate  # saved or approved: the same plan, drawn already
@@ -269,18 +371,23 @@ def register(app: Dash, context: Context) -> None:
 
     # The charts follow the numbers: asked for once the numbers are on screen (a new
     # ``planner-drawn``), so that drawing them does not hold the numbers back.
-    @app.callback(Output("planner-compute-graph", "figure"),
-                  Output("planner-memory-graph", "figure"),
-                  Input("planner-drawn", "data"), State("planner-boundaries", "value"),
-                  State("planner-editor", "data"))
-    def _stage_charts(_: str | None, boundaries: list[int] | None,
-                      editor: Editor | None) -> Any:
+    @app.callback(
+        Output("planner-compute-graph", "figure"),
+        Output("planner-memory-graph", "figure"),
+        Input("planner-drawn", "data"),
+        State("planner-boundaries", "value"),
+        State("planner-editor", "data"),
+    )
+    def _stage_charts(_: str | None, boundaries: list[int] | None, editor: Editor | None) -> Any:
         return planning.stage_figures(context, editor, boundaries)
 
-    @app.callback(Output("planner-gantt-graph", "figure"),
-                  Output("planner-memory-time-graph", "figure"),
-                  Input("planner-drawn", "data"), State("planner-boundaries", "value"),
-                  State("planner-editor", "data"))
+    @app.callback(
+        Output("planner-gantt-graph", "figure"),
+        Output("planner-memory-time-graph", "figure"),
+        Input("planner-drawn", "data"),
+        State("planner-boundaries", "value"),
+        State("planner-editor", "data"),
+    )
     def _timeline(_: str | None, boundaries: list[int] | None, editor: Editor | None) -> Any:
         return planning.timeline_view(context, editor, boundaries)
 
@@ -306,10 +413,13 @@ def compare_notice(rows: list[dict[str, Any]]) -> Any:
 
 
 def _register_compare(app: Dash, context: Context, form_states: list[State]) -> None:
-    @app.callback(Output("planner-candidates", "data"),
-                  Output("planner-status", "children", allow_duplicate=True),
-                  Input("planner-run-all", "n_clicks"), *form_states,
-                  prevent_initial_call=True)
+    @app.callback(
+        Output("planner-candidates", "data"),
+        Output("planner-status", "children", allow_duplicate=True),
+        Input("planner-run-all", "n_clicks"),
+        *form_states,
+        prevent_initial_call=True,
+    )
     def _run_all(_: int, *values: Any) -> Any:
         form = dict(zip(FORM, values, strict=True))
         try:
@@ -318,57 +428,92 @@ def _register_compare(app: Dash, context: Context, form_states: list[State]) -> 
             return no_update, message(str(exc), "error")
         return rows, compare_notice(rows)
 
-    @app.callback(Output("planner-compare-table", "children"),
-                  Output("planner-compare-graph", "figure"),
-                  Output("planner-compare-pick", "options"), Output("planner-side-a", "options"),
-                  Output("planner-side-b", "options"), Input("planner-candidates", "data"),
-                  prevent_initial_call=True)  # the layout draws the empty comparison
+    @app.callback(
+        Output("planner-compare-table", "children"),
+        Output("planner-compare-graph", "figure"),
+        Output("planner-compare-pick", "options"),
+        Output("planner-side-a", "options"),
+        Output("planner-side-b", "options"),
+        Input("planner-candidates", "data"),
+        prevent_initial_call=True,
+    )  # the layout draws the empty comparison
     def _compare(candidates: list[dict[str, Any]] | None) -> Any:
         shown, figure, names = compare_view(candidates or [])
         return shown, figure, names, names, names
 
-    @app.callback(Output("planner-side-a-graph", "figure"),
-                  Output("planner-side-b-graph", "figure"), Input("planner-side-a", "value"),
-                  Input("planner-side-b", "value"), State("planner-candidates", "data"),
-                  State("planner-editor", "data"), prevent_initial_call=True)
-    def _side(a: str | None, b: str | None, candidates: list[dict[str, Any]] | None,
-              editor: Editor | None) -> Any:
+    @app.callback(
+        Output("planner-side-a-graph", "figure"),
+        Output("planner-side-b-graph", "figure"),
+        Input("planner-side-a", "value"),
+        Input("planner-side-b", "value"),
+        State("planner-candidates", "data"),
+        State("planner-editor", "data"),
+        prevent_initial_call=True,
+    )
+    def _side(
+        a: str | None, b: str | None, candidates: list[dict[str, Any]] | None, editor: Editor | None
+    ) -> Any:
         if not editor:
             return schedule_gantt(None), schedule_gantt(None)
         rows = {row["algorithm"]: row for row in candidates or []}
-        return (planning.candidate_gantt(context, editor, rows.get(a or "")),
-                planning.candidate_gantt(context, editor, rows.get(b or "")))
+        return (
+            planning.candidate_gantt(context, editor, rows.get(a or "")),
+            planning.candidate_gantt(context, editor, rows.get(b or "")),
+        )
 
 
 def _register_save(app: Dash, context: Context) -> None:
-    @app.callback(Output("planner-editor", "data", allow_duplicate=True),
-                  Output("planner-save-status", "children"),
-                  Output("planner-approve-confirm", "message"),
-                  Output("planner-approve-confirm", "displayed"),
-                  Input("planner-save", "n_clicks"), Input("planner-approve", "n_clicks"),
-                  State("planner-editor", "data"), State("planner-boundaries", "value"),
-                  State("planner-name", "value"), prevent_initial_call=True)
-    def _save(_: int, __: int, editor: Editor | None, boundaries: list[int] | None,
-              name: str | None) -> Any:
+    @app.callback(
+        Output("planner-editor", "data", allow_duplicate=True),
+        Output("planner-save-status", "children"),
+        Output("planner-approve-confirm", "message"),
+        Output("planner-approve-confirm", "displayed"),
+        Input("planner-save", "n_clicks"),
+        Input("planner-approve", "n_clicks"),
+        State("planner-editor", "data"),
+        State("planner-boundaries", "value"),
+        State("planner-name", "value"),
+        prevent_initial_call=True,
+    )
+    def _save(
+        _: int, __: int, editor: Editor | None, boundaries: list[int] | None, name: str | None
+    ) -> Any:
         if not editor or boundaries is None:
             return no_update, message("Make a plan first."), no_update, False
         try:
-            saved, notice = planning.save_plan(context, editor, boundaries, name,
-                                               approve=ctx.triggered_id == "planner-approve")
+            saved, notice = planning.save_plan(
+                context, editor, boundaries, name, approve=ctx.triggered_id == "planner-approve"
+            )
         except planning.NeedsConfirmation as asked:
             plan_id = asked.editor["plan_id"]
-            return (asked.editor, message(f"Plan {plan_id} is saved as a draft, not approved:"
-                                          f"\n{asked.problems}", "error"),
-                    f"{asked.problems}.\n\nApprove plan {plan_id} anyway?", True)
+            return (
+                asked.editor,
+                message(
+                    f"Plan {plan_id} is saved as a draft, not approved:\n{asked.problems}", "error"
+                ),
+                f"{asked.problems}.\n\nApprove plan {plan_id} anyway?",
+                True,
+            )
         except (PlannerError, ApiError) as exc:
             return no_update, message(f"Not saved:\n{exc}", "error"), no_update, False
-        return saved, message(notice + (" Launch it on the Runs page." if saved[
-            "plan_state"] == "approved" else ""), "ok"), no_update, False
+        return (
+            saved,
+            message(
+                notice
+                + (" Launch it on the Runs page." if saved["plan_state"] == "approved" else ""),
+                "ok",
+            ),
+            no_update,
+            False,
+        )
 
-    @app.callback(Output("planner-editor", "data", allow_duplicate=True),
-                  Output("planner-save-status", "children", allow_duplicate=True),
-                  Input("planner-approve-confirm", "submit_n_clicks"),
-                  State("planner-editor", "data"), prevent_initial_call=True)
+    @app.callback(
+        Output("planner-editor", "data", allow_duplicate=True),
+        Output("planner-save-status", "children", allow_duplicate=True),
+        Input("planner-approve-confirm", "submit_n_clicks"),
+        State("planner-editor", "data"),
+        prevent_initial_call=True,
+    )
     def _approve_anyway(_: int, editor: Editor | None) -> Any:
         if not editor or editor.get("plan_id") is None:
             return no_update, no_update
@@ -378,15 +523,21 @@ def _register_save(app: Dash, context: Context) -> None:
             return no_update, message(f"Not approved:\n{exc}", "error")
         return approved, message(notice + " Launch it on the Runs page.", "ok")
 
-    @app.callback(Output("planner-download", "data"),
-                  Input("planner-export-plan", "n_clicks"),
-                  Input("planner-export-trace", "n_clicks"), State("planner-editor", "data"),
-                  State("planner-boundaries", "value"), prevent_initial_call=True)
+    @app.callback(
+        Output("planner-download", "data"),
+        Input("planner-export-plan", "n_clicks"),
+        Input("planner-export-trace", "n_clicks"),
+        State("planner-editor", "data"),
+        State("planner-boundaries", "value"),
+        prevent_initial_call=True,
+    )
     def _export(_: int, __: int, editor: Editor | None, boundaries: list[int] | None) -> Any:
         if not editor or boundaries is None:
             return no_update
-        export = (planning.export_trace if ctx.triggered_id == "planner-export-trace"
-                  else planning.export_plan)
+        export = (
+            planning.export_trace
+            if ctx.triggered_id == "planner-export-trace"
+            else planning.export_plan
+        )
         filename, text = export(context, editor, boundaries)
         return dcc.send_string(text, filename)
-

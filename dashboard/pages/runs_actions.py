@@ -13,12 +13,19 @@ from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.widgets import message
 
 ENDED = ("finished", "failed", "stopped")
-_TITLES = ("Measured schedule", "Throughput", "Compute per stage", "Peak memory per stage",
-           "Recompute and swap per stage", "Training loss")
+_TITLES = (
+    "Measured schedule",
+    "Throughput",
+    "Compute per stage",
+    "Peak memory per stage",
+    "Recompute and swap per stage",
+    "Training loss",
+)
 
 
-def options(context: Context, selected: int | None
-            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None]:
+def options(
+    context: Context, selected: int | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None]:
     """Plans to launch (approved, or launched before: a plan runs any number of times),
     runs to watch (newest first), and the run to show."""
     try:
@@ -26,9 +33,14 @@ def options(context: Context, selected: int | None
     except ApiError:
         return [], [], None
     ran = {r["plan_id"] for r in runs}
-    plan_options = [{"label": f"{p['id']}: {p['name']}"
-                     + (" (launched before)" if p["id"] in ran else ""), "value": p["id"]}
-                    for p in plans if p["state"] in ("approved", "launched")]
+    plan_options = [
+        {
+            "label": f"{p['id']}: {p['name']}" + (" (launched before)" if p["id"] in ran else ""),
+            "value": p["id"],
+        }
+        for p in plans
+        if p["state"] in ("approved", "launched")
+    ]
     runs = sorted(runs, key=lambda r: r["id"], reverse=True)
     run_options = [{"label": run_label(r), "value": r["id"]} for r in runs]
     ids = [r["id"] for r in runs]
@@ -39,8 +51,9 @@ def run_label(run: dict[str, Any]) -> str:
     return f"run {run['id']}: plan {run['plan_id']}, {run['model']}, {run['state']}"
 
 
-def relabel(run_options: list[dict[str, Any]] | None, run: dict[str, Any]
-            ) -> list[dict[str, Any]] | None:
+def relabel(
+    run_options: list[dict[str, Any]] | None, run: dict[str, Any]
+) -> list[dict[str, Any]] | None:
     """The run picker's options with ``run``'s label in its current state, or None when
     the label is current already (so the picker is not redrawn every second)."""
     options = list(run_options or [])
@@ -60,8 +73,11 @@ def launch_defaults(context: Context, plan_id: int | None) -> tuple[str, str]:
         profile = context.profile(plan["profile_id"])
     except ApiError:
         return "", ""
-    args = " ".join(f"{key.removeprefix('config.')}={value}"
-                    for key, value in profile.metadata.items() if key.startswith("config."))
+    args = " ".join(
+        f"{key.removeprefix('config.')}={value}"
+        for key, value in profile.metadata.items()
+        if key.startswith("config.")
+    )
     return profile.model, args
 
 
@@ -76,13 +92,13 @@ def parse_model_args(text: str | None) -> dict[str, str]:
     return args
 
 
-def launch(context: Context, plan_id: int | None, model: str | None, args: str | None,
-           steps: int | None) -> tuple[html.Div, int | None]:
+def launch(
+    context: Context, plan_id: int | None, model: str | None, args: str | None, steps: int | None
+) -> tuple[html.Div, int | None]:
     if plan_id is None:
         return message("Pick an approved plan (approve one on the Planner page)."), None
     # a blank model builds the one the plan's profile measured, with its arguments
-    request: dict[str, object] = {"plan_id": plan_id, "steps": steps or 1,
-                                  "author": "dashboard"}
+    request: dict[str, object] = {"plan_id": plan_id, "steps": steps or 1, "author": "dashboard"}
     try:
         if model:
             request.update(model=model, model_args=parse_model_args(args))
@@ -101,13 +117,21 @@ def measured_gains(view: monitor.RunView) -> dict[int, tuple[float, float]]:
     the ``GAIN_STEPS`` steps before the step it took effect in (the first step, which warms
     up, left out) against the ``GAIN_STEPS`` after it. Applied proposals are matched in
     order with the engine's reports of migrations done, one each."""
-    done = sorted({e["data"]["step"] for e in view.events if e["kind"] == "migration"
-                   and isinstance(e.get("data"), dict) and e["data"].get("phase") == "done"
-                   and isinstance(e["data"].get("step"), int)})
+    done = sorted(
+        {
+            e["data"]["step"]
+            for e in view.events
+            if e["kind"] == "migration"
+            and isinstance(e.get("data"), dict)
+            and e["data"].get("phase") == "done"
+            and isinstance(e["data"].get("step"), int)
+        }
+    )
     applied = sorted(p["id"] for p in view.proposals if p["state"] == "applied")
     steps, rates = step_throughput(view.steps)
-    step_ms = {k: view.samples_per_step / rate * 1e3 for k, rate in zip(steps, rates,
-                                                                        strict=True) if rate}
+    step_ms = {
+        k: view.samples_per_step / rate * 1e3 for k, rate in zip(steps, rates, strict=True) if rate
+    }
     gains = {}
     for proposal_id, at in zip(applied, done, strict=False):
         before = [ms for k, ms in step_ms.items() if max(1, at - GAIN_STEPS) <= k < at]
@@ -117,74 +141,124 @@ def measured_gains(view: monitor.RunView) -> dict[int, tuple[float, float]]:
     return gains
 
 
-def proposal_card(proposal: dict[str, Any],
-                  measured: tuple[float, float] | None = None) -> html.Div:
+def proposal_card(
+    proposal: dict[str, Any], measured: tuple[float, float] | None = None
+) -> html.Div:
     """A proposal: its moves, predicted gain and, once applied, the measured one."""
     doc = proposal["document"]
     moves = doc.get("moves") or []
     lines = [f"{m['layer']}: stage {m['from_stage']} → stage {m['to_stage']}" for m in moves]
-    lines += [f"{c['layer']}: {c['from_policy']} → {c['to_policy']}"
-              for c in doc.get("policy_changes") or []]
-    head = (f"Proposal {proposal['id']} ({doc.get('algorithm')}) · {proposal['state']} · "
-            f"predicted step {doc['step_time_now_ms']:.2f} → {doc['step_time_after_ms']:.2f} "
-            f"ms (gain {doc['gain_ms']:.2f} ms, {doc['gain_fraction']:.1%}) · migration "
-            f"{format_bytes(doc['migration_bytes'])}, {doc['migration_ms']:.2f} ms")
-    origin = ("came by itself: the measured step drifted from the prediction · "
-              if proposal.get("created_by") == "auto" else "")
-    children: list[Any] = [html.B(head), html.Div(origin + doc.get("reason", ""),
-                                                  className="ps-hint"),
-                           html.Ul([html.Li(line) for line in lines] or [html.Li("no moves")])]
+    lines += [
+        f"{c['layer']}: {c['from_policy']} → {c['to_policy']}"
+        for c in doc.get("policy_changes") or []
+    ]
+    head = (
+        f"Proposal {proposal['id']} ({doc.get('algorithm')}) · {proposal['state']} · "
+        f"predicted step {doc['step_time_now_ms']:.2f} → {doc['step_time_after_ms']:.2f} "
+        f"ms (gain {doc['gain_ms']:.2f} ms, {doc['gain_fraction']:.1%}) · migration "
+        f"{format_bytes(doc['migration_bytes'])}, {doc['migration_ms']:.2f} ms"
+    )
+    origin = (
+        "came by itself: the measured step drifted from the prediction · "
+        if proposal.get("created_by") == "auto"
+        else ""
+    )
+    children: list[Any] = [
+        html.B(head),
+        html.Div(origin + doc.get("reason", ""), className="ps-hint"),
+        html.Ul([html.Li(line) for line in lines] or [html.Li("no moves")]),
+    ]
     if proposal.get("outcome"):
         children.append(html.Div(f"Outcome: {proposal['outcome']}", className="ps-hint"))
     if measured is not None:
         before, after = measured
-        children.append(html.Div(
-            f"Measured step {before:.2f} → {after:.2f} ms (gain {before - after:.2f} ms, "
-            f"{(before - after) / before:.1%}) against the predicted {doc['gain_ms']:.2f} ms",
-            className="ps-prediction", id=f"runs-proposal-{proposal['id']}-measured"))
+        children.append(
+            html.Div(
+                f"Measured step {before:.2f} → {after:.2f} ms (gain {before - after:.2f} ms, "
+                f"{(before - after) / before:.1%}) against the predicted {doc['gain_ms']:.2f} ms",
+                className="ps-prediction",
+                id=f"runs-proposal-{proposal['id']}-measured",
+            )
+        )
     if proposal["state"] == "pending":
-        children.append(html.Div([
-            html.Button("Approve", id={"type": "runs-proposal-approve",
-                                       "index": proposal["id"]}, className="ps-button"),
-            html.Button("Reject", id={"type": "runs-proposal-reject", "index": proposal["id"]},
-                        className="ps-button ps-secondary")], className="ps-row"))
+        children.append(
+            html.Div(
+                [
+                    html.Button(
+                        "Approve",
+                        id={"type": "runs-proposal-approve", "index": proposal["id"]},
+                        className="ps-button",
+                    ),
+                    html.Button(
+                        "Reject",
+                        id={"type": "runs-proposal-reject", "index": proposal["id"]},
+                        className="ps-button ps-secondary",
+                    ),
+                ],
+                className="ps-row",
+            )
+        )
     return html.Div(children, className="ps-proposal", id=f"runs-proposal-{proposal['id']}")
 
 
-def tick(context: Context, run_id: int | None,
-         run_options: list[dict[str, Any]] | None = None) -> list[Any]:
+def tick(
+    context: Context, run_id: int | None, run_options: list[dict[str, Any]] | None = None
+) -> list[Any]:
     """The live monitor's figures, the run's status, its proposals, whether to stop
     polling (the run has ended), and the run picker's options when the run's state in
     them is out of date (else ``no_update``)."""
     if run_id is None:
         blank = [empty_figure("Launch a run, or pick one above.", t) for t in _TITLES]
-        return [*blank, "No run selected.", html.Div(), html.Div("No proposals.",
-                                                                className="ps-empty"),
-                False, no_update]
+        return [
+            *blank,
+            "No run selected.",
+            html.Div(),
+            html.Div("No proposals.", className="ps-empty"),
+            False,
+            no_update,
+        ]
     try:
         view = monitor.fetch_view(context.client, run_id)
     except ApiError as exc:
         blank = [empty_figure(WAITING, t) for t in _TITLES]
-        return [*blank, message(f"Cannot read run {run_id}: {exc}", "error"), html.Div(), [],
-                False, no_update]
+        return [
+            *blank,
+            message(f"Cannot read run {run_id}: {exc}", "error"),
+            html.Div(),
+            [],
+            False,
+            no_update,
+        ]
     gains = measured_gains(view)
-    cards = [proposal_card(p, gains.get(p["id"]))
-             for p in sorted(view.proposals, key=lambda p: -p["id"])]
+    cards = [
+        proposal_card(p, gains.get(p["id"])) for p in sorted(view.proposals, key=lambda p: -p["id"])
+    ]
     shown = cards or html.Div("No proposals for this run yet.", className="ps-empty")
     relabelled = relabel(run_options, view.run)
-    fidelity = fidelity_view(view.calibration, view.samples_per_step,
-                             "Predictions are compared with the run once it has measured "
-                             "a step past its first.")
-    return [*monitor.figures(view), status_view(view), fidelity, shown,
-            view.run["state"] in ENDED, no_update if relabelled is None else relabelled]
+    fidelity = fidelity_view(
+        view.calibration,
+        view.samples_per_step,
+        "Predictions are compared with the run once it has measured a step past its first.",
+    )
+    return [
+        *monitor.figures(view),
+        status_view(view),
+        fidelity,
+        shown,
+        view.run["state"] in ENDED,
+        no_update if relabelled is None else relabelled,
+    ]
 
 
 def status_view(view: monitor.RunView) -> list[Any]:
     """The run's status line over a bar of its steps done."""
     done, _ = monitor.progress(view)
-    return [html.Div(monitor.status_text(view), id="runs-status-text"),
-            html.Progress(id="runs-progress", value=str(done), max=str(view.run["steps"]),
-                          className="ps-progress")]
+    return [
+        html.Div(monitor.status_text(view), id="runs-status-text"),
+        html.Progress(
+            id="runs-progress", value=str(done), max=str(view.run["steps"]), className="ps-progress"
+        ),
+    ]
 
 
 def decide(context: Context, proposal_id: int, approve: bool) -> html.Div:

@@ -40,14 +40,17 @@ def dawnpiper(request: PlanRequest) -> PlannerOutput:
     _bipar(costs, 0, costs.num_layers, 0, num_stages, bounds)
     values = costs.values(bounds)
     if not is_finite(values):
-        raise InfeasibleError(f"dawnpiper found no split into {num_stages} stages that fits "
-                              "the device memory, even recomputing or swapping layers")
+        raise InfeasibleError(
+            f"dawnpiper found no split into {num_stages} stages that fits "
+            "the device memory, even recomputing or swapping layers"
+        )
     plan = request.build_plan(costs.stages(bounds), costs.policies(bounds), planner="dawnpiper")
     return PlannerOutput(plan, max(values), {"stages_evaluated": costs.evaluator.solved})
 
 
-def _bipar(costs: PartitionCosts, start: int, end: int, first: int, count: int,
-           bounds: list[int]) -> None:
+def _bipar(
+    costs: PartitionCosts, start: int, end: int, first: int, count: int, bounds: list[int]
+) -> None:
     """Cut layers start..end-1 into ``count`` stages from stage ``first`` on (into bounds)."""
     if count == 1:
         return
@@ -59,8 +62,10 @@ def _bipar(costs: PartitionCosts, start: int, end: int, first: int, count: int,
     low, high = max(low, min(compute, memory)), min(high, max(compute, memory))
 
     def halves(cut: int) -> tuple[float, float]:
-        return (group_bottleneck(costs, start, cut, first, left),
-                group_bottleneck(costs, cut, end, first + left, right))
+        return (
+            group_bottleneck(costs, start, cut, first, left),
+            group_bottleneck(costs, cut, end, first + left, right),
+        )
 
     while low < high:  # the first cut at which the left half is the slower one
         middle = (low + high) // 2
@@ -76,8 +81,9 @@ def _bipar(costs: PartitionCosts, start: int, end: int, first: int, count: int,
     _bipar(costs, cut, end, first + left, right, bounds)
 
 
-def _balanced_point(costs: PartitionCosts, start: int, end: int, first: int, left: int,
-                    right: int, *, memory: bool) -> int:
+def _balanced_point(
+    costs: PartitionCosts, start: int, end: int, first: int, left: int, right: int, *, memory: bool
+) -> int:
     """The cut where both halves need the same compute (or memory) per device."""
     chain = costs.chain
     if memory:
@@ -86,11 +92,13 @@ def _balanced_point(costs: PartitionCosts, start: int, end: int, first: int, lef
 
         def load(i: int, j: int, w: tuple[float, float]) -> float:
             return (chain.params[j] - chain.params[i]) * w[0] + (
-                chain.saved[j] - chain.saved[i]) * w[1]
+                chain.saved[j] - chain.saved[i]
+            ) * w[1]
 
         def excess(cut: int) -> float:
             return load(start, cut, left_w) / left - load(cut, end, right_w) / right
     else:
+
         def excess(cut: int) -> float:
             return chain.base_ms(start, cut) / left - chain.base_ms(cut, end) / right
 
@@ -109,8 +117,7 @@ def _mean(weights: list[tuple[float, float]]) -> tuple[float, float]:
     return (sum(w[0] for w in weights) / len(weights), sum(w[1] for w in weights) / len(weights))
 
 
-def group_bottleneck(costs: PartitionCosts, start: int, end: int, first: int,
-                     count: int) -> float:
+def group_bottleneck(costs: PartitionCosts, start: int, end: int, first: int, count: int) -> float:
     """The slowest stage of layers start..end-1 split into ``count`` compute-balanced
     stages from position ``first`` on."""
     if count == 1:

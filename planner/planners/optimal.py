@@ -115,8 +115,9 @@ _CAPUCHIN_MAX_LAYERS = 64
 _ROUNDING = 1e-9
 
 
-def solve_stage(problem: StageProblem, cutoff_ms: float = math.inf,
-                floor_ms: float = -math.inf) -> StageChoice | None:
+def solve_stage(
+    problem: StageProblem, cutoff_ms: float = math.inf, floor_ms: float = -math.inf
+) -> StageChoice | None:
     """The stage subproblem: exact for small stages, bounded for large ones."""
     if len(problem.fwd_ms) <= EXACT_MAX_LAYERS:
         return solve_exact(problem, cutoff_ms, max_states=1 << 16, floor_ms=floor_ms)
@@ -147,14 +148,16 @@ class _Search:
             bound = self.bounds[key] = lower_bound_ms(self.stages.problem(i, j, c))
         return bound
 
-    def _solve(self, i: int, j: int, c: int, head: float, current: float
-               ) -> tuple[float, StageChoice | None]:
+    def _solve(
+        self, i: int, j: int, c: int, head: float, current: float
+    ) -> tuple[float, StageChoice | None]:
         stages = self.stages
         cutoff, floor = stages.compute_ms(current, i, j, c), stages.compute_ms(head, i, j, c)
         if j - i <= EXACT_MAX_LAYERS:
             stages.solved += 1
-            choice = solve_exact(stages.problem(i, j, c), cutoff, max_states=1 << 16,
-                                 floor_ms=floor)
+            choice = solve_exact(
+                stages.problem(i, j, c), cutoff, max_states=1 << 16, floor_ms=floor
+            )
         else:
             lower = self.lower_bound(i, j, c)
             if lower > cutoff:
@@ -217,8 +220,9 @@ def _large_choice(problem: StageProblem) -> StageChoice | None:
     return _bounded_choice(problem, math.inf, -math.inf, lower_bound_ms(problem))
 
 
-def _bounded_choice(problem: StageProblem, cutoff_ms: float, floor_ms: float,
-                    lower_ms: float) -> StageChoice | None:
+def _bounded_choice(
+    problem: StageProblem, cutoff_ms: float, floor_ms: float, lower_ms: float
+) -> StageChoice | None:
     """``solve_bounded``'s choice, or the fastest of it and the other planners' heuristics
     (vPipe's ranking both ways, DawnPiper's Capuchin-style model) where it may be poor: it
     found none although its lower bound is more than ``_FALLBACK_GAP`` below the cutoff,
@@ -235,8 +239,11 @@ def _bounded_choice(problem: StageProblem, cutoff_ms: float, floor_ms: float,
     if len(problem.fwd_ms) <= _CAPUCHIN_MAX_LAYERS:
         others.append(solve_capuchin(problem))
     for other in others:
-        if other is not None and other.time_ms <= cutoff_ms and (
-                choice is None or other.time_ms < choice.time_ms):
+        if (
+            other is not None
+            and other.time_ms <= cutoff_ms
+            and (choice is None or other.time_ms < choice.time_ms)
+        ):
             exact = other.time_ms <= lower_ms * (1 + 1e-12)
             choice = StageChoice(other.time_ms, other.policies, exact, lower_ms)
     return choice
@@ -257,16 +264,23 @@ def optimal(request: PlanRequest) -> PlannerOutput:
     if not band.feasible:
         raise InfeasibleError(
             f"no {kind} on {num_devices} devices fits the device memory, even recomputing or "
-            f"swapping layers")
+            f"swapping layers"
+        )
     best, back = _first_pass(program, search, _upper_bound(chain, stages, links, layout))
     refinement = Refinement(request, stages, layout, band, _large_choice)
     incumbents: list[Candidate] = []
     bottleneck = _NO_BOTTLENECK
     if not math.isinf(best[-1][-1]):
         plan_stages = _stages(back)
-        incumbent = Candidate(plan_stages, [
-            search.choice(s.start, s.end, layout.context(s.first_device, s.replicas),
-                          best[-1][-1]) for s in plan_stages])
+        incumbent = Candidate(
+            plan_stages,
+            [
+                search.choice(
+                    s.start, s.end, layout.context(s.first_device, s.replicas), best[-1][-1]
+                )
+                for s in plan_stages
+            ],
+        )
         value = _bottleneck(stages, links, layout, incumbent)
         proven = stages.proven and not program.assumed
         lower = value
@@ -275,28 +289,38 @@ def optimal(request: PlanRequest) -> PlannerOutput:
             if tightened is not incumbent:  # the simulator judges which of the two is faster
                 incumbents.append(tightened)
         incumbents.append(incumbent)
-        bottleneck = {"exact": proven, "lower_bound_ms": lower, "bottleneck_ms": value,
-                      "gap": value / lower - 1 if lower > 0 else 0.0}
+        bottleneck = {
+            "exact": proven,
+            "lower_bound_ms": lower,
+            "bottleneck_ms": value,
+            "gap": value / lower - 1 if lower > 0 else 0.0,
+        }
     elif not refinement.exact:
         raise InfeasibleError(
             f"no {kind} on {num_devices} devices fits the device memory, even recomputing or "
-            f"swapping layers")
+            f"swapping layers"
+        )
     outcome = refinement.run(incumbents)
     if outcome.best is None:
         raise InfeasibleError(
             f"no {kind} on {num_devices} devices fits the device memory as simulated, with "
-            f"any split and any keep, recompute or swap choice of its layers")
-    return _output(request, outcome, _bottleneck(stages, links, layout, outcome.best),
-                   bottleneck)
+            f"any split and any keep, recompute or swap choice of its layers"
+        )
+    return _output(request, outcome, _bottleneck(stages, links, layout, outcome.best), bottleneck)
 
 
 #: What the program proved when it found no plan under the stage model.
-_NO_BOTTLENECK: dict[str, Any] = {"exact": False, "lower_bound_ms": None,
-                                  "bottleneck_ms": None, "gap": None}
+_NO_BOTTLENECK: dict[str, Any] = {
+    "exact": False,
+    "lower_bound_ms": None,
+    "bottleneck_ms": None,
+    "gap": None,
+}
 
 
-def _output(request: PlanRequest, outcome: Outcome, objective_ms: float,
-            bottleneck: dict[str, Any]) -> PlannerOutput:
+def _output(
+    request: PlanRequest, outcome: Outcome, objective_ms: float, bottleneck: dict[str, Any]
+) -> PlannerOutput:
     """The plan the refinement chose; ``objective_ms`` is its bottleneck, ``bottleneck``
     what the program proved of the least bottleneck, ``step_*`` what the search proved of
     the simulated step."""
@@ -304,20 +328,41 @@ def _output(request: PlanRequest, outcome: Outcome, objective_ms: float,
     num_devices = request.stages_required("optimal")
     replicas = [stage.replicas for stage in outcome.best.stages]
     lower = outcome.lower_ms
-    gap = None if lower is None or math.isinf(outcome.step_ms) else (
-        outcome.step_ms / lower - 1 if lower > 0 else 0.0)
+    gap = (
+        None
+        if lower is None or math.isinf(outcome.step_ms)
+        else (outcome.step_ms / lower - 1 if lower > 0 else 0.0)
+    )
     if outcome.optimal:
         gap = 0.0
-    step = {"step_ms": outcome.step_ms, "step_optimal": outcome.optimal,
-            "step_lower_bound_ms": lower, "step_gap": gap,
-            "step_exhaustive": outcome.exhaustive}
-    details = {**bottleneck, **step, "plans_simulated": outcome.num_simulated,
-               "subproblems_solved": outcome.subproblems_solved, "num_devices": num_devices,
-               "replicas": replicas, "straight": request.straight}
-    plan = build(request, outcome.best, {
-        "step_optimal": outcome.optimal, "step_gap": gap,
-        "bottleneck_exact": bottleneck["exact"], "bottleneck_gap": bottleneck["gap"],
-        "num_devices": num_devices, "straight": request.straight})
+    step = {
+        "step_ms": outcome.step_ms,
+        "step_optimal": outcome.optimal,
+        "step_lower_bound_ms": lower,
+        "step_gap": gap,
+        "step_exhaustive": outcome.exhaustive,
+    }
+    details = {
+        **bottleneck,
+        **step,
+        "plans_simulated": outcome.num_simulated,
+        "subproblems_solved": outcome.subproblems_solved,
+        "num_devices": num_devices,
+        "replicas": replicas,
+        "straight": request.straight,
+    }
+    plan = build(
+        request,
+        outcome.best,
+        {
+            "step_optimal": outcome.optimal,
+            "step_gap": gap,
+            "bottleneck_exact": bottleneck["exact"],
+            "bottleneck_gap": bottleneck["gap"],
+            "num_devices": num_devices,
+            "straight": request.straight,
+        },
+    )
     return PlannerOutput(plan, objective_ms, details)
 
 
@@ -346,8 +391,9 @@ def _first_pass(program: Program, search: _Search, upper: float) -> Table:
     floor = program.base[-1] / program.layout.num_devices
     excess = _FIRST_EXCESS
     while True:
-        limit = upper if excess > _LAST_EXCESS or not floor > 0 else min(
-            upper, floor * (1 + excess))
+        limit = (
+            upper if excess > _LAST_EXCESS or not floor > 0 else min(upper, floor * (1 + excess))
+        )
         search.choices.clear()
         best, back = program.run(limit, search.chosen, gallop=True)
         if best[-1][-1] < math.inf or limit >= upper:
@@ -355,8 +401,9 @@ def _first_pass(program: Program, search: _Search, upper: float) -> Table:
         excess *= 2
 
 
-def _tighten(program: Program, search: _Search, incumbent: Candidate, value: float
-             ) -> tuple[Candidate, float, float]:
+def _tighten(
+    program: Program, search: _Search, incumbent: Candidate, value: float
+) -> tuple[Candidate, float, float]:
     """The incumbent, its bottleneck ``value`` and a proven lower bound on the optimum.
 
     The bound is the program on each stage's exact value (small stages) or proven lower
@@ -373,10 +420,12 @@ def _tighten(program: Program, search: _Search, incumbent: Candidate, value: flo
         if math.isinf(best[-1][-1]):
             break
         split = _stages(back)
-        keys = [(s.start, s.end, program.layout.context(s.first_device, s.replicas))
-                for s in split]
-        large = [key for key in keys
-                 if key[1] - key[0] > EXACT_MAX_LAYERS and search.proven.get(key) is None]
+        keys = [(s.start, s.end, program.layout.context(s.first_device, s.replicas)) for s in split]
+        large = [
+            key
+            for key in keys
+            if key[1] - key[0] > EXACT_MAX_LAYERS and search.proven.get(key) is None
+        ]
         tightened = [search.tighten(*key) for key in large]
         candidate = _known_plan(search, split, keys, best[-1][-1])
         if candidate is not None:
@@ -388,8 +437,9 @@ def _tighten(program: Program, search: _Search, incumbent: Candidate, value: flo
     return incumbent, value, min(value, lower) * (1 - _ROUNDING)
 
 
-def _known_plan(search: _Search, split: list[PlannedStage],
-                keys: list[tuple[int, int, int]], value: float) -> Candidate | None:
+def _known_plan(
+    search: _Search, split: list[PlannedStage], keys: list[tuple[int, int, int]], value: float
+) -> Candidate | None:
     """The plan of the bound's program with the best choices known: large stages'
     from ``_Search.tighten`` or else ``_large_choice``, small ones solved again within
     ``value``; None when some stage has none that fits."""
@@ -399,8 +449,7 @@ def _known_plan(search: _Search, split: list[PlannedStage],
         choice = search.proven.get((i, j, c))
         if choice is None and j - i > EXACT_MAX_LAYERS:
             found = [search.truncated.get((i, j, c)), _large_choice(problem)]
-            choice = min((f for f in found if f is not None), default=None,
-                         key=lambda f: f.time_ms)
+            choice = min((f for f in found if f is not None), default=None, key=lambda f: f.time_ms)
         elif choice is None:
             choice = solve_stage(problem, floor_ms=search.stages.compute_ms(value, i, j, c))
         if choice is None:
@@ -409,8 +458,9 @@ def _known_plan(search: _Search, split: list[PlannedStage],
     return Candidate(split, choices)
 
 
-def _upper_bound(chain: ChainCosts, stages: StageEvaluator, links: list[list[float]],
-                 layout: DeviceLayout) -> float:
+def _upper_bound(
+    chain: ChainCosts, stages: StageEvaluator, links: list[list[float]], layout: DeviceLayout
+) -> float:
     """The bottleneck of time-balanced straight stages with greedy memory choices (inf if
     one does not fit): any value above it cannot be part of the optimum."""
     value, start = 0.0, 0
@@ -437,8 +487,9 @@ def _time_balanced(chain: ChainCosts, num_stages: int) -> list[int]:
     def fill(limit: float) -> list[int] | None:
         ends, start = [], 0
         for s in range(num_stages):
-            end = min(bisect.bisect_right(base, base[start] + limit) - 1,
-                      count - (num_stages - s - 1))
+            end = min(
+                bisect.bisect_right(base, base[start] + limit) - 1, count - (num_stages - s - 1)
+            )
             if end <= start:
                 return None
             ends.append(end)
@@ -457,14 +508,18 @@ def _time_balanced(chain: ChainCosts, num_stages: int) -> list[int]:
     return ends
 
 
-def _bottleneck(stages: StageEvaluator, links: list[list[float]], layout: DeviceLayout,
-                candidate: Candidate) -> float:
+def _bottleneck(
+    stages: StageEvaluator, links: list[list[float]], layout: DeviceLayout, candidate: Candidate
+) -> float:
     """A candidate's bottleneck under the stage model, links included."""
     value = 0.0
     for stage, choice in zip(candidate.stages, candidate.choices, strict=True):
         c = layout.context(stage.first_device, stage.replicas)
-        value = max(value, stages.stage_ms(choice.time_ms, stage.start, stage.end, c),
-                    links[stage.first_device][stage.start])
+        value = max(
+            value,
+            stages.stage_ms(choice.time_ms, stage.start, stage.end, c),
+            links[stage.first_device][stage.start],
+        )
     return value
 
 

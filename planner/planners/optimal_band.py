@@ -49,12 +49,20 @@ class Band:
             starts.append(shared[key])
         hi = [0]
         for d in range(1, layout.num_devices + 1):
-            hi.append(max(bisect.bisect_right(starts[layout.context(d - r, r)], hi[d - r]) - 1
-                          for r in layout.replica_counts if r <= d))
+            hi.append(
+                max(
+                    bisect.bisect_right(starts[layout.context(d - r, r)], hi[d - r]) - 1
+                    for r in layout.replica_counts
+                    if r <= d
+                )
+            )
         lo = [count] * (layout.num_devices + 1)
         for d in range(layout.num_devices - 1, -1, -1):
-            lo[d] = min(starts[layout.context(d, r)][lo[d + r]]
-                        for r in layout.replica_counts if d + r <= layout.num_devices)
+            lo[d] = min(
+                starts[layout.context(d, r)][lo[d + r]]
+                for r in layout.replica_counts
+                if d + r <= layout.num_devices
+            )
         return cls(lo, hi, starts)
 
     @property

@@ -64,11 +64,20 @@ class StepBound:
         # fastest[d0][r]: the fastest link from a device of d0..d0+r-1 to a later one
         self.fastest: dict[tuple[int, int], float | None] = {}
         for first, r in layout.context_index:
-            rates = [] if cluster is None else [
-                cluster.bandwidth_gbps(a, b) for a in range(first, first + r)
-                for b in range(first + r, num_devices)]
-            self.fastest[(first, r)] = None if None in rates or not rates else max(
-                rate for rate in rates if rate is not None)
+            rates = (
+                []
+                if cluster is None
+                else [
+                    cluster.bandwidth_gbps(a, b)
+                    for a in range(first, first + r)
+                    for b in range(first + r, num_devices)
+                ]
+            )
+            self.fastest[(first, r)] = (
+                None
+                if None in rates or not rates
+                else max(rate for rate in rates if rate is not None)
+            )
 
     def link_ms(self, first: int, replicas: int, end: int) -> float:
         """The least time to send layer end-1's output from the stage to the next one."""
@@ -77,11 +86,15 @@ class StepBound:
     def fixed_ms(self, i: int, j: int, ctx: StageContext) -> float:
         """A_s + U_s of layers i..j-1: the all-reduce and update after the last backward."""
         chain = self.chain
-        return (chain.update[j] - chain.update[i]
-                + ctx.allreduce_ms_per_param_byte * (chain.params[j] - chain.params[i]))
+        return (
+            chain.update[j]
+            - chain.update[i]
+            + ctx.allreduce_ms_per_param_byte * (chain.params[j] - chain.params[i])
+        )
 
-    def term_ms(self, prefix: Prefix, i: int, j: int, ctx: StageContext,
-                recompute_ms: float, first: bool) -> float:
+    def term_ms(
+        self, prefix: Prefix, i: int, j: int, ctx: StageContext, recompute_ms: float, first: bool
+    ) -> float:
         """The stage's term given the stages before it (``first``: it is stage 0)."""
         chain, per_replica = self.chain, self.m / ctx.replicas
         passes = chain.base_ms(i, j) + recompute_ms
@@ -91,8 +104,15 @@ class StepBound:
         back = fixed if first else max(fixed, prefix.tail_ms + prefix.first_update_ms)
         return prefix.head_ms + per_replica * passes + back
 
-    def extend(self, prefix: Prefix, i: int, j: int, first_device: int, ctx: StageContext,
-               recompute_ms: float) -> Prefix:
+    def extend(
+        self,
+        prefix: Prefix,
+        i: int,
+        j: int,
+        first_device: int,
+        ctx: StageContext,
+        recompute_ms: float,
+    ) -> Prefix:
         """The prefix with layers i..j-1 as its next stage, on devices from ``first_device``."""
         first = first_device == 0
         term = self.term_ms(prefix, i, j, ctx, recompute_ms, first)
@@ -101,9 +121,12 @@ class StepBound:
             return Prefix(bound)
         chain = self.chain
         link = self.link_ms(first_device, ctx.replicas, j) if j < chain.num_layers else 0.0
-        return Prefix(bound, prefix.head_ms + chain.fwd[j] - chain.fwd[i] + link,
-                      prefix.tail_ms + link + recompute_ms + chain.bwd[j] - chain.bwd[i],
-                      self.fixed_ms(i, j, ctx) if first else prefix.first_update_ms)
+        return Prefix(
+            bound,
+            prefix.head_ms + chain.fwd[j] - chain.fwd[i] + link,
+            prefix.tail_ms + link + recompute_ms + chain.bwd[j] - chain.bwd[i],
+            self.fixed_ms(i, j, ctx) if first else prefix.first_update_ms,
+        )
 
     def completion_ms(self, prefix: Prefix, j: int, devices_left: int) -> float:
         """A bound on the terms of any stages that hold layers j..n-1 on ``devices_left``
@@ -118,5 +141,10 @@ class StepBound:
         if not self.sync:
             work = chain.base_ms(j, count) + chain.update[count] - chain.update[j]
             return max(prefix.bound_ms, spread * work)
-        return max(prefix.bound_ms, prefix.head_ms + spread * chain.base_ms(j, count)
-                   + prefix.tail_ms + prefix.first_update_ms)
+        return max(
+            prefix.bound_ms,
+            prefix.head_ms
+            + spread * chain.base_ms(j, count)
+            + prefix.tail_ms
+            + prefix.first_update_ms,
+        )

@@ -71,22 +71,28 @@ class Option:
 
     def holds_at_most(self, other: "Option") -> bool:
         """Whether, timed alike or swapping nothing, this choice never holds more bytes."""
-        return (self.kept_bytes <= other.kept_bytes
-                and self.recomputed_bytes <= other.recomputed_bytes)
+        return (
+            self.kept_bytes <= other.kept_bytes and self.recomputed_bytes <= other.recomputed_bytes
+        )
 
     def costs_at_least(self, other: "Option") -> bool:
         """Whether (*) of the module docstring makes this choice no faster than ``other``."""
-        return (self.recompute_ms >= other.recompute_ms and self.swap_bytes >= other.swap_bytes
-                and (self.recomputes or not other.recomputes))
+        return (
+            self.recompute_ms >= other.recompute_ms
+            and self.swap_bytes >= other.swap_bytes
+            and (self.recomputes or not other.recomputes)
+        )
 
 
 def keep_all(problem: StageProblem) -> Option:
-    return Option((KEEP,) * len(problem.fwd_ms), 0.0, 0, False, problem.base_ms,
-                  sum(problem.saved_bytes), 0)
+    return Option(
+        (KEEP,) * len(problem.fwd_ms), 0.0, 0, False, problem.base_ms, sum(problem.saved_bytes), 0
+    )
 
 
-def stage_options(chain: ChainCosts, i: int, j: int, ctx: StageContext,
-                  problem: StageProblem) -> tuple[list[Option], int]:
+def stage_options(
+    chain: ChainCosts, i: int, j: int, ctx: StageContext, problem: StageProblem
+) -> tuple[list[Option], int]:
     """Every choice for layers i..j-1 in context ``ctx`` whose floor (module docstring) fits
     and that no other choice dominates, cheapest first under the stage model; and the
     steps the enumeration took (partial choices visited and pairs compared), its cost.
@@ -101,8 +107,9 @@ def stage_options(chain: ChainCosts, i: int, j: int, ctx: StageContext,
     in an order the plan fixes) and by (*) no plan with B is faster than the same plan
     with A."""
     memory = ctx.memory_bytes
-    static = (chain.params[j] - chain.params[i]) * (2 + ctx.optimizer_factor
-                                                    + ctx.weight_versions - 1)
+    static = (chain.params[j] - chain.params[i]) * (
+        2 + ctx.optimizer_factor + ctx.weight_versions - 1
+    )
     base = static + chain.workspace(i, j)
     limit = math.inf if memory is None else memory - base
     k = ctx.inflight
@@ -120,8 +127,15 @@ def stage_options(chain: ChainCosts, i: int, j: int, ctx: StageContext,
             recomputes = recompute_ms > 0 or recomputed > 0
             key = (recompute_ms, swap, recomputed, kept, recomputes)
             if key not in found:
-                found[key] = Option(tuple(policies), recompute_ms, swap, recomputes,
-                                    problem.time_ms(recompute_ms, swap), kept, recomputed)
+                found[key] = Option(
+                    tuple(policies),
+                    recompute_ms,
+                    swap,
+                    recomputes,
+                    problem.time_ms(recompute_ms, swap),
+                    kept,
+                    recomputed,
+                )
             return
         saved = chain.layer_saved[pos]
         for policy in tried:
@@ -133,16 +147,22 @@ def stage_options(chain: ChainCosts, i: int, j: int, ctx: StageContext,
             else:
                 starts_run = pos == i or policies[-2] != RECOMPUTE
                 checkpoint = chain.layer_input[pos] if starts_run else 0
-                visit(pos + 1, kept + checkpoint, swap, recomputed + saved,
-                      recompute_ms + chain.layer_fwd[pos])
+                visit(
+                    pos + 1,
+                    kept + checkpoint,
+                    swap,
+                    recomputed + saved,
+                    recompute_ms + chain.layer_fwd[pos],
+                )
             policies.pop()
 
     visit(i, 0, 0, 0, 0.0)
     options = list(found.values())
     unswapped = sum(1 for option in options if not option.swap_bytes)
     steps = visits[0] + unswapped * unswapped + len(options)
-    return sorted(_undominated(options),
-                  key=lambda o: (o.model_ms, o.recompute_ms, o.swap_bytes)), steps
+    return sorted(
+        _undominated(options), key=lambda o: (o.model_ms, o.recompute_ms, o.swap_bytes)
+    ), steps
 
 
 def _undominated(options: list[Option]) -> list[Option]:
@@ -156,12 +176,13 @@ def _undominated(options: list[Option]) -> list[Option]:
         else:
             unswapped.append(option)
     # options differ in their cost keys, so no two dominate each other
-    kept = [a for a in unswapped
-            if not any(b is not a and a.costs_at_least(b) and b.holds_at_most(a)
-                       for b in unswapped)]
+    kept = [
+        a
+        for a in unswapped
+        if not any(b is not a and a.costs_at_least(b) and b.holds_at_most(a) for b in unswapped)
+    ]
     for group in groups.values():
-        kept += [a for a in group
-                 if not any(b is not a and b.holds_at_most(a) for b in group)]
+        kept += [a for a in group if not any(b is not a and b.holds_at_most(a) for b in group)]
     return kept
 
 
@@ -175,8 +196,14 @@ class PolicySearch:
     ``evaluate`` simulates a node, ``beaten`` says whether a step cannot beat the best plan
     found so far, ``spent`` whether the work budget ran out."""
 
-    def __init__(self, options: list[list[Option]], relaxed: list[Option], evaluate: Evaluate,
-                 beaten: Callable[[float], bool], spent: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        options: list[list[Option]],
+        relaxed: list[Option],
+        evaluate: Evaluate,
+        beaten: Callable[[float], bool],
+        spent: Callable[[], bool],
+    ) -> None:
         self.options, self.relaxed = options, relaxed
         self.evaluate, self.beaten, self.spent = evaluate, beaten, spent
         #: The least step of the nodes the budget left unexplored (inf: none).
@@ -202,7 +229,7 @@ class PolicySearch:
             if option.policies == self.relaxed[t].policies:
                 child, fits = step, True  # the same plan as this node
             else:
-                child, fitting = self.evaluate(below + self.relaxed[t + 1:])
+                child, fitting = self.evaluate(below + self.relaxed[t + 1 :])
                 fits = option.swap_bytes > 0 or fitting[t]
             if not fits:
                 continue

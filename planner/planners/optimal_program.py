@@ -42,17 +42,26 @@ class DeviceLayout:
     @classmethod
     def of(cls, request: PlanRequest, num_devices: int) -> "DeviceLayout":
         m = request.num_microbatches
-        counts = (1,) if request.straight else tuple(
-            r for r in range(1, num_devices + 1) if m % r == 0)
+        counts = (
+            (1,) if request.straight else tuple(r for r in range(1, num_devices + 1) if m % r == 0)
+        )
         contexts: list[StageContext] = []
         index: dict[tuple[int, int], int] = {}
         for first in range(num_devices):
             for r in counts:
                 if first + r <= num_devices:
                     index[(first, r)] = len(contexts)
-                    contexts.append(stage_context(
-                        request.schedule, m, request.optimizer, request.cluster,
-                        first_worker=first, replicas=r, num_workers=num_devices))
+                    contexts.append(
+                        stage_context(
+                            request.schedule,
+                            m,
+                            request.optimizer,
+                            request.cluster,
+                            first_worker=first,
+                            replicas=r,
+                            num_workers=num_devices,
+                        )
+                    )
         fewest = [0]
         for d in range(1, num_devices + 1):
             fewest.append(1 + min(fewest[d - r] for r in counts if r <= d))
@@ -65,8 +74,14 @@ class DeviceLayout:
 class Program:
     """best(d, j) and its back-pointers (start, replicas) for one way of valuing stages."""
 
-    def __init__(self, chain: ChainCosts, stages: StageEvaluator, links: list[list[float]],
-                 layout: DeviceLayout, band: "Band") -> None:
+    def __init__(
+        self,
+        chain: ChainCosts,
+        stages: StageEvaluator,
+        links: list[list[float]],
+        layout: DeviceLayout,
+        band: "Band",
+    ) -> None:
         self.chain, self.stages, self.links, self.layout = chain, stages, links, layout
         self.band = band
         self.base = [f + b for f, b in zip(chain.fwd, chain.bwd, strict=True)]  # prefix sums
@@ -81,10 +96,10 @@ class Program:
         base, layout, band = self.base, self.layout, self.band
         count, rest = len(base) - 1, layout.num_devices - d
         after = rest * limit if rest else 0.0  # inf x 0 would be nan
-        first = max(layout.min_stages[d], bisect.bisect_left(base, base[count] - after),
-                    band.lo[d])
-        last = min(count - layout.min_stages[rest], bisect.bisect_right(base, d * limit) - 1,
-                   band.hi[d])
+        first = max(layout.min_stages[d], bisect.bisect_left(base, base[count] - after), band.lo[d])
+        last = min(
+            count - layout.min_stages[rest], bisect.bisect_right(base, d * limit) - 1, band.hi[d]
+        )
         return range(first, last + 1)
 
     def run(self, upper: float, stage_value: StageValue, *, gallop: bool) -> Table:
@@ -125,8 +140,16 @@ class _Scan:
     """The starts i of a stage that ends at layer j and has ``replicas`` replicas from
     device ``first``, best first found."""
 
-    def __init__(self, program: Program, stage_value: StageValue, previous: list[float],
-                 first: int, replicas: int, j: int, limit: float) -> None:
+    def __init__(
+        self,
+        program: Program,
+        stage_value: StageValue,
+        previous: list[float],
+        first: int,
+        replicas: int,
+        j: int,
+        limit: float,
+    ) -> None:
         self.program, self.stages, self.stage_value = program, program.stages, stage_value
         self.previous, self.link = previous, program.links[first]
         self.c = program.layout.context(first, replicas)
@@ -193,8 +216,12 @@ class _Scan:
         makes no such assumption, so the proven gap holds whatever the stages do.
         """
         j, c = self.j, self.c
-        low = bisect.bisect_right(range(lowest, high + 1), -self.current,
-                                  key=lambda i: -self.stages.least_ms(i, j, c)) + lowest
+        low = (
+            bisect.bisect_right(
+                range(lowest, high + 1), -self.current, key=lambda i: -self.stages.least_ms(i, j, c)
+            )
+            + lowest
+        )
         if low > high:
             return
         self.program.assumed = True

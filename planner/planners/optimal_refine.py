@@ -136,10 +136,11 @@ def count_plans(layout: DeviceLayout, num_layers: int) -> int:
     by_stages[0][0] = 1  # by_stages[k][d]: layouts of k stages on d devices
     for k in range(1, layout.num_devices + 1):
         for d in range(1, layout.num_devices + 1):
-            by_stages[k][d] = sum(by_stages[k - 1][d - r] for r in layout.replica_counts
-                                  if r <= d)
-    return sum(by_stages[k][-1] * math.comb(num_layers - 1, k - 1)
-               for k in range(1, min(layout.num_devices, num_layers) + 1))
+            by_stages[k][d] = sum(by_stages[k - 1][d - r] for r in layout.replica_counts if r <= d)
+    return sum(
+        by_stages[k][-1] * math.comb(num_layers - 1, k - 1)
+        for k in range(1, min(layout.num_devices, num_layers) + 1)
+    )
 
 
 @dataclass
@@ -162,16 +163,25 @@ class Outcome:
 class Refinement:
     """The branch and bound of the module docstring for one request."""
 
-    def __init__(self, request: PlanRequest, stages: StageEvaluator, layout: DeviceLayout,
-                 band: Band, large: Solver = solve_bounded) -> None:
+    def __init__(
+        self,
+        request: PlanRequest,
+        stages: StageEvaluator,
+        layout: DeviceLayout,
+        band: Band,
+        large: Solver = solve_bounded,
+    ) -> None:
         self.request, self.stages, self.layout, self.band = request, stages, layout, band
         self.chain = stages.chain
         self.choices = StageChoices(stages, large)
         self.bound = StepBound(request, self.chain, layout)
         #: The phase: each stage's stage-model choice (False), or every policy (True).
         self.exact = False
-        self.budget = math.inf if count_plans(
-            layout, self.chain.num_layers) <= EXHAUSTIVE_MAX_PLANS else WORK_BUDGET
+        self.budget = (
+            math.inf
+            if count_plans(layout, self.chain.num_layers) <= EXHAUSTIVE_MAX_PLANS
+            else WORK_BUDGET
+        )
         self.work = 0
         self.num_simulated = 0
         self.picks: dict[tuple[object, ...], Pick] = {}
@@ -180,8 +190,7 @@ class Refinement:
         self.unexplored_ms = math.inf
         self.skipped = False  # a split with a stage too large to enumerate was left out
         #: Splits whose policy search outgrew its share: (least bound left, stages, picks).
-        self.deferred: list[tuple[float, list[PlannedStage],
-                                  list[Pick]]] = []
+        self.deferred: list[tuple[float, list[PlannedStage], list[Pick]]] = []
 
     def run(self, incumbents: list[Candidate]) -> Outcome:
         """The search, starting from the fastest fitting of ``incumbents`` as simulated."""
@@ -191,7 +200,8 @@ class Refinement:
                 self.best, self.best_ms = incumbent, step if fits else math.inf
         finished = self._phase()
         provable = self.bound.sync and (
-            self.chain.num_layers <= POLICY_MAX_LAYERS * self.layout.num_devices)
+            self.chain.num_layers <= POLICY_MAX_LAYERS * self.layout.num_devices
+        )
         proven = False
         if provable:  # some split has no stage too large to enumerate
             self.exact, self.work, self.budget = True, 0, EXACT_WORK_BUDGET
@@ -202,13 +212,15 @@ class Refinement:
         elif provable:
             lower = min(self.best_ms, self.unexplored_ms)
         elif self.bound.sync:
-            lower = min(self.best_ms, self.bound.completion_ms(
-                Prefix(), 0, self.layout.num_devices))
+            lower = min(
+                self.best_ms, self.bound.completion_ms(Prefix(), 0, self.layout.num_devices)
+            )
         else:
             lower = None
         best = None if proven and math.isinf(self.best_ms) else self.best
-        return Outcome(best, self.best_ms, finished, proven, lower, self.num_simulated,
-                       self.stages.solved)
+        return Outcome(
+            best, self.best_ms, finished, proven, lower, self.num_simulated, self.stages.solved
+        )
 
     def _phase(self) -> bool:
         """Search every split (and the deferred ones); False when the budget ran out."""
@@ -225,11 +237,15 @@ class Refinement:
     def _simulate(self, candidate: Candidate) -> SimResult:
         request = self.request
         self.num_simulated += 1
-        steps = 1 if self.bound.sync else 2 * math.ceil(
-            self.layout.num_devices / request.num_microbatches) + 2
+        steps = (
+            1
+            if self.bound.sync
+            else 2 * math.ceil(self.layout.num_devices / request.num_microbatches) + 2
+        )
         self.work += _SIMULATE_UNITS * request.num_microbatches * self.layout.num_devices * steps
-        return simulate(request.scaled, build(request, candidate), request.cluster,
-                        with_timeline=False)
+        return simulate(
+            request.scaled, build(request, candidate), request.cluster, with_timeline=False
+        )
 
     def _offer(self, candidate: Candidate, step: float, fits: bool) -> None:
         if fits and step < self.best_ms * (1 - _TIE):
@@ -241,8 +257,9 @@ class Refinement:
     def _spent(self) -> bool:
         return self.work > self.budget
 
-    def _search(self, prefix: Prefix, d: int, j: int, stages: list[PlannedStage],
-                picks: list[Pick]) -> bool:
+    def _search(
+        self, prefix: Prefix, d: int, j: int, stages: list[PlannedStage], picks: list[Pick]
+    ) -> bool:
         """Every split that starts with ``stages``; False once the budget ran out."""
         if d == self.layout.num_devices:
             if self._beaten(prefix.bound_ms):
@@ -264,8 +281,7 @@ class Refinement:
             if pick is None:
                 continue
             ctx = self.stages.contexts[c]
-            after = self.bound.extend(prefix, j, i_end, d, ctx,
-                                      pick.least_recompute_ms)
+            after = self.bound.extend(prefix, j, i_end, d, ctx, pick.least_recompute_ms)
             if self._hopeless(after, d + r, i_end):
                 continue
             stages.append(PlannedStage(j, i_end, d, r))
@@ -289,27 +305,27 @@ class Refinement:
             choice = self.choices.get(i, j, c)
             if choice is None:
                 return None
-            option = _option_of(self.stages.problem(i, j, c), choice,
-                                self.choices.recompute_ms(i, choice))
+            option = _option_of(
+                self.stages.problem(i, j, c), choice, self.choices.recompute_ms(i, choice)
+            )
             return Pick([option], option, option.recompute_ms)
         key = (i, j, *self.stages.context_key(c))
         if key not in self.picks:
             problem = self.stages.problem(i, j, c)
-            options, steps = stage_options(self.chain, i, j, self.stages.contexts[c],
-                                           problem)
+            options, steps = stage_options(self.chain, i, j, self.stages.contexts[c], problem)
             self.work += _ENUMERATE_UNITS * steps
             least = min((option.recompute_ms for option in options), default=0.0)
             self.picks[key] = Pick(options, keep_all(problem), least)
         pick = self.picks[key]
         return pick if pick.options else None
 
-    def _complete(self, stages: list[PlannedStage], picks: list[Pick]
-                  ) -> bool:
+    def _complete(self, stages: list[PlannedStage], picks: list[Pick]) -> bool:
         """Search a complete split's choices (``PolicySearch``) within ``_SPLIT_SHARE`` of
         the budget; a split that needs more waits in ``deferred`` for what the others leave."""
         share = self.work + self.budget * _SPLIT_SHARE
-        search = self._policy_search(list(stages), picks,
-                                     lambda: self._spent() or self.work > share)
+        search = self._policy_search(
+            list(stages), picks, lambda: self._spent() or self.work > share
+        )
         if search.run():
             return True
         if self._spent():
@@ -326,23 +342,29 @@ class Refinement:
                 continue
             search = self._policy_search(stages, picks, self._spent)
             if not search.run():
-                rest = [item[0] for item in self.deferred[index + 1:]]
+                rest = [item[0] for item in self.deferred[index + 1 :]]
                 self.unexplored_ms = min([self.unexplored_ms, search.unexplored_ms, *rest])
                 return False
         return True
 
-    def _policy_search(self, stages: list[PlannedStage],
-                       picks: list[Pick],
-                       spent: Callable[[], bool]) -> PolicySearch:
+    def _policy_search(
+        self, stages: list[PlannedStage], picks: list[Pick], spent: Callable[[], bool]
+    ) -> PolicySearch:
         def evaluate(options: list[Option]) -> tuple[float, list[bool]]:
-            candidate = Candidate(stages, [StageChoice(o.model_ms, o.policies, True)
-                                           for o in options])
+            candidate = Candidate(
+                stages, [StageChoice(o.model_ms, o.policies, True) for o in options]
+            )
             result = self._simulate(candidate)
             self._offer(candidate, result.step_time_ms, result.fits)
             return result.step_time_ms, [stage.fits for stage in result.stages]
 
-        return PolicySearch([pick.options for pick in picks], [pick.relaxed for pick in picks],
-                            evaluate, self._beaten, spent)
+        return PolicySearch(
+            [pick.options for pick in picks],
+            [pick.relaxed for pick in picks],
+            evaluate,
+            self._beaten,
+            spent,
+        )
 
     def _hopeless(self, prefix: Prefix, d: int, j: int) -> bool:
         left = self.layout.num_devices - d
@@ -375,8 +397,7 @@ class Refinement:
 def _option_of(problem: StageProblem, choice: StageChoice, recompute_ms: float) -> Option:
     """A stage-model choice, whose recompute takes ``recompute_ms``, as a ``PolicySearch``
     option."""
-    swap = sum(b for b, p in zip(problem.saved_bytes, choice.policies, strict=True)
-               if p == SWAP)
+    swap = sum(b for b, p in zip(problem.saved_bytes, choice.policies, strict=True) if p == SWAP)
     recomputes = any(p == RECOMPUTE for p in choice.policies)
     kept = recomputed = 0
     for k, policy in enumerate(choice.policies):
@@ -386,17 +407,20 @@ def _option_of(problem: StageProblem, choice: StageChoice, recompute_ms: float) 
             recomputed += problem.saved_bytes[k]
             if k == 0 or choice.policies[k - 1] != RECOMPUTE:
                 kept += problem.input_bytes[k]
-    return Option(choice.policies, recompute_ms, swap, recomputes, choice.time_ms, kept,
-                  recomputed)
+    return Option(choice.policies, recompute_ms, swap, recomputes, choice.time_ms, kept, recomputed)
 
 
-def build(request: PlanRequest, candidate: Candidate,
-          settings: dict[str, object] | None = None) -> Plan:
+def build(
+    request: PlanRequest, candidate: Candidate, settings: dict[str, object] | None = None
+) -> Plan:
     """The Plan of a candidate, ``settings`` in its provenance."""
     policies: dict[int, str] = {}
     for stage, choice in zip(candidate.stages, candidate.choices, strict=True):
         policies.update({stage.start + k: p for k, p in enumerate(choice.policies) if p != KEEP})
     return request.build_plan(
-        [list(range(s.start, s.end)) for s in candidate.stages], policies,
-        replicas=[s.replicas for s in candidate.stages], planner="optimal",
-        settings=settings)
+        [list(range(s.start, s.end)) for s in candidate.stages],
+        policies,
+        replicas=[s.replicas for s in candidate.stages],
+        planner="optimal",
+        settings=settings,
+    )

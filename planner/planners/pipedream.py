@@ -85,11 +85,15 @@ def _edges_in_order(profile: Profile) -> list[tuple[int, int]]:
 def dp_graph(profile: Profile) -> DPGraph:
     edges = _edges_in_order(profile)
     has_pred = {dst for _, dst in edges}
-    inputs = {idx for idx, layer in enumerate(profile.layers)
-              if idx not in has_pred and _is_input(layer)}
+    inputs = {
+        idx for idx, layer in enumerate(profile.layers) if idx not in has_pred and _is_input(layer)
+    }
     has_succ = {src for src, dst in edges if dst not in inputs}
-    sinks = {idx for idx, layer in enumerate(profile.layers)
-             if idx not in inputs and idx not in has_succ and _is_getitem(layer)}
+    sinks = {
+        idx
+        for idx, layer in enumerate(profile.layers)
+        if idx not in inputs and idx not in has_succ and _is_getitem(layer)
+    }
     kept = [idx for idx in range(profile.num_layers) if idx not in inputs | sinks]
     local = {layer_idx: node for node, layer_idx in enumerate(kept)}
     succs: list[list[int]] = [[] for _ in kept]
@@ -99,10 +103,16 @@ def dp_graph(profile: Profile) -> DPGraph:
             succs[local[src]].append(local[dst])
             preds[local[dst]].append(local[src])
     if not kept:
-        raise PlannerError(f"the profile of {profile.model!r} has only Input layers: "
-                           "nothing to plan")
-    return DPGraph(tuple(kept), tuple(map(tuple, succs)), tuple(map(tuple, preds)),
-                   tuple(sorted(inputs)), tuple(sorted(sinks)))
+        raise PlannerError(
+            f"the profile of {profile.model!r} has only Input layers: nothing to plan"
+        )
+    return DPGraph(
+        tuple(kept),
+        tuple(map(tuple, succs)),
+        tuple(map(tuple, preds)),
+        tuple(sorted(inputs)),
+        tuple(sorted(sinks)),
+    )
 
 
 def state_costs(profile: Profile, graph: DPGraph, dag: AntichainDag) -> StateCosts:
@@ -140,20 +150,25 @@ def state_costs(profile: Profile, graph: DPGraph, dag: AntichainDag) -> StateCos
 
 
 def cluster_levels(cluster: Cluster) -> list[Level]:
-    return [Level(level.size, math.inf if level.bandwidth_gbps is None
-                  else level.bandwidth_gbps * 1e9 / 8)
-            for level in cluster.levels]
+    return [
+        Level(
+            level.size, math.inf if level.bandwidth_gbps is None else level.bandwidth_gbps * 1e9 / 8
+        )
+        for level in cluster.levels
+    ]
 
 
 def memory_limit(cluster: Cluster) -> int | None:
     """PipeDream's ``-s``: one memory for all devices, so the smallest one."""
-    memories = [device.memory_bytes for device in cluster.devices
-                if device.memory_bytes is not None]
+    memories = [
+        device.memory_bytes for device in cluster.devices if device.memory_bytes is not None
+    ]
     return min(memories) if memories else None
 
 
-def assign_layers(profile: Profile, graph: DPGraph, dag: AntichainDag,
-                  spans: list[StageSpan]) -> list[list[int]]:
+def assign_layers(
+    profile: Profile, graph: DPGraph, dag: AntichainDag, spans: list[StageSpan]
+) -> list[list[int]]:
     """Layer indices per stage, as OGH 321-345 assigns stage ids, plus the removed layers.
 
     A stage gets the layers of D(s_end) that no earlier stage has. After an irregular stage
@@ -165,11 +180,16 @@ def assign_layers(profile: Profile, graph: DPGraph, dag: AntichainDag,
         fresh = dag.down_sets[span.end - 1] & ~assigned
         assigned |= fresh
         stage_of.update((graph.layers[node], stage_idx) for node in bits(fresh))
-    missing = [profile.layers[graph.layers[node]].name
-               for node in range(len(graph.layers)) if not assigned >> node & 1]
+    missing = [
+        profile.layers[graph.layers[node]].name
+        for node in range(len(graph.layers))
+        if not assigned >> node & 1
+    ]
     if missing:
-        raise PlannerError(f"layers {', '.join(missing[:5])} of {profile.model!r} are not "
-                           "connected to its first source; PipeDream plans one connected graph")
+        raise PlannerError(
+            f"layers {', '.join(missing[:5])} of {profile.model!r} are not "
+            "connected to its first source; PipeDream plans one connected graph"
+        )
     stage_of.update((idx, 0) for idx in graph.inputs)
     preds = profile.graph.preds
     for sink in graph.sinks:
@@ -186,8 +206,11 @@ def irregular_stages(dag: AntichainDag, spans: list[StageSpan]) -> list[int]:
     PipeDream's inner levels cost such a stage as C(s_end) - C(s_start), which is not the cost
     of any set of layers (it can be negative); the optimum then is not this plan's cost.
     """
-    return [idx for idx, span in enumerate(spans)
-            if span.start > 0 and not dag.ancestors[span.end - 1] >> (span.start - 1) & 1]
+    return [
+        idx
+        for idx, span in enumerate(spans)
+        if span.start > 0 and not dag.ancestors[span.end - 1] >> (span.start - 1) & 1
+    ]
 
 
 def check_microbatches(replicas: list[int], num_microbatches: int) -> None:
@@ -199,7 +222,8 @@ def check_microbatches(replicas: list[int], num_microbatches: int) -> None:
         raise PlannerError(
             f"PipeDream's plan replicates its stages {replicas} times, and replica counts "
             f"{bad} do not divide --microbatches {num_microbatches}; use a multiple of "
-            f"{multiple}, e.g. {suggestion}")
+            f"{multiple}, e.g. {suggestion}"
+        )
 
 
 def _infeasible(request: PlanRequest, dag: AntichainDag, memory: int | None) -> PlannerError:
@@ -211,12 +235,14 @@ def _infeasible(request: PlanRequest, dag: AntichainDag, memory: int | None) -> 
         return PlannerError(
             f"a straight pipeline on {devices} devices ({shape}) needs {devices} stages, "
             f"but the graph of {request.profile.model!r} allows at most "
-            f"{dag.longest_chain()}; use fewer devices or allow replication")
+            f"{dag.longest_chain()}; use fewer devices or allow replication"
+        )
     if memory is not None:
         return InfeasibleError(
             f"no {'straight ' if request.straight else ''}PipeDream plan on {shape} devices "
             f"fits {memory} bytes per device: each stage stashes ceil(later devices / "
-            "replicas) x (its activations + parameters)")
+            "replicas) x (its activations + parameters)"
+        )
     return PlannerError(f"PipeDream's optimizer finds no plan on {shape} devices")
 
 
@@ -230,7 +256,8 @@ def pipedream(request: PlanRequest) -> PlannerOutput:
                 "the pipedream planner needs a cluster, or a number of stages to plan on "
                 "free links: PipeDream's optimizer takes the devices per level and each "
                 "level's bandwidth (e.g. cluster-template --devices 4,2 --bandwidth-gbps "
-                "100,10)")
+                "100,10)"
+            )
         request = replace(request, cluster=memory_only_cluster(request.num_stages, None))
     assert request.cluster is not None
     profile = request.scaled
@@ -238,9 +265,13 @@ def pipedream(request: PlanRequest) -> PlannerOutput:
     dag = antichain_dag(graph.succs, graph.preds)
     levels = cluster_levels(request.cluster)
     memory = memory_limit(request.cluster)
-    solver = HierarchicalDP(state_costs(profile, graph, dag), levels, memory_bytes=memory,
-                            straight=request.straight,
-                            activation_compression_ratio=ACTIVATION_COMPRESSION_RATIO)
+    solver = HierarchicalDP(
+        state_costs(profile, graph, dag),
+        levels,
+        memory_bytes=memory,
+        straight=request.straight,
+        activation_compression_ratio=ACTIVATION_COMPRESSION_RATIO,
+    )
     optimum_s = solver.optimum_s()
     if optimum_s is None:
         raise _infeasible(request, dag, memory)
@@ -250,24 +281,41 @@ def pipedream(request: PlanRequest) -> PlannerOutput:
     replicas = [math.prod(spans[idx].replicas) for idx in kept]
     check_microbatches(replicas, request.num_microbatches)
     plan = request.build_plan(
-        [layers[idx] for idx in kept], replicas=replicas, planner="pipedream",
-        settings={"devices_per_level": ",".join(str(level.num_machines) for level in levels),
-                  "straight": request.straight, "memory_bytes": memory,
-                  "time_per_minibatch_s": optimum_s})
+        [layers[idx] for idx in kept],
+        replicas=replicas,
+        planner="pipedream",
+        settings={
+            "devices_per_level": ",".join(str(level.num_machines) for level in levels),
+            "straight": request.straight,
+            "memory_bytes": memory,
+            "time_per_minibatch_s": optimum_s,
+        },
+    )
     details = _details(request, levels, memory, dag, solver, spans, optimum_s)
     details["empty_stages_dropped"] = [idx for idx, stage in enumerate(layers) if not stage]
     return PlannerOutput(plan, optimum_s * 1000.0, details)
 
 
-def _details(request: PlanRequest, levels: list[Level], memory: int | None,
-             dag: AntichainDag, solver: HierarchicalDP, spans: list[StageSpan],
-             optimum_s: float) -> dict[str, Any]:
+def _details(
+    request: PlanRequest,
+    levels: list[Level],
+    memory: int | None,
+    dag: AntichainDag,
+    solver: HierarchicalDP,
+    spans: list[StageSpan],
+    optimum_s: float,
+) -> dict[str, Any]:
     return {
         "time_per_minibatch_s": optimum_s,
-        "levels": [{"devices": level.num_machines,
-                    "bandwidth_bytes_per_s": (None if math.isinf(level.bandwidth_bytes_per_s)
-                                              else level.bandwidth_bytes_per_s)}
-                   for level in levels],
+        "levels": [
+            {
+                "devices": level.num_machines,
+                "bandwidth_bytes_per_s": (
+                    None if math.isinf(level.bandwidth_bytes_per_s) else level.bandwidth_bytes_per_s
+                ),
+            }
+            for level in levels
+        ],
         "straight": request.straight,
         "memory_bytes": memory,
         "activation_compression_ratio": ACTIVATION_COMPRESSION_RATIO,

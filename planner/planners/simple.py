@@ -18,8 +18,9 @@ from pipestudio.planner.request import PlannerOutput, PlanRequest, plan_cost
 
 def _output(request: PlanRequest, ends: list[int], planner: str) -> PlannerOutput:
     starts = [0, *ends[:-1]]
-    plan = request.build_plan([list(range(a, b)) for a, b in zip(starts, ends, strict=True)],
-                              planner=planner)
+    plan = request.build_plan(
+        [list(range(a, b)) for a, b in zip(starts, ends, strict=True)], planner=planner
+    )
     return PlannerOutput(plan, plan_cost(request, plan).bottleneck_ms)
 
 
@@ -43,6 +44,8 @@ def balance_size(request: PlanRequest) -> PlannerOutput:
     num_stages = request.stages_required("balance-size")
     held = request.contexts([1] * num_stages)[0].inflight
     state = 2 + request.optimizer_factor
-    sizes = [float(layer.param_bytes * state + layer.saved_bytes * held)
-             for layer in request.scaled.layers]
+    sizes = [
+        float(layer.param_bytes * state + layer.saved_bytes * held)
+        for layer in request.scaled.layers
+    ]
     return _output(request, block_partition(sizes, num_stages), "balance-size")

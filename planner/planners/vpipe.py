@@ -50,11 +50,14 @@ def vpipe(request: PlanRequest) -> PlannerOutput:
         step //= 2
     values = costs.values(bounds)
     if not is_finite(values):
-        raise InfeasibleError(f"vpipe found no split into {num_stages} stages that fits the "
-                              "device memory, even recomputing or swapping layers")
+        raise InfeasibleError(
+            f"vpipe found no split into {num_stages} stages that fits the "
+            "device memory, even recomputing or swapping layers"
+        )
     plan = request.build_plan(costs.stages(bounds), costs.policies(bounds), planner="vpipe")
-    return PlannerOutput(plan, max(values), {"moves": moves,
-                                             "stages_evaluated": costs.evaluator.solved})
+    return PlannerOutput(
+        plan, max(values), {"moves": moves, "stages_evaluated": costs.evaluator.solved}
+    )
 
 
 def _moves(bounds: Bounds, cut: int, step: int) -> list[Bounds]:
@@ -63,7 +66,7 @@ def _moves(bounds: Bounds, cut: int, step: int) -> list[Bounds]:
     for delta in (-step, step):
         moved = bounds[cut] + delta
         if bounds[cut - 1] < moved < bounds[cut + 1]:
-            result.append([*bounds[:cut], moved, *bounds[cut + 1:]])
+            result.append([*bounds[:cut], moved, *bounds[cut + 1 :]])
     return result
 
 
@@ -75,8 +78,12 @@ def relieve_bottleneck(costs: PartitionCosts, bounds: Bounds, step: int) -> tupl
     while True:
         values = costs.values(bounds)
         slowest = values.index(max(values))
-        options = [moved for cut in (slowest, slowest + 1) if 0 < cut < last
-                   for moved in _moves(bounds, cut, step)]
+        options = [
+            moved
+            for cut in (slowest, slowest + 1)
+            if 0 < cut < last
+            for moved in _moves(bounds, cut, step)
+        ]
         scored = [(leximax(costs.values(option)), option) for option in options]
         if not scored:
             return bounds, moves
@@ -88,6 +95,7 @@ def relieve_bottleneck(costs: PartitionCosts, bounds: Bounds, step: int) -> tupl
 
 def kernighan_lin(costs: PartitionCosts, bounds: Bounds, step: int) -> tuple[Bounds, int]:
     """Kernighan-Lin passes over the cut points (module docstring); (best bounds, moves)."""
+
     def score(candidate: Bounds) -> tuple[float, ...]:
         return leximax(costs.values(candidate))
 
@@ -96,8 +104,9 @@ def kernighan_lin(costs: PartitionCosts, bounds: Bounds, step: int) -> tuple[Bou
         current, free = best, set(range(1, len(bounds) - 1))
         pass_best, pass_key, pass_moves = best, best_key, 0
         for taken in range(1, len(free) + 1):
-            options = [(score(moved), cut, moved) for cut in free
-                       for moved in _moves(current, cut, step)]
+            options = [
+                (score(moved), cut, moved) for cut in free for moved in _moves(current, cut, step)
+            ]
             if not options:
                 break
             key, cut, current = min(options)

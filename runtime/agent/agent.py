@@ -33,30 +33,48 @@ Key = tuple[int, int]  # (run_id, attempt)
 class Agent:
     """Registers, starts the ranks it is assigned, relays events and commands."""
 
-    def __init__(self, server: str, token: str, *, name: str | None = None,
-                 slots: int | None = None, device: str = "auto",
-                 advertise_host: str | None = None,
-                 allowed_models: list[str] | None = None,
-                 state_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        *,
+        name: str | None = None,
+        slots: int | None = None,
+        device: str = "auto",
+        advertise_host: str | None = None,
+        allowed_models: list[str] | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
         self.devices = local_devices(device)
         self.slots = slots if slots is not None else len(self.devices)
         self.name = name or socket.gethostname()
         self.allowed_models = list(allowed_models or [])
         self.host = advertise_host or reachable_address(server)
-        self.connection = AgentConnection(server, token, self._hello, self._handle,
-                                          identity=Identity(state_dir, self.name, server))
+        self.connection = AgentConnection(
+            server,
+            token,
+            self._hello,
+            self._handle,
+            identity=Identity(state_dir, self.name, server),
+        )
         self.assignments: dict[Key, dict[str, Any]] = {}
         self.groups: dict[Key, RankGroup] = {}
         self.stores: dict[Key, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _hello(self) -> dict[str, Any]:
-        return {"name": self.name, "host": self.host, "devices": self.devices,
-                "slots": self.slots, "models": sorted(MODELS),
-                "allowed_models": self.allowed_models,
-                "runs": [{"run_id": run_id, "attempt": attempt,
-                          "ranks": [r["rank"] for r in a["ranks"]]}
-                         for (run_id, attempt), a in self.assignments.items()]}
+        return {
+            "name": self.name,
+            "host": self.host,
+            "devices": self.devices,
+            "slots": self.slots,
+            "models": sorted(MODELS),
+            "allowed_models": self.allowed_models,
+            "runs": [
+                {"run_id": run_id, "attempt": attempt, "ranks": [r["rank"] for r in a["ranks"]]}
+                for (run_id, attempt), a in self.assignments.items()
+            ],
+        }
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -71,13 +89,20 @@ class Agent:
         elif kind == "command":
             await asyncio.to_thread(self._command, message)
 
-    def _state(self, key: Key, state: str, text: str | None = None, *,
-               retry: bool = True) -> None:
+    def _state(self, key: Key, state: str, text: str | None = None, *, retry: bool = True) -> None:
         """Report the ranks' state; ``retry`` false: this worker refused the assignment
         (its configuration, or a model that cannot be built here), which another attempt
         would most likely meet again."""
-        self._post({"type": "run_state", "run_id": key[0], "attempt": key[1], "state": state,
-                    "message": text, **({} if retry else {"retry": False})})
+        self._post(
+            {
+                "type": "run_state",
+                "run_id": key[0],
+                "attempt": key[1],
+                "state": state,
+                "message": text,
+                **({} if retry else {"retry": False}),
+            }
+        )
 
     def _post(self, message: dict[str, Any]) -> None:
         assert self._loop is not None, "the agent is not running"
@@ -88,9 +113,14 @@ class Agent:
         self.assignments[key] = message
         model = str(message["config"].get("model"))
         if not model_allowed(model, MODELS, self.allowed_models):
-            self._end(key, "failed", f"worker {self.name} does not allow model {model!r}: "
-                      "it runs its built-in models and the factories matching its "
-                      "--allow-model patterns", retry=False)
+            self._end(
+                key,
+                "failed",
+                f"worker {self.name} does not allow model {model!r}: "
+                "it runs its built-in models and the factories matching its "
+                "--allow-model patterns",
+                retry=False,
+            )
             return
         try:
             engine_config(message["config"])
@@ -98,11 +128,19 @@ class Agent:
             self._end(key, "failed", f"worker {self.name}: {exc}", retry=False)
             return
         if message.get("open_store"):
-            store = open_store(int(message["world_size"]),
-                               float(message["config"].get("timeout_s", 20.0)))
+            store = open_store(
+                int(message["world_size"]), float(message["config"].get("timeout_s", 20.0))
+            )
             self.stores[key] = store
-            self._post({"type": "store", "run_id": key[0], "attempt": key[1],
-                        "host": self.host, "port": store.port})
+            self._post(
+                {
+                    "type": "store",
+                    "run_id": key[0],
+                    "attempt": key[1],
+                    "host": self.host,
+                    "port": store.port,
+                }
+            )
 
     def _rendezvous(self, message: dict[str, Any]) -> None:
         key = _key(message)
@@ -118,14 +156,19 @@ class Agent:
         assert loop is not None, "ranks start from inside the agent's event loop"
 
         def on_event(event: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(self.connection.add_event, run_id,
-                                      {**event, "attempt": attempt})
+            loop.call_soon_threadsafe(
+                self.connection.add_event, run_id, {**event, "attempt": attempt}
+            )
 
         group = RankGroup(
-            run_id, config, ranks, address,
+            run_id,
+            config,
+            ranks,
+            address,
             on_event=on_event,
             on_end=lambda state, text, retry: self._end(key, state, text, retry=retry),
-            host_ranks=_host_ranks(assignment))
+            host_ranks=_host_ranks(assignment),
+        )
         self.groups[key] = group
         group.start()
         self._state(key, "running", f"ranks {ranks} started on {self.name}")
@@ -140,14 +183,22 @@ class Agent:
 
     def _keys(self, run_id: object, up_to: object = None) -> list[Key]:
         """This worker's attempts of the run (up to attempt ``up_to`` when it is given)."""
-        return sorted(key for key in {*self.assignments, *self.groups} if key[0] == run_id
-                      and (not isinstance(up_to, int) or key[1] <= up_to))
+        return sorted(
+            key
+            for key in {*self.assignments, *self.groups}
+            if key[0] == run_id and (not isinstance(up_to, int) or key[1] <= up_to)
+        )
 
     def _command(self, message: dict[str, Any]) -> None:
         run_id, name = message.get("run_id"), message.get("command")
         payload = message.get("payload") or {}
-        result = {"type": "command_result", "run_id": run_id, "command": name,
-                  "command_id": message.get("command_id"), "payload": payload}
+        result = {
+            "type": "command_result",
+            "run_id": run_id,
+            "command": name,
+            "command_id": message.get("command_id"),
+            "payload": payload,
+        }
         keys = self._keys(run_id)
         group = self.groups.get(keys[-1]) if keys else None
         if name == "stop":

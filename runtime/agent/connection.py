@@ -32,9 +32,16 @@ class AgentAuthError(ValueError):
 class AgentConnection:
     """One worker's link; ``handle`` gets every message the server sends but acks."""
 
-    def __init__(self, url: str, token: str, hello: Callable[[], Message],
-                 handle: Callable[[Message], Awaitable[None]], *, flush_s: float = 0.05,
-                 identity: Identity | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        hello: Callable[[], Message],
+        handle: Callable[[Message], Awaitable[None]],
+        *,
+        flush_s: float = 0.05,
+        identity: Identity | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         if self.url.startswith("http"):
             self.url = "ws" + self.url[4:]
@@ -64,18 +71,25 @@ class AgentConnection:
         delay_s = 0.2
         while not self.closing:
             try:
-                async with connect(self.url, additional_headers={
-                        "Authorization": f"Bearer {self.token}"}, max_size=2**26,
-                        open_timeout=10, compression=None) as socket:
+                async with connect(
+                    self.url,
+                    additional_headers={"Authorization": f"Bearer {self.token}"},
+                    max_size=2**26,
+                    open_timeout=10,
+                    compression=None,
+                ) as socket:
                     delay_s = 0.2
                     await self._session(socket)
             except (OSError, ConnectionClosed, InvalidStatus, TimeoutError) as exc:
-                if isinstance(exc, ConnectionClosed) and exc.rcvd and \
-                        exc.rcvd.code in FATAL_CLOSE_CODES:
-                    raise AgentAuthError(f"{self.url} refused this worker "
-                                         f"({exc.rcvd.code}): {exc.rcvd.reason}") from None
-                log.info("connection to %s lost (%s); retrying in %.1f s", self.url,
-                         exc, delay_s)
+                if (
+                    isinstance(exc, ConnectionClosed)
+                    and exc.rcvd
+                    and exc.rcvd.code in FATAL_CLOSE_CODES
+                ):
+                    raise AgentAuthError(
+                        f"{self.url} refused this worker ({exc.rcvd.code}): {exc.rcvd.reason}"
+                    ) from None
+                log.info("connection to %s lost (%s); retrying in %.1f s", self.url, exc, delay_s)
             except InvalidURI as exc:
                 raise AgentAuthError(f"server URL {self.url!r} is not valid: {exc}") from None
             finally:
@@ -85,9 +99,14 @@ class AgentConnection:
                 delay_s = min(delay_s * 2, 5.0)
 
     async def _session(self, socket: ClientConnection) -> None:
-        hello = {**self.hello(), "type": "hello", "worker_id": self.identity.worker_id,
-                 "secret": self.identity.secret, "next_seq": self.outbox.first_unacked,
-                 "last_seq": self.outbox.next_seq - 1}
+        hello = {
+            **self.hello(),
+            "type": "hello",
+            "worker_id": self.identity.worker_id,
+            "secret": self.identity.secret,
+            "next_seq": self.outbox.first_unacked,
+            "last_seq": self.outbox.next_seq - 1,
+        }
         await socket.send(json.dumps(hello))
         welcome = json.loads(await socket.recv())
         if welcome.get("type") != "welcome":

@@ -32,8 +32,11 @@ class Identity:
 
     def __init__(self, state_dir: Path | None, name: str, server: str) -> None:
         self.server = server
-        self.path = (None if state_dir is None
-                     else state_dir / f"worker-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.json")
+        self.path = (
+            None
+            if state_dir is None
+            else state_dir / f"worker-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.json"
+        )
         known = self._read().get(server, {})
         self.worker_id: str | None = known.get("worker_id")
         self.secret: str | None = known.get("secret")
@@ -59,10 +62,13 @@ class Identity:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-                           "w") as out:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
                 json.dump(every, out)
             tmp.replace(self.path)
         except OSError as exc:
-            log.warning("cannot keep this worker's identity in %s (%s): a restart will "
-                        "register a new worker", self.path, exc)
+            log.warning(
+                "cannot keep this worker's identity in %s (%s): a restart will "
+                "register a new worker",
+                self.path,
+                exc,
+            )

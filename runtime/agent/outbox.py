@@ -40,8 +40,13 @@ class Outbox:
     def flush_events(self) -> None:
         for run_id, events in self._events.items():
             for start in range(0, len(events), self.max_batch):
-                self._number({"type": "events", "run_id": run_id,
-                              "events": events[start:start + self.max_batch]})
+                self._number(
+                    {
+                        "type": "events",
+                        "run_id": run_id,
+                        "events": events[start : start + self.max_batch],
+                    }
+                )
         self._events.clear()
         self.num_events = 0
 

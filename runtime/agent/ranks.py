@@ -31,9 +31,20 @@ from pipestudio.runtime.engine.rendezvous import StoreAddress
 from pipestudio.runtime.engine.repartition import RepartitionConfig
 
 Event = dict[str, Any]
-_CONFIG_KEYS = ("model", "model_args", "steps", "lr", "seed", "device", "threads_per_rank",
-                "timeout_s", "checkpoint_dir", "checkpoint_every", "resume",
-                "on_nonfinite_loss")
+_CONFIG_KEYS = (
+    "model",
+    "model_args",
+    "steps",
+    "lr",
+    "seed",
+    "device",
+    "threads_per_rank",
+    "timeout_s",
+    "checkpoint_dir",
+    "checkpoint_every",
+    "resume",
+    "on_nonfinite_loss",
+)
 
 
 def engine_config(config: dict[str, Any], control_dir: str | None = None) -> EngineConfig:
@@ -41,8 +52,10 @@ def engine_config(config: dict[str, Any], control_dir: str | None = None) -> Eng
     ``control_dir`` (plans without replicated stages) the job takes live repartition
     commands there (``engine/commands.py``)."""
     plan = Plan.model_validate(config["plan"])
-    engine = EngineConfig(plan=plan, **{key: config[key] for key in _CONFIG_KEYS
-                                        if key in config and config[key] is not None})
+    engine = EngineConfig(
+        plan=plan,
+        **{key: config[key] for key in _CONFIG_KEYS if key in config and config[key] is not None},
+    )
     if control_dir is not None and all(stage.replicas == 1 for stage in plan.stages):
         engine.repartition = RepartitionConfig(control_dir=control_dir)
     check_config(engine)
@@ -51,8 +64,9 @@ def engine_config(config: dict[str, Any], control_dir: str | None = None) -> Eng
 
 def open_store(world_size: int, timeout_s: float) -> dist.TCPStore:
     """The run's store, on a port the OS picks; it lives as long as this object."""
-    return dist.TCPStore("0.0.0.0", 0, world_size, True, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout_s))
+    return dist.TCPStore(
+        "0.0.0.0", 0, world_size, True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
 
 
 def _die_with_parent() -> None:
@@ -61,8 +75,9 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _rank_main(config: EngineConfig, rank: int, address: StoreAddress, conn: Connection,
-               ranks_here: int) -> None:
+def _rank_main(
+    config: EngineConfig, rank: int, address: StoreAddress, conn: Connection, ranks_here: int
+) -> None:
     _die_with_parent()
     ended_well = run_rank_reporting(config, rank, address, conn.send, ranks_here=ranks_here)
     conn.close()
@@ -72,10 +87,16 @@ def _rank_main(config: EngineConfig, rank: int, address: StoreAddress, conn: Con
 class RankGroup:
     """This worker's ranks of one run (module docstring)."""
 
-    def __init__(self, run_id: int, config: EngineConfig, ranks: list[int],
-                 address: StoreAddress, on_event: Callable[[Event], None],
-                 on_end: Callable[[str, str | None, bool], None],
-                 host_ranks: int | None = None) -> None:
+    def __init__(
+        self,
+        run_id: int,
+        config: EngineConfig,
+        ranks: list[int],
+        address: StoreAddress,
+        on_event: Callable[[Event], None],
+        on_end: Callable[[str, str | None, bool], None],
+        host_ranks: int | None = None,
+    ) -> None:
         self.run_id, self.config, self.ranks, self.address = run_id, config, ranks, address
         #: The run's ranks on this host, this worker's and others' (they share its cores).
         self.host_ranks = max(host_ranks or 0, len(ranks))
@@ -92,14 +113,21 @@ class RankGroup:
         for rank in self.ranks:
             reader, writer = context.Pipe(duplex=False)
             process = context.Process(
-                target=_rank_main, name=f"pipestudio-run{self.run_id}-rank{rank}",
-                args=(self.config, rank, self.address, writer, self.host_ranks), daemon=True)
+                target=_rank_main,
+                name=f"pipestudio-run{self.run_id}-rank{rank}",
+                args=(self.config, rank, self.address, writer, self.host_ranks),
+                daemon=True,
+            )
             process.start()
             writer.close()
             readers.append(reader)
             self.processes.append(process)
-        threading.Thread(target=self._relay, args=(readers,), daemon=True,
-                         name=f"pipestudio-run{self.run_id}-relay").start()
+        threading.Thread(
+            target=self._relay,
+            args=(readers,),
+            daemon=True,
+            name=f"pipestudio-run{self.run_id}-relay",
+        ).start()
 
     def _relay(self, readers: list[Connection]) -> None:
         while readers:
@@ -133,8 +161,11 @@ class RankGroup:
         elif all(code == 0 for code in codes):
             self.on_end("finished", None, True)
         else:
-            self.on_end("failed", self.errors[0] if self.errors else
-                        f"rank processes exited with {codes}", self.retry)
+            self.on_end(
+                "failed",
+                self.errors[0] if self.errors else f"rank processes exited with {codes}",
+                self.retry,
+            )
 
     def migrate(self, stages: list[list[str]], timeout_s: float = 60.0) -> tuple[bool, str]:
         """Ask the job (through rank 0's control directory) to take these stages."""
@@ -148,8 +179,9 @@ class RankGroup:
             return False, str(exc)
         if not status.get("accepted"):
             return False, f"the engine refused: {status.get('reason')}"
-        return True, (f"migration {status.get('migration')} takes effect at step "
-                      f"{status.get('step')}")
+        return True, (
+            f"migration {status.get('migration')} takes effect at step {status.get('step')}"
+        )
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Terminate the ranks (SIGTERM, then SIGKILL after ``grace_s``)."""

@@ -39,9 +39,16 @@ def _step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
 
-def save_rank(root: str, step: int, stage_idx: int, replica: int, module: nn.Module,
-              optimizer: torch.optim.Optimizer | None, device: torch.device,
-              loss_scaler: LossScaler | None = None) -> None:
+def save_rank(
+    root: str,
+    step: int,
+    stage_idx: int,
+    replica: int,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    device: torch.device,
+    loss_scaler: LossScaler | None = None,
+) -> None:
     folder = _step_dir(Path(root), step)
     folder.mkdir(parents=True, exist_ok=True)
     state = {
@@ -59,15 +66,26 @@ def save_rank(root: str, step: int, stage_idx: int, replica: int, module: nn.Mod
     tmp.replace(path)
 
 
-def publish(root: str, step: int, plan: Plan, model: str, model_args: dict[str, str],
-            repartition: dict[str, Any] | None = None) -> None:
+def publish(
+    root: str,
+    step: int,
+    plan: Plan,
+    model: str,
+    model_args: dict[str, str],
+    repartition: dict[str, Any] | None = None,
+) -> None:
     """Rank 0, once every rank has saved ``step``: point ``latest.json`` at it (with the
     live repartition's record, ``control.Coordinator.record``, when it has one)."""
     root_path = Path(root)
     previous = read_latest(root)
-    meta: dict[str, Any] = {"step": step, "path": _step_dir(root_path, step).name,
-                            "model": model, "model_args": model_args,
-                            "plan": json.loads(plan.to_json()), "saved_at": time.time()}
+    meta: dict[str, Any] = {
+        "step": step,
+        "path": _step_dir(root_path, step).name,
+        "model": model,
+        "model_args": model_args,
+        "plan": json.loads(plan.to_json()),
+        "saved_at": time.time(),
+    }
     if repartition is not None:
         meta["repartition"] = repartition
     tmp = root_path / "latest.json.tmp"
@@ -110,18 +128,28 @@ def check_compatible(root: str, plan: Plan, model: str, model_args: dict[str, st
     if meta is None:
         return 0
     if meta["model"] != model or meta["model_args"] != model_args:
-        raise EngineError(f"the checkpoint in {root} is of model {meta['model']!r} "
-                          f"{meta['model_args']}, not {model!r} {model_args}")
+        raise EngineError(
+            f"the checkpoint in {root} is of model {meta['model']!r} "
+            f"{meta['model_args']}, not {model!r} {model_args}"
+        )
     if meta["plan"] != json.loads(plan.to_json()):
-        raise EngineError(f"the checkpoint in {root} was made with another plan; resume "
-                          "with the plan it was made with")
+        raise EngineError(
+            f"the checkpoint in {root} was made with another plan; resume "
+            "with the plan it was made with"
+        )
     step: int = meta["step"]
     return step
 
 
-def load_rank(root: str, stage_idx: int, replica: int, module: nn.Module,
-              optimizer: torch.optim.Optimizer | None, device: torch.device,
-              loss_scaler: LossScaler | None = None) -> int:
+def load_rank(
+    root: str,
+    stage_idx: int,
+    replica: int,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    device: torch.device,
+    loss_scaler: LossScaler | None = None,
+) -> int:
     """Restore this rank's state (and fp16's loss scale); the step to continue at."""
     meta = read_latest(root)
     assert meta is not None

@@ -85,8 +85,12 @@ class Controller:
     def __init__(self, control_dir: str) -> None:
         self.control_dir = control_dir
 
-    def migrate(self, moves: Sequence[tuple[str, int]] | None = None,
-                stages: Sequence[Sequence[str]] | None = None, step: int | None = None) -> int:
+    def migrate(
+        self,
+        moves: Sequence[tuple[str, int]] | None = None,
+        stages: Sequence[Sequence[str]] | None = None,
+        step: int | None = None,
+    ) -> int:
         """Apply a repartition as soon as possible (or not before ``step``)."""
         if (moves is None) == (stages is None):
             raise EngineError("give either moves [(layer, stage), ...] or stages")
@@ -101,8 +105,10 @@ class Controller:
 
     def propose(self, moves: Sequence[tuple[str, int]]) -> int:
         """Hold a repartition as a proposal of the job, to approve later."""
-        return post(self.control_dir, {"command": "propose",
-                                       "moves": [[layer, stage] for layer, stage in moves]})
+        return post(
+            self.control_dir,
+            {"command": "propose", "moves": [[layer, stage] for layer, stage in moves]},
+        )
 
     def approve(self, proposal_id: int) -> int:
         return post(self.control_dir, {"command": "approve", "proposal": proposal_id})
@@ -111,8 +117,9 @@ class Controller:
         return post(self.control_dir, {"command": "reject", "proposal": proposal_id})
 
     def status(self, seq: int) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = read_json(Path(self.control_dir) / "status"
-                                                  / f"{seq:06d}.json")
+        result: dict[str, Any] | None = read_json(
+            Path(self.control_dir) / "status" / f"{seq:06d}.json"
+        )
         return result
 
     def wait_status(self, seq: int, timeout_s: float = 30.0) -> dict[str, Any]:

@@ -76,8 +76,10 @@ class EngineConfig:
 
     def check(self) -> None:
         """Raise ``EngineError`` naming the first bad setting."""
-        for name, value, low in (("steps", self.steps, 1), ("checkpoint_every",
-                                 self.checkpoint_every, 0)):
+        for name, value, low in (
+            ("steps", self.steps, 1),
+            ("checkpoint_every", self.checkpoint_every, 0),
+        ):
             if value < low:
                 raise EngineError(f"{name} must be >= {low}, got {value}")
         if self.threads_per_rank is not None and self.threads_per_rank < 1:
@@ -87,25 +89,33 @@ class EngineConfig:
         if self.timeout_s <= 0:
             raise EngineError(f"the timeout must be > 0 seconds, got {self.timeout_s}")
         if self.device not in DEVICES:
-            raise EngineError(f"device {self.device!r} is unknown; expected one of "
-                              f"{', '.join(DEVICES)}")
+            raise EngineError(
+                f"device {self.device!r} is unknown; expected one of {', '.join(DEVICES)}"
+            )
         if self.plan.precision == "fp16" and self.plan.schedule == "pipedream":
-            raise EngineError("the plan's precision 'fp16' needs a loss scale that all "
-                              "stages agree on once per step, which schedule 'pipedream' "
-                              "(an update per micro-batch) has not: train it in bf16, or "
-                              "fp16 with gpipe or 1f1b")
+            raise EngineError(
+                "the plan's precision 'fp16' needs a loss scale that all "
+                "stages agree on once per step, which schedule 'pipedream' "
+                "(an update per micro-batch) has not: train it in bf16, or "
+                "fp16 with gpipe or 1f1b"
+            )
         if not (math.isfinite(self.loss_scale) and self.loss_scale > 0):
-            raise EngineError(f"the loss scale must be a finite number > 0, got "
-                              f"{self.loss_scale}")
+            raise EngineError(f"the loss scale must be a finite number > 0, got {self.loss_scale}")
         if self.loss_scale_growth_interval < 1:
-            raise EngineError(f"the loss scale's growth interval must be >= 1 step, got "
-                              f"{self.loss_scale_growth_interval}")
+            raise EngineError(
+                f"the loss scale's growth interval must be >= 1 step, got "
+                f"{self.loss_scale_growth_interval}"
+            )
         if self.granularity not in GRANULARITIES:
-            raise EngineError(f"granularity {self.granularity!r} is unknown; expected one of "
-                              f"{', '.join(GRANULARITIES)}")
+            raise EngineError(
+                f"granularity {self.granularity!r} is unknown; expected one of "
+                f"{', '.join(GRANULARITIES)}"
+            )
         if self.on_nonfinite_loss not in ON_NONFINITE_LOSS:
-            raise EngineError(f"on_nonfinite_loss {self.on_nonfinite_loss!r} is unknown; "
-                              f"expected one of {', '.join(ON_NONFINITE_LOSS)}")
+            raise EngineError(
+                f"on_nonfinite_loss {self.on_nonfinite_loss!r} is unknown; "
+                f"expected one of {', '.join(ON_NONFINITE_LOSS)}"
+            )
         if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
             raise EngineError("--resume and --checkpoint-every need --checkpoint-dir")
         if self.repartition is not None:
@@ -119,8 +129,7 @@ def build_model(config: EngineConfig) -> ModelSpec:
     the run's granularity and with its BatchNorm setting (module docstring)."""
     args = dict(config.model_args)
     if config.seed is not None and "seed" not in args:
-        factory = (MODELS[config.model] if config.model in MODELS
-                   else import_factory(config.model))
+        factory = MODELS[config.model] if config.model in MODELS else import_factory(config.model)
         if "seed" in inspect.signature(factory).parameters:
             args["seed"] = str(config.seed)
     spec = load_model(config.model, args)
@@ -134,6 +143,7 @@ def build_model(config: EngineConfig) -> ModelSpec:
 def _defer_batchnorm(spec: ModelSpec, plan: Plan) -> None:
     """Each replica of a stage runs ``num_microbatches / replicas`` micro-batches a step."""
     replicas = {name: stage.replicas for stage in plan.stages for name in stage.layers}
-    spec.layers = [(name, defer_batchnorm(module, plan.num_microbatches
-                                          // replicas.get(name, 1)))
-                   for name, module in spec.layers]
+    spec.layers = [
+        (name, defer_batchnorm(module, plan.num_microbatches // replicas.get(name, 1)))
+        for name, module in spec.layers
+    ]

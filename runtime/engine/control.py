@@ -81,8 +81,15 @@ def lead_steps(plan: Plan) -> int:
 class ControlClient:
     """A rank's side of the control (module docstring); rank 0 also holds the coordinator."""
 
-    def __init__(self, config: EngineConfig, spec: ModelSpec, rank: int, world_size: int,
-                 store: Any, sink: EventSink) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        spec: ModelSpec,
+        rank: int,
+        world_size: int,
+        store: Any,
+        sink: EventSink,
+    ) -> None:
         assert config.repartition is not None
         self.settings: RepartitionConfig = config.repartition
         self.rank, self.world_size, self.store = rank, world_size, store
@@ -117,14 +124,13 @@ class ControlClient:
 class Coordinator:
     """Rank 0's decisions (module docstring)."""
 
-    def __init__(self, config: EngineConfig, spec: ModelSpec, store: Any, sink: EventSink
-                 ) -> None:
+    def __init__(self, config: EngineConfig, spec: ModelSpec, store: Any, sink: EventSink) -> None:
         assert config.repartition is not None
         self.config, self.spec, self.store, self.sink = config, spec, store, sink
         self.settings = config.repartition
         self.lead = lead_steps(config.plan)
         self.world_size = config.plan.num_workers
-        self.next_id, self.last_effective = 1, -10 ** 9
+        self.next_id, self.last_effective = 1, -(10**9)
         self.first_step = 0
         #: the scripted migrations in order of step (a record names them by index), and
         #: (the step it is due, its index, the migration) of those not queued yet
@@ -137,8 +143,11 @@ class Coordinator:
         self.held: dict[int, dict[str, Any]] = {}  # id -> stages, policies, proposal
         self.seen_seq, self.next_window = 0, self.settings.every - 1
         self.next_proposal = 1
-        self.cluster = (load_document(Cluster, self.settings.cluster_path)
-                        if self.settings.cluster_path else None)
+        self.cluster = (
+            load_document(Cluster, self.settings.cluster_path)
+            if self.settings.cluster_path
+            else None
+        )
         self._thread: threading.Thread | None = None
         self._result: tuple[int, Proposal | Exception] | None = None
 
@@ -150,8 +159,11 @@ class Coordinator:
         every = self.settings.every
         if every > 0:  # the first window of measurements wholly in this run
             self.next_window = every * (-(-start_step // every) + 1) - 1
-        meta = (read_latest(self.config.checkpoint_dir)
-                if self.config.resume and self.config.checkpoint_dir and start_step else None)
+        meta = (
+            read_latest(self.config.checkpoint_dir)
+            if self.config.resume and self.config.checkpoint_dir and start_step
+            else None
+        )
         record = (meta or {}).get("repartition") or {}
         entries = _match(self.scripted, record.get("scripted", []))
         kept = []
@@ -162,11 +174,17 @@ class Coordinator:
                 if due >= start_step:
                     kept.append((due, index, migration))
                 elif record:  # added to the list since the stopped run
-                    self.sink({"type": "migration", "phase": "rejected", "source": "scripted",
-                               "reason": f"--migrate {_text(migration)} is for step "
-                                         f"{migration.step}, before step {start_step} where "
-                                         "this run resumes, and the checkpoint has no record "
-                                         "of it: not made (give it a later step)"})
+                    self.sink(
+                        {
+                            "type": "migration",
+                            "phase": "rejected",
+                            "source": "scripted",
+                            "reason": f"--migrate {_text(migration)} is for step "
+                            f"{migration.step}, before step {start_step} where "
+                            "this run resumes, and the checkpoint has no record "
+                            "of it: not made (give it a later step)",
+                        }
+                    )
             elif entry["due"] is None:
                 self.consumed.add(index)  # made, or queued (below)
             else:
@@ -181,8 +199,11 @@ class Coordinator:
             self.held = {int(pid): held for pid, held in record["held"].items()}
         index_now = {entry["index"]: index for index, entry in entries.items()}
         for entry in record["queued"]:
-            request = {key: value for key, value in entry["request"].items()
-                       if same or key not in ("seq", "proposal")}  # files of another dir
+            request = {
+                key: value
+                for key, value in entry["request"].items()
+                if same or key not in ("seq", "proposal")
+            }  # files of another dir
             request["step"] = max(entry["effective"] or request.get("step") or 0, start_step)
             if request["source"] == "scripted":  # its place in this run's list, if any
                 request["index"] = index_now.get(request["index"])
@@ -201,19 +222,29 @@ class Coordinator:
             if request["source"] == "scripted" and request["index"] is not None:
                 entries[request["index"]] = None
             if not request.get("rejected") and (effective is None or effective > step):
-                queued.append({"request": {k: v for k, v in request.items()
-                                           if k not in ("effective", "rejected")},
-                               "effective": effective})
+                queued.append(
+                    {
+                        "request": {
+                            k: v for k, v in request.items() if k not in ("effective", "rejected")
+                        },
+                        "effective": effective,
+                    }
+                )
         for scheduled, index, _ in self.scripted:
             entries[index] = scheduled
         scripted = []
         for index, due in sorted(entries.items()):
             step, moves = _key(self.migrations[index])
             scripted.append({"index": index, "step": step, "moves": moves, "due": due})
-        return {"scripted": scripted, "queued": queued, "next_id": self.next_id,
-                "control_dir": self._control_dir(), "seen": self.seen_seq,
-                "next_proposal": self.next_proposal,
-                "held": {str(pid): held for pid, held in self.held.items()}}
+        return {
+            "scripted": scripted,
+            "queued": queued,
+            "next_id": self.next_id,
+            "control_dir": self._control_dir(),
+            "seen": self.seen_seq,
+            "next_proposal": self.next_proposal,
+            "held": {str(pid): held for pid, held in self.held.items()},
+        }
 
     def _control_dir(self) -> str | None:
         control_dir = self.settings.control_dir
@@ -226,20 +257,25 @@ class Coordinator:
     def decide(self, step: int, plan: Plan) -> list[dict[str, Any]]:
         while self.scripted and self.scripted[0][0] - self.lead <= step:
             due, index, scripted = self.scripted.pop(0)
-            if (index in self.unrecorded and scripted.step == self.first_step
-                    and _holds(plan, scripted.moves)):
+            if (
+                index in self.unrecorded
+                and scripted.step == self.first_step
+                and _holds(plan, scripted.moves)
+            ):
                 self.consumed.add(index)
                 continue  # made before the checkpoint this run resumed from
-            self._queue({"moves": _key(scripted)[1], "step": due, "source": "scripted",
-                         "index": index})
+            self._queue(
+                {"moves": _key(scripted)[1], "step": due, "source": "scripted", "index": index}
+            )
         self._read_commands()
         if self.settings.every > 0:
             self._online(step, plan)
         lead = 0 if step == self.first_step else self.lead  # flushed: nothing to send ahead
         decisions = []
         while self.requests:
-            effective = max(step + lead, self.last_effective + self.lead,
-                            self.requests[0].get("step") or 0)
+            effective = max(
+                step + lead, self.last_effective + self.lead, self.requests[0].get("step") or 0
+            )
             effective = self._before_cut(step, effective)
             if effective >= self.config.steps or effective <= self.last_effective:
                 break  # (the cut before it takes a migration already: decide after it)
@@ -251,41 +287,62 @@ class Coordinator:
 
     def _before_cut(self, step: int, effective: int) -> int:
         """Under pipedream, a checkpoint cut between now and then becomes the switch."""
-        cuts = [first for first, _ in segments(self.config.plan, 0, self.config.steps,
-                                               self.config.checkpoint_every)]
+        cuts = [
+            first
+            for first, _ in segments(
+                self.config.plan, 0, self.config.steps, self.config.checkpoint_every
+            )
+        ]
         inside = [cut for cut in cuts if step < cut < effective]
         return inside[0] if inside and self.config.plan.schedule == "pipedream" else effective
 
-    def _schedule(self, request: dict[str, Any], plan: Plan, effective: int
-                  ) -> dict[str, Any] | None:
+    def _schedule(
+        self, request: dict[str, Any], plan: Plan, effective: int
+    ) -> dict[str, Any] | None:
         migration_id = self.next_id
         try:
             target = self._target(request, plan)
             moves = moved_layers(plan, target)
         except (EngineError, ValueError) as exc:
             self._answer(request, {"accepted": False, "reason": str(exc)})
-            self.sink({"type": "migration", "phase": "rejected", "reason": str(exc),
-                       "source": request["source"]})
+            self.sink(
+                {
+                    "type": "migration",
+                    "phase": "rejected",
+                    "reason": str(exc),
+                    "source": request["source"],
+                }
+            )
             request["rejected"] = True
             return None
         self.next_id += 1
         self.last_effective = request["effective"] = effective
-        self._answer(request, {"accepted": True, "reason": "scheduled",
-                               "migration": migration_id, "step": effective})
-        self.sink({"type": "migration", "phase": "scheduled", "id": migration_id,
-                   "step": effective, "source": request["source"],
-                   "moves": [{"layer": n, "from_stage": a, "to_stage": b}
-                             for n, a, b in moves],
-                   "proposal": request.get("proposal")})
-        return {"id": migration_id, "step": effective,
-                "stages": [stage.layers for stage in target.stages],
-                "policies": dict(target.policies)}
+        self._answer(
+            request,
+            {"accepted": True, "reason": "scheduled", "migration": migration_id, "step": effective},
+        )
+        self.sink(
+            {
+                "type": "migration",
+                "phase": "scheduled",
+                "id": migration_id,
+                "step": effective,
+                "source": request["source"],
+                "moves": [{"layer": n, "from_stage": a, "to_stage": b} for n, a, b in moves],
+                "proposal": request.get("proposal"),
+            }
+        )
+        return {
+            "id": migration_id,
+            "step": effective,
+            "stages": [stage.layers for stage in target.stages],
+            "policies": dict(target.policies),
+        }
 
     def _target(self, request: dict[str, Any], plan: Plan) -> Plan:
         check_replicas(plan)
         if "moves" in request:
-            target = new_plan(plan, [tuple(m) for m in request["moves"]],
-                              self.spec.layer_names)
+            target = new_plan(plan, [tuple(m) for m in request["moves"]], self.spec.layer_names)
         else:
             target = with_stages(plan, request["stages"], request.get("policies"))
         EngineLayout(target, self.spec.name, self.spec.layer_names, self.spec.graph_inputs())
@@ -295,8 +352,11 @@ class Coordinator:
         if request.get("seq") and self.settings.control_dir:
             write_json(_path(self.settings.control_dir, "status", request["seq"]), status)
         if request.get("proposal") and self.settings.control_dir:
-            self._proposal_file(request["proposal"], "applied" if status["accepted"]
-                                else "rejected", status.get("step"))
+            self._proposal_file(
+                request["proposal"],
+                "applied" if status["accepted"] else "rejected",
+                status.get("step"),
+            )
 
     def _read_commands(self) -> None:
         if not self.settings.control_dir:
@@ -313,17 +373,26 @@ class Coordinator:
             elif kind in ("approve", "reject") and command.get("proposal") in self.held:
                 held = self.held.pop(command["proposal"])
                 if kind == "approve":
-                    self._queue({"stages": held["stages"], "policies": held["policies"],
-                                 "seq": seq, "proposal": command["proposal"],
-                                 "source": "approved"})
+                    self._queue(
+                        {
+                            "stages": held["stages"],
+                            "policies": held["policies"],
+                            "seq": seq,
+                            "proposal": command["proposal"],
+                            "source": "approved",
+                        }
+                    )
                 else:
                     self._proposal_file(command["proposal"], "rejected", None)
-                    write_json(_path(self.settings.control_dir, "status", seq),
-                               {"accepted": True, "reason": "rejected"})
+                    write_json(
+                        _path(self.settings.control_dir, "status", seq),
+                        {"accepted": True, "reason": "rejected"},
+                    )
             else:
-                write_json(_path(self.settings.control_dir, "status", seq),
-                           {"accepted": False, "reason": f"unknown command or proposal: "
-                                                         f"{command}"})
+                write_json(
+                    _path(self.settings.control_dir, "status", seq),
+                    {"accepted": False, "reason": f"unknown command or proposal: {command}"},
+                )
 
     def _hold_command(self, request: dict[str, Any]) -> None:
         """A repartition posted as a proposal: checked now, held until approved."""
@@ -333,16 +402,19 @@ class Coordinator:
             self._answer({"seq": request["seq"]}, {"accepted": False, "reason": str(exc)})
             return
         self.hold(target, None)
-        self._answer({"seq": request["seq"]}, {"accepted": True, "reason": "held",
-                                               "proposal": self.next_proposal - 1})
+        self._answer(
+            {"seq": request["seq"]},
+            {"accepted": True, "reason": "held", "proposal": self.next_proposal - 1},
+        )
 
     def hold(self, target: Plan, proposal: Proposal | None) -> int:
         pid = self.next_proposal
         self.next_proposal += 1
-        self.held[pid] = {"stages": [s.layers for s in target.stages],
-                          "policies": dict(target.policies),
-                          "proposal": None if proposal is None
-                          else proposal.model_dump(mode="json")}
+        self.held[pid] = {
+            "stages": [s.layers for s in target.stages],
+            "policies": dict(target.policies),
+            "proposal": None if proposal is None else proposal.model_dump(mode="json"),
+        }
         self._proposal_file(pid, "held", None)
         return pid
 
@@ -351,8 +423,11 @@ class Coordinator:
             return
         path = _path(self.settings.control_dir, "proposals", pid)
         held = self.held.get(pid)
-        previous = held["proposal"] if held else (json.loads(path.read_text()).get("proposal")
-                                                  if path.exists() else None)
+        previous = (
+            held["proposal"]
+            if held
+            else (json.loads(path.read_text()).get("proposal") if path.exists() else None)
+        )
         write_json(path, {"id": pid, "status": status, "step": step, "proposal": previous})
 
     def _online(self, step: int, plan: Plan) -> None:
@@ -372,19 +447,34 @@ class Coordinator:
             window, self.next_window = self.next_window, self.next_window + every
         if window is None or window - every + 1 <= self.last_effective or self.requests:
             return
-        reports = [json.loads(self.store.get(f"{_PREFIX}/measure/{window}/{r}").decode())
-                   for r in range(self.world_size)]
-        self._thread = threading.Thread(target=self._evaluate, args=(window, reports, plan),
-                                        name="pipestudio-replan", daemon=True)
+        reports = [
+            json.loads(self.store.get(f"{_PREFIX}/measure/{window}/{r}").decode())
+            for r in range(self.world_size)
+        ]
+        self._thread = threading.Thread(
+            target=self._evaluate,
+            args=(window, reports, plan),
+            name="pipestudio-replan",
+            daemon=True,
+        )
         self._thread.start()
 
     def _evaluate(self, window: int, reports: list[dict[str, Any]], plan: Plan) -> None:
         try:
-            profile = observed_profile(self.spec.name, plan.microbatch_size,
-                                       self.spec.layer_names, self.spec.edges(), reports)
+            profile = observed_profile(
+                self.spec.name,
+                plan.microbatch_size,
+                self.spec.layer_names,
+                self.spec.edges(),
+                reports,
+            )
             outcome: Proposal | Exception = evaluate_replan(
-                plan, profile, self.cluster, payback_steps=self.settings.payback_steps,
-                min_gain_fraction=self.settings.min_gain_fraction)
+                plan,
+                profile,
+                self.cluster,
+                payback_steps=self.settings.payback_steps,
+                min_gain_fraction=self.settings.min_gain_fraction,
+            )
         except Exception as exc:  # reported as an event; training goes on
             outcome = exc
         self._result = (window, outcome)
@@ -395,13 +485,17 @@ class Coordinator:
             self.sink({**event, "error": f"{type(outcome).__name__}: {outcome}"})
             return
         stale = [s.layers for s in outcome.current_stages] != [s.layers for s in plan.stages]
-        event.update(worthwhile=outcome.worthwhile and not stale, reason=outcome.reason,
-                     step_time_now_ms=outcome.step_time_now_ms,
-                     step_time_after_ms=outcome.step_time_after_ms, gain_ms=outcome.gain_ms,
-                     gain_fraction=outcome.gain_fraction,
-                     migration_bytes=outcome.migration_bytes,
-                     moves=[m.model_dump() for m in outcome.moves],
-                     candidates=[c.model_dump() for c in outcome.candidates])
+        event.update(
+            worthwhile=outcome.worthwhile and not stale,
+            reason=outcome.reason,
+            step_time_now_ms=outcome.step_time_now_ms,
+            step_time_after_ms=outcome.step_time_after_ms,
+            gain_ms=outcome.gain_ms,
+            gain_fraction=outcome.gain_fraction,
+            migration_bytes=outcome.migration_bytes,
+            moves=[m.model_dump() for m in outcome.moves],
+            candidates=[c.model_dump() for c in outcome.candidates],
+        )
         if outcome.worthwhile and not stale:
             pid = self.hold(outcome.new_plan, outcome)
             event.update(id=pid, status="applied" if self.settings.auto else "held")
@@ -411,8 +505,9 @@ class Coordinator:
         self.sink(event)
 
 
-def _match(scripted: list[tuple[int, int, ScriptedMigration]], recorded: list[dict[str, Any]]
-           ) -> dict[int, dict[str, Any]]:
+def _match(
+    scripted: list[tuple[int, int, ScriptedMigration]], recorded: list[dict[str, Any]]
+) -> dict[int, dict[str, Any]]:
     """Each scripted migration's entry in a checkpoint's record (by index): the entry of
     its index when it records the same step and moves, else the first unclaimed one that
     does (a list that gained moves shifts the indices)."""
@@ -423,8 +518,14 @@ def _match(scripted: list[tuple[int, int, ScriptedMigration]], recorded: list[di
         for index, key in keys.items():
             if index in result:
                 continue
-            entry = next((e for e in unclaimed if (e["step"], e["moves"]) == key
-                          and (e["index"] == index or not by_index)), None)
+            entry = next(
+                (
+                    e
+                    for e in unclaimed
+                    if (e["step"], e["moves"]) == key and (e["index"] == index or not by_index)
+                ),
+                None,
+            )
             if entry is not None:
                 result[index] = entry
                 unclaimed.remove(entry)
@@ -433,8 +534,7 @@ def _match(scripted: list[tuple[int, int, ScriptedMigration]], recorded: list[di
 
 def _text(migration: ScriptedMigration) -> str:
     """As ``--migrate`` writes it."""
-    return f"{migration.step}:" + ",".join(f"{layer}@{stage}" for layer, stage in
-                                           migration.moves)
+    return f"{migration.step}:" + ",".join(f"{layer}@{stage}" for layer, stage in migration.moves)
 
 
 def _key(migration: ScriptedMigration) -> tuple[int, list[list[Any]]]:

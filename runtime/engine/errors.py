@@ -24,8 +24,7 @@ class WorkerFailure(RuntimeError):
 
     cause: str | None = None
 
-    def __init__(self, message: str, root_rank: int | None = None, *,
-                 retry: bool = True) -> None:
+    def __init__(self, message: str, root_rank: int | None = None, *, retry: bool = True) -> None:
         super().__init__(message)
         self.root_rank = root_rank
         self.retry = retry
@@ -39,5 +38,4 @@ class NonFiniteLoss(WorkerFailure):
     def __init__(self, loss: float, step: int, stage_idx: int, rank: int) -> None:
         assert not math.isfinite(loss)
         name = "NaN" if math.isnan(loss) else ("inf" if loss > 0 else "-inf")
-        super().__init__(f"loss is {name} at step {step} (stage {stage_idx})", rank,
-                         retry=False)
+        super().__init__(f"loss is {name} at step {step} (stage {stage_idx})", rank, retry=False)

@@ -28,7 +28,7 @@ def _sizes_and_padded(data: torch.Tensor, world_size: int) -> tuple[list[int], t
     dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64))
     counts = [int(size.item()) for size in sizes]
     padded = torch.zeros(max(counts), dtype=torch.uint8)
-    padded[:data.numel()] = data
+    padded[: data.numel()] = data
     return counts, padded
 
 

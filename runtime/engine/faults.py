@@ -32,11 +32,21 @@ from pipestudio.runtime.engine.rendezvous import StoreAddress, connect
 class Watchdog:
     """One rank's heartbeat, failure record and diagnosis (see the module docstring)."""
 
-    def __init__(self, address: StoreAddress, rank: int, world_size: int,
-                 describe: Callable[[int], str], timeout_s: float, *,
-                 heartbeat_s: float = 0.5, stale_s: float = 3.0, grace_s: float = 5.0) -> None:
-        self.store = connect(StoreAddress(address.host, address.port, False, address.prefix),
-                             world_size, timeout_s)
+    def __init__(
+        self,
+        address: StoreAddress,
+        rank: int,
+        world_size: int,
+        describe: Callable[[int], str],
+        timeout_s: float,
+        *,
+        heartbeat_s: float = 0.5,
+        stale_s: float = 3.0,
+        grace_s: float = 5.0,
+    ) -> None:
+        self.store = connect(
+            StoreAddress(address.host, address.port, False, address.prefix), world_size, timeout_s
+        )
         self.rank, self.world_size, self.describe = rank, world_size, describe
         self.heartbeat_s, self.stale_s, self.grace_s = heartbeat_s, stale_s, grace_s
         self.activity, self.since = "starting", time.time()
@@ -44,16 +54,19 @@ class Watchdog:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._beat()
-        self._thread = threading.Thread(target=self._run, name="pipestudio-heartbeat",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="pipestudio-heartbeat", daemon=True)
         self._thread.start()
 
     def doing(self, activity: str, waiting_on: int | None = None) -> None:
         self.activity, self.waiting_on, self.since = activity, waiting_on, time.time()
 
     def _beat(self) -> None:
-        beat = {"time": time.time(), "activity": self.activity, "waiting_on": self.waiting_on,
-                "since": self.since}
+        beat = {
+            "time": time.time(),
+            "activity": self.activity,
+            "waiting_on": self.waiting_on,
+            "since": self.since,
+        }
         with self._lock:
             self.store.set(f"heartbeat/{self.rank}", json.dumps(beat))
 
@@ -76,8 +89,10 @@ class Watchdog:
         self._stop.set()
         try:
             with self._lock:
-                self.store.set(f"failed/{self.rank}", json.dumps(
-                    {"root": root, "reason": reason, "retry": retry}))
+                self.store.set(
+                    f"failed/{self.rank}",
+                    json.dumps({"root": root, "reason": reason, "retry": retry}),
+                )
         except Exception:
             pass
 
@@ -100,8 +115,14 @@ class Watchdog:
             if heartbeats and record is None and not self.store.check([f"done/{rank}"]):
                 beat = self._read(f"heartbeat/{rank}")
                 if beat is not None and now - beat["time"] > self.stale_s:
-                    return rank, (f"{self.describe(rank)} is dead or frozen: no heartbeat for "
-                                  f"{now - beat['time']:.1f} s (last: {beat['activity']})"), True
+                    return (
+                        rank,
+                        (
+                            f"{self.describe(rank)} is dead or frozen: no heartbeat for "
+                            f"{now - beat['time']:.1f} s (last: {beat['activity']})"
+                        ),
+                        True,
+                    )
         return None
 
     def diagnose(self, peer: int | None) -> tuple[int | None, str, bool]:
@@ -132,11 +153,13 @@ class Watchdog:
             if beat is None:
                 break
             if beat["waiting_on"] is None:
-                return peer, (f"{self.describe(peer)} hung: busy with {beat['activity']} for "
-                              f"{time.time() - beat['since']:.1f} s")
+                return peer, (
+                    f"{self.describe(peer)} hung: busy with {beat['activity']} for "
+                    f"{time.time() - beat['since']:.1f} s"
+                )
             peer = beat["waiting_on"]
         if peer is not None and peer in path:
-            cycle = " -> ".join(f"rank {rank}" for rank in [*path[path.index(peer):], peer])
+            cycle = " -> ".join(f"rank {rank}" for rank in [*path[path.index(peer) :], peer])
             return peer, f"ranks wait for each other in a cycle (a deadlock): {cycle}"
         return peer, f"no rank reported a failure; {self._peer_text(peer)}"
 
@@ -144,7 +167,8 @@ class Watchdog:
         """The error to raise after ``what`` (a wait on ``peer``) failed with ``exc``."""
         root, reason, retry = self.diagnose(peer)
         self.record_failure(root, reason, retry=retry)
-        failure = WorkerFailure(f"{self.describe(self.rank)} stopped while {what}: {reason}",
-                                root, retry=retry)
+        failure = WorkerFailure(
+            f"{self.describe(self.rank)} stopped while {what}: {reason}", root, retry=retry
+        )
         failure.__cause__ = exc
         return failure

@@ -53,7 +53,7 @@ from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.faults import Watchdog
 from pipestudio.runtime.engine.transport import irecv, isend
 
-_TAG_BASE = 2 ** 30
+_TAG_BASE = 2**30
 _SLOTS = 1024
 _PREFIX_BYTES = 64  # int64: digest of the header, size of the announced one's header
 WEIGHTS_SLOT = 0
@@ -72,19 +72,26 @@ def migration_of(message_tag: int) -> int:
 
 def layer_versions(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, Tensor]]:
     """The layers' live parameters (a version message)."""
-    return {layer: {name: param.detach() for name, param in module.named_parameters()}
-            for layer, module in modules.items()}
+    return {
+        layer: {name: param.detach() for name, param in module.named_parameters()}
+        for layer, module in modules.items()
+    }
 
 
 def layer_weights(modules: Mapping[str, nn.Module]) -> dict[str, dict[str, Any]]:
     """The layers' parameters and buffers (the hand-off's first message)."""
-    return {layer: {"params": {name: p.detach() for name, p in module.named_parameters()},
-                    "buffers": dict(module.named_buffers())}
-            for layer, module in modules.items()}
+    return {
+        layer: {
+            "params": {name: p.detach() for name, p in module.named_parameters()},
+            "buffers": dict(module.named_buffers()),
+        }
+        for layer, module in modules.items()
+    }
 
 
-def layer_training(modules: Mapping[str, nn.Module], optimizer: torch.optim.Optimizer | None
-                   ) -> dict[str, dict[str, Any]]:
+def layer_training(
+    modules: Mapping[str, nn.Module], optimizer: torch.optim.Optimizer | None
+) -> dict[str, dict[str, Any]]:
     """The layers' accumulated gradients and optimizer state (the hand-off's second)."""
     state = optimizer.state if optimizer is not None else {}
     result = {}
@@ -97,16 +104,17 @@ def layer_training(modules: Mapping[str, nn.Module], optimizer: torch.optim.Opti
     return result
 
 
-def weight_layout(modules: Mapping[str, nn.Module]) -> tuple[dict[str, Any],
-                                                              list[Tensor | None]]:
+def weight_layout(modules: Mapping[str, nn.Module]) -> tuple[dict[str, Any], list[Tensor | None]]:
     """The header of the weights of ``modules`` and where each of its tensors is received:
     the parameters themselves, which nothing on the new stage reads before they are in (a
     forward that runs the layer earlier, on an older version, gets that version's own
     tensors); the buffers into new tensors (``None``: such a forward updates the module's
     own, e.g. a batch norm's statistics), copied in when taken."""
     header, tensors = _layout(layer_weights(modules))
-    return header, [tensor if entry["path"][1] == "params" else None
-                    for entry, tensor in zip(header["tensors"], tensors, strict=True)]
+    return header, [
+        tensor if entry["path"][1] == "params" else None
+        for entry, tensor in zip(header["tensors"], tensors, strict=True)
+    ]
 
 
 @torch.no_grad()
@@ -114,8 +122,10 @@ def load_layer_weights(modules: Mapping[str, nn.Module], message: Mapping[str, A
     """Copy the weights in ``message`` into ``modules`` (nothing where they were received
     in place)."""
     for layer, module in modules.items():
-        for group, tensors in (("params", module.named_parameters()),
-                               ("buffers", module.named_buffers())):
+        for group, tensors in (
+            ("params", module.named_parameters()),
+            ("buffers", module.named_buffers()),
+        ):
             for name, tensor in tensors:
                 value = message[layer][group][name]
                 if value.data_ptr() != tensor.data_ptr() or value.device != tensor.device:
@@ -123,8 +133,9 @@ def load_layer_weights(modules: Mapping[str, nn.Module], message: Mapping[str, A
 
 
 @torch.no_grad()
-def load_layer_training(modules: Mapping[str, nn.Module], message: Mapping[str, Any],
-                        device: torch.device) -> dict[nn.Parameter, dict[str, Any]]:
+def load_layer_training(
+    modules: Mapping[str, nn.Module], message: Mapping[str, Any], device: torch.device
+) -> dict[nn.Parameter, dict[str, Any]]:
     """Add the gradients into ``modules``; the optimizer state by parameter, on ``device``."""
     optimizer_state: dict[nn.Parameter, dict[str, Any]] = {}
     for layer, module in modules.items():
@@ -136,8 +147,9 @@ def load_layer_training(modules: Mapping[str, nn.Module], message: Mapping[str, 
                 param.grad = grad if param.grad is None else param.grad + grad
             if name in entry["optimizer"]:
                 optimizer_state[param] = {
-                    key: value.to(device) if torch.is_tensor(value) and value.dim() > 0
-                    else value for key, value in entry["optimizer"][name].items()}
+                    key: value.to(device) if torch.is_tensor(value) and value.dim() > 0 else value
+                    for key, value in entry["optimizer"][name].items()
+                }
     return optimizer_state
 
 
@@ -157,8 +169,13 @@ def _layout(message: Any) -> tuple[dict[str, Any], list[Tensor]]:
     num_bytes = 0
     for path, leaf in _leaves(message):
         if torch.is_tensor(leaf):
-            entries.append({"path": list(path), "dtype": str(leaf.dtype).removeprefix("torch."),
-                            "shape": list(leaf.shape)})
+            entries.append(
+                {
+                    "path": list(path),
+                    "dtype": str(leaf.dtype).removeprefix("torch."),
+                    "shape": list(leaf.shape),
+                }
+            )
             tensors.append(leaf)
             num_bytes += leaf.numel() * leaf.element_size()
         else:
@@ -248,8 +265,15 @@ class Channel:
         self.sent_bytes = 0
         self.received_bytes = 0
 
-    def send(self, message: Outgoing, peer: int, message_tag: int, *, described: bool = False,
-             announce: Outgoing | None = None) -> int:
+    def send(
+        self,
+        message: Outgoing,
+        peer: int,
+        message_tag: int,
+        *,
+        described: bool = False,
+        announce: Outgoing | None = None,
+    ) -> int:
         """Start sending ``message``; a known-layout message may ``announce`` the described
         one that follows it to the same peer. Returns the bytes sent."""
         num_bytes = 0
@@ -259,8 +283,14 @@ class Channel:
         self.sent_bytes += num_bytes
         return num_bytes
 
-    def expect(self, peer: int, message_tag: int, header: dict[str, Any],
-               into: list[Tensor | None] | None = None, follow: int | None = None) -> None:
+    def expect(
+        self,
+        peer: int,
+        message_tag: int,
+        header: dict[str, Any],
+        into: list[Tensor | None] | None = None,
+        follow: int | None = None,
+    ) -> None:
         """Post the receives of a message with a known layout (``header``, derived here),
         its tensors straight into ``into`` where they fit (CPU, contiguous, same dtype and
         shape; else into new ones); ``follow``: the tag of the described message it
@@ -268,19 +298,24 @@ class Channel:
         if (peer, message_tag) in self._incoming:
             return
         lead = torch.empty(_PREFIX_BYTES // 8, dtype=torch.int64)
-        incoming = _Incoming(lead, irecv(lead, peer, message_tag), header,
-                             follow=follow)
+        incoming = _Incoming(lead, irecv(lead, peer, message_tag), header, follow=follow)
         self._post_tensors(incoming, peer, message_tag, into)
         self._incoming[(peer, message_tag)] = incoming
 
-    def _post_tensors(self, incoming: _Incoming, peer: int, message_tag: int,
-                      into: list[Tensor | None] | None) -> None:
+    def _post_tensors(
+        self, incoming: _Incoming, peer: int, message_tag: int, into: list[Tensor | None] | None
+    ) -> None:
         assert incoming.header is not None
         entries = incoming.header["tensors"]
         for entry, target in zip(entries, into or [None] * len(entries), strict=True):
             dtype = getattr(torch, entry["dtype"])
-            if (target is None or target.device.type != "cpu" or not target.is_contiguous()
-                    or target.dtype != dtype or list(target.shape) != entry["shape"]):
+            if (
+                target is None
+                or target.device.type != "cpu"
+                or not target.is_contiguous()
+                or target.dtype != dtype
+                or list(target.shape) != entry["shape"]
+            ):
                 target = torch.empty(entry["shape"], dtype=dtype)
             target = target.detach()
             incoming.tensors.append(target)
@@ -305,8 +340,7 @@ class Channel:
         must have been expected, or announced by one received before."""
         incoming = self._incoming.pop((peer, message_tag), None)
         if incoming is None:
-            raise EngineError(f"{what}: message {message_tag} was neither expected nor "
-                              "announced")
+            raise EngineError(f"{what}: message {message_tag} was neither expected nor announced")
         if incoming.described:
             if incoming.header is None:
                 self._read_header(incoming, peer, message_tag, what)
@@ -316,19 +350,21 @@ class Channel:
             assert header is not None, "a message of a known layout is expected with it"
             digest, header_bytes = incoming.lead[:2].tolist()
             if digest != _digest(json.dumps(header).encode()):
-                raise EngineError(f"{what}: the sender's layout of these layers differs from "
-                                  f"this rank's copy ({header['num_bytes']} bytes "
-                                  "here)")
+                raise EngineError(
+                    f"{what}: the sender's layout of these layers differs from "
+                    f"this rank's copy ({header['num_bytes']} bytes "
+                    "here)"
+                )
             if incoming.follow is not None:  # its header comes right behind these tensors
                 lead = torch.empty(header_bytes, dtype=torch.uint8)
-                follow = _Incoming(lead, irecv(lead, peer, incoming.follow), None,
-                                   described=True)
+                follow = _Incoming(lead, irecv(lead, peer, incoming.follow), None, described=True)
                 self._incoming[(peer, incoming.follow)] = follow
         for work in incoming.works:
             self._wait(work, what, peer)
         assert incoming.header is not None
-        self.received_bytes += (incoming.lead.numel() * incoming.lead.element_size()
-                                + incoming.header["num_bytes"])
+        self.received_bytes += (
+            incoming.lead.numel() * incoming.lead.element_size() + incoming.header["num_bytes"]
+        )
         if incoming.follow is not None:  # post the training state's tensors now
             follow = self._incoming[(peer, incoming.follow)]
             self._read_header(follow, peer, incoming.follow, what)

@@ -14,8 +14,9 @@ from pipestudio.runtime.engine.repartition import RepartitionConfig
 class Job:
     """A job in a background thread of this process, with its ``controller``."""
 
-    def __init__(self, config: EngineConfig, sink: EventSink | None = None, **launch_args: Any
-                 ) -> None:
+    def __init__(
+        self, config: EngineConfig, sink: EventSink | None = None, **launch_args: Any
+    ) -> None:
         repartition = config.repartition or RepartitionConfig()
         if repartition.control_dir is None:
             repartition.control_dir = tempfile.mkdtemp(prefix="pipestudio-control-")
@@ -31,8 +32,9 @@ class Job:
             if sink is not None:
                 sink(event)
 
-        self._thread = threading.Thread(target=self._run, args=(record, launch_args),
-                                        name="pipestudio-job", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(record, launch_args), name="pipestudio-job", daemon=True
+        )
 
     def _run(self, sink: EventSink, launch_args: dict[str, Any]) -> None:
         self.result = launch(self.config, sink, **launch_args)

@@ -75,25 +75,39 @@ def check_config(config: EngineConfig) -> EngineLayout:
     return EngineLayout(config.plan, spec.name, spec.layer_names, spec.graph_inputs())
 
 
-def _child(config: EngineConfig, rank: int, address: StoreAddress, conn: Connection,
-           world_size: int) -> None:
-    ended_well = run_rank_reporting(config, rank, address,
-                                    lambda event: conn.send(("event", event)),
-                                    ranks_here=world_size)
+def _child(
+    config: EngineConfig, rank: int, address: StoreAddress, conn: Connection, world_size: int
+) -> None:
+    ended_well = run_rank_reporting(
+        config, rank, address, lambda event: conn.send(("event", event)), ranks_here=world_size
+    )
     conn.close()
     exit_now(0 if ended_well else 1)
 
 
-def launch(config: EngineConfig, sink: EventSink | None = None, *,
-           start_method: str = "spawn", grace_s: float | None = None) -> TrainResult:
+def launch(
+    config: EngineConfig,
+    sink: EventSink | None = None,
+    *,
+    start_method: str = "spawn",
+    grace_s: float | None = None,
+) -> TrainResult:
     """Run the job on this machine (see the module docstring)."""
     if start_method not in START_METHODS:
-        raise EngineError(f"start method {start_method!r} is not one of {START_METHODS}: a "
-                          "plain fork can deadlock a child (see the launcher's docstring)")
+        raise EngineError(
+            f"start method {start_method!r} is not one of {START_METHODS}: a "
+            "plain fork can deadlock a child (see the launcher's docstring)"
+        )
     layout = check_config(config)
     world = layout.world_size
-    store = dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False,
-                          timeout=timedelta(seconds=config.timeout_s))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world,
+        True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=config.timeout_s),
+    )
     address = StoreAddress("127.0.0.1", store.port)
     context: Any = mp.get_context(start_method)  # one of START_METHODS: it has Process
     if start_method == "forkserver":
@@ -103,15 +117,19 @@ def launch(config: EngineConfig, sink: EventSink | None = None, *,
     processes = []
     for rank in range(world):
         reader, writer = context.Pipe(duplex=False)
-        process = context.Process(target=_child, name=f"pipestudio-rank{rank}",
-                                  args=(config, rank, address, writer, world))
+        process = context.Process(
+            target=_child,
+            name=f"pipestudio-rank{rank}",
+            args=(config, rank, address, writer, world),
+        )
         process.start()
         writer.close()
         readers[reader] = rank
         processes.append(process)
     try:
-        return _supervise(processes, readers, sinks,
-                          config.timeout_s + 15.0 if grace_s is None else grace_s)
+        return _supervise(
+            processes, readers, sinks, config.timeout_s + 15.0 if grace_s is None else grace_s
+        )
     finally:
         for process in processes:
             if process.is_alive():
@@ -122,8 +140,9 @@ def launch(config: EngineConfig, sink: EventSink | None = None, *,
                 target.close()
 
 
-def _sinks(metrics_path: str | None, sink: EventSink | None,
-           plan: Plan | None = None) -> list[EventSink]:
+def _sinks(
+    metrics_path: str | None, sink: EventSink | None, plan: Plan | None = None
+) -> list[EventSink]:
     """The event sinks; a metrics file starts with ``plan`` when given (one writer does),
     so ``pipestudio calibrate`` needs no ``--plan``."""
     sinks: list[EventSink] = []
@@ -137,8 +156,9 @@ def _sinks(metrics_path: str | None, sink: EventSink | None,
     return sinks
 
 
-def _supervise(processes: list[Any], readers: dict[Connection, int], sinks: list[EventSink],
-               grace_s: float) -> TrainResult:
+def _supervise(
+    processes: list[Any], readers: dict[Connection, int], sinks: list[EventSink], grace_s: float
+) -> TrainResult:
     result = TrainResult(ok=False)
     failed_at: float | None = None
     cause_rank: int | None = None  # the first rank whose error names a cause
@@ -163,8 +183,7 @@ def _supervise(processes: list[Any], readers: dict[Connection, int], sinks: list
                 result.exit_codes[rank] = process.exitcode
                 if result.first_failed_rank is None:
                     result.first_failed_rank, failed_at = rank, time.monotonic()
-        if not readers and failed_at is None and all(p.exitcode is not None
-                                                     for p in processes):
+        if not readers and failed_at is None and all(p.exitcode is not None for p in processes):
             break
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
             for process in processes:
@@ -175,8 +194,9 @@ def _supervise(processes: list[Any], readers: dict[Connection, int], sinks: list
         process.join()
         result.exit_codes[rank] = process.exitcode
         if process.exitcode != 0 and rank not in result.errors:
-            result.errors[rank] = (f"rank {rank} exited with status {process.exitcode} "
-                                   "without reporting an error")
+            result.errors[rank] = (
+                f"rank {rank} exited with status {process.exitcode} without reporting an error"
+            )
     result.ok = all(code == 0 for code in result.exit_codes.values())
     if cause_rank is not None:
         result.first_failed_rank = cause_rank
@@ -188,8 +208,10 @@ def train_from_env(config: EngineConfig, sink: EventSink | None = None) -> Train
     layout = check_config(config)
     rank, world = int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "0"))
     if world != layout.world_size:
-        raise EngineError(f"WORLD_SIZE is {world} but the plan has {layout.world_size} "
-                          "stage replicas; start one process per replica")
+        raise EngineError(
+            f"WORLD_SIZE is {world} but the plan has {layout.world_size} "
+            "stage replicas; start one process per replica"
+        )
     sinks = _sinks(config.metrics_path, sink, config.plan if rank == 0 else None)
 
     def fanout(event: Event) -> None:
@@ -197,9 +219,18 @@ def train_from_env(config: EngineConfig, sink: EventSink | None = None) -> Train
             target(event)
 
     try:
-        summary = run_rank(config, rank, address_from_env(), fanout,
-                           ranks_here=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        summary = run_rank(
+            config,
+            rank,
+            address_from_env(),
+            fanout,
+            ranks_here=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        )
     except Exception as exc:
-        return TrainResult(ok=False, errors={rank: str(exc)}, first_failed_rank=rank,
-                           retry=not isinstance(exc, WorkerFailure) or exc.retry)
+        return TrainResult(
+            ok=False,
+            errors={rank: str(exc)},
+            first_failed_rank=rank,
+            retry=not isinstance(exc, WorkerFailure) or exc.retry,
+        )
     return TrainResult(ok=True, summary=summary)

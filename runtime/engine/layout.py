@@ -43,28 +43,41 @@ class StageIO:
 class EngineLayout:
     """A plan checked against a model's layers and graph (see the module docstring)."""
 
-    def __init__(self, plan: Plan, model_name: str, layer_names: Sequence[str],
-                 graph_inputs: Mapping[str, Sequence[str]]) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        model_name: str,
+        layer_names: Sequence[str],
+        graph_inputs: Mapping[str, Sequence[str]],
+    ) -> None:
         if plan.model != model_name:
-            raise EngineError(f"the plan is for model {plan.model!r} but the model built is "
-                              f"{model_name!r}")
+            raise EngineError(
+                f"the plan is for model {plan.model!r} but the model built is {model_name!r}"
+            )
         self.plan = plan
         self.layer_index = {name: idx for idx, name in enumerate(layer_names)}
         self.stage_of = _stage_of_layers(plan, layer_names, self.layer_index)
         _check_flow(self.stage_of, graph_inputs)
         last = layer_names[-1]
         if self.stage_of[last] != plan.num_stages - 1:
-            raise EngineError(f"the model's output layer {last!r} is in stage "
-                              f"{self.stage_of[last]}, not in the last stage "
-                              f"{plan.num_stages - 1}, which computes the loss")
-        self.stages = [self._stage_io(idx, layer_names, graph_inputs)
-                       for idx in range(plan.num_stages)]
-        self.workers = [(stage_idx, replica) for stage_idx, stage in enumerate(plan.stages)
-                        for replica in range(stage.replicas)]
+            raise EngineError(
+                f"the model's output layer {last!r} is in stage "
+                f"{self.stage_of[last]}, not in the last stage "
+                f"{plan.num_stages - 1}, which computes the loss"
+            )
+        self.stages = [
+            self._stage_io(idx, layer_names, graph_inputs) for idx in range(plan.num_stages)
+        ]
+        self.workers = [
+            (stage_idx, replica)
+            for stage_idx, stage in enumerate(plan.stages)
+            for replica in range(stage.replicas)
+        ]
         self._rank = {worker: rank for rank, worker in enumerate(self.workers)}
 
-    def _stage_io(self, stage_idx: int, layer_names: Sequence[str],
-                  graph_inputs: Mapping[str, Sequence[str]]) -> StageIO:
+    def _stage_io(
+        self, stage_idx: int, layer_names: Sequence[str], graph_inputs: Mapping[str, Sequence[str]]
+    ) -> StageIO:
         mine = [name for name in layer_names if self.stage_of[name] == stage_idx]
         receives: dict[str, Transfer] = {}
         sends: dict[tuple[int, str], Transfer] = {}
@@ -72,8 +85,9 @@ class EngineLayout:
             for src in graph_inputs[reader]:
                 if src == DATA or self.stage_of[src] == self.stage_of[reader]:
                     continue
-                transfer = Transfer(src, self.layer_index[src], self.stage_of[src],
-                                    self.stage_of[reader])
+                transfer = Transfer(
+                    src, self.layer_index[src], self.stage_of[src], self.stage_of[reader]
+                )
                 if transfer.dst_stage == stage_idx:
                     receives[src] = transfer
                 if transfer.src_stage == stage_idx:
@@ -113,26 +127,33 @@ class EngineLayout:
         return f"rank {rank} (stage {stage_idx} replica {replica})"
 
 
-def _stage_of_layers(plan: Plan, layer_names: Sequence[str],
-                     layer_index: Mapping[str, int]) -> dict[str, int]:
+def _stage_of_layers(
+    plan: Plan, layer_names: Sequence[str], layer_index: Mapping[str, int]
+) -> dict[str, int]:
     stage_of: dict[str, int] = {}
     for stage_idx, stage in enumerate(plan.stages):
         for name in stage.layers:
             if name not in layer_index:
-                hint = ("; a plan made from an operator-level profile runs with --granularity "
-                        "op" if "." in name and all("." not in known for known in layer_names)
-                        else "")
-                raise EngineError(f"stage {stage_idx} names layer {name!r}, which the model "
-                                  f"does not have (its layers: {', '.join(layer_names)}){hint}")
+                hint = (
+                    "; a plan made from an operator-level profile runs with --granularity op"
+                    if "." in name and all("." not in known for known in layer_names)
+                    else ""
+                )
+                raise EngineError(
+                    f"stage {stage_idx} names layer {name!r}, which the model "
+                    f"does not have (its layers: {', '.join(layer_names)}){hint}"
+                )
             if name in stage_of:
-                raise EngineError(f"layer {name!r} is in stage {stage_of[name]} and in stage "
-                                  f"{stage_idx}")
+                raise EngineError(
+                    f"layer {name!r} is in stage {stage_of[name]} and in stage {stage_idx}"
+                )
             stage_of[name] = stage_idx
     if missing := [name for name in layer_names if name not in stage_of]:
         raise EngineError(f"layers {missing} of the model are in no stage of the plan")
     if unknown := sorted(set(plan.policies) - set(layer_index)):
-        raise EngineError(f"the plan gives policies for layers {unknown}, which the model "
-                          "does not have")
+        raise EngineError(
+            f"the plan gives policies for layers {unknown}, which the model does not have"
+        )
     return stage_of
 
 
@@ -140,6 +161,8 @@ def _check_flow(stage_of: Mapping[str, int], graph_inputs: Mapping[str, Sequence
     for reader, sources in graph_inputs.items():
         for src in sources:
             if src != DATA and stage_of[src] > stage_of[reader]:
-                raise EngineError(f"layer {reader!r} in stage {stage_of[reader]} reads "
-                                  f"{src!r} from the later stage {stage_of[src]}: stages must "
-                                  "follow the data flow")
+                raise EngineError(
+                    f"layer {reader!r} in stage {stage_of[reader]} reads "
+                    f"{src!r} from the later stage {stage_of[src]}: stages must "
+                    "follow the data flow"
+                )

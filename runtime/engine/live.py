@@ -101,17 +101,25 @@ class LiveRepartition:
         plan = with_stages(self.latest.plan, decision["stages"], decision["policies"])
         layout = EngineLayout(plan, w.spec.name, w.spec.layer_names, w.spec.graph_inputs())
         io = layout.stages[w.stage_idx]
-        runner = StageRunner(self.modules, io, w.spec.graph_inputs(), w.spec.loss,
-                             plan.num_microbatches, w.ctx.device, w.swap, w.recorder,
-                             plan.precision)
+        runner = StageRunner(
+            self.modules,
+            io,
+            w.spec.graph_inputs(),
+            w.spec.loss,
+            plan.num_microbatches,
+            w.ctx.device,
+            w.swap,
+            w.recorder,
+            plan.precision,
+        )
         step = decision["step"]
         switch_mb = step * plan.num_microbatches
         old_layout = self.latest.layout
         outgoing, incoming = exchanges(old_layout, layout, w.ctx.rank)
-        self.partitions.append(Partition(switch_mb, plan, layout, io, runner,
-                                         runner_keys(runner)))
-        transition = Transition(decision["id"], step, switch_mb, outgoing, incoming,
-                                started_ms=w.ctx.clock.now_ms())
+        self.partitions.append(Partition(switch_mb, plan, layout, io, runner, runner_keys(runner)))
+        transition = Transition(
+            decision["id"], step, switch_mb, outgoing, incoming, started_ms=w.ctx.clock.now_ms()
+        )
         for peer in outgoing:
             needed = self._needed(plan, w.stage_idx, layout.worker(peer)[0], step)
             transition.needed[peer] = set(needed.values())
@@ -121,18 +129,23 @@ class LiveRepartition:
             older = self._needed(plan, old_layout.worker(peer)[0], w.stage_idx, step)
             transition.older[peer] = older
             for version in sorted(set(older.values())):
-                self.channel.expect(peer, tag(transition.migration_id, 1 + switch_mb - version),
-                                    versions)
-            self.channel.expect(peer, tag(transition.migration_id, WEIGHTS_SLOT),
-                                *weight_layout(modules),
-                                follow=tag(transition.migration_id, TRAINING_SLOT))
+                self.channel.expect(
+                    peer, tag(transition.migration_id, 1 + switch_mb - version), versions
+                )
+            self.channel.expect(
+                peer,
+                tag(transition.migration_id, WEIGHTS_SLOT),
+                *weight_layout(modules),
+                follow=tag(transition.migration_id, TRAINING_SLOT),
+            )
         self.transitions.append(transition)
         self.after_update(self.applied)
 
     def _needed(self, plan: Plan, old_stage: int, new_stage: int, step: int) -> dict[int, int]:
         config = self.worker.config
-        return needed_versions(plan, old_stage, new_stage, step, self.start_step, config.steps,
-                               config.checkpoint_every)
+        return needed_versions(
+            plan, old_stage, new_stage, step, self.start_step, config.steps, config.checkpoint_every
+        )
 
     def older_versions(self, microbatch: int, version: int) -> dict[str, int]:
         """The layers that the forward of ``microbatch``, on this stage's ``version``, runs
@@ -157,14 +170,21 @@ class LiveRepartition:
                     self._send_versions(t, peer, layers)
                     if self.applied >= t.switch_mb:
                         due.append((t, peer, {name: self.modules[name] for name in layers}))
-        training = [Outgoing(layer_training(modules, self.worker.optimizer), frozen=True)
-                    for _, _, modules in due]
+        training = [
+            Outgoing(layer_training(modules, self.worker.optimizer), frozen=True)
+            for _, _, modules in due
+        ]
         for (t, peer, modules), state in zip(due, training, strict=True):
-            t.sent_bytes += self.channel.send(Outgoing(layer_weights(modules), frozen=True), peer,
-                                              tag(t.migration_id, WEIGHTS_SLOT), announce=state)
+            t.sent_bytes += self.channel.send(
+                Outgoing(layer_weights(modules), frozen=True),
+                peer,
+                tag(t.migration_id, WEIGHTS_SLOT),
+                announce=state,
+            )
         for (t, peer, modules), state in zip(due, training, strict=True):
-            t.sent_bytes += self.channel.send(state, peer, tag(t.migration_id, TRAINING_SLOT),
-                                              described=True)
+            t.sent_bytes += self.channel.send(
+                state, peer, tag(t.migration_id, TRAINING_SLOT), described=True
+            )
             t.handed_off.add(peer)
             prefixes = tuple(f"{name}." for name in modules)
             for full in [full for full in self.owned if full.startswith(prefixes)]:
@@ -183,8 +203,12 @@ class LiveRepartition:
         memory, so the stage's memory falls by all the layers took, unless a later
         partition already begun brings the layer back here (its runner put it on the
         device when it began)."""
-        returning = {name for part in self.partitions if part.switch_mb > t.switch_mb
-                     for name in part.runner.names}
+        returning = {
+            name
+            for part in self.partitions
+            if part.switch_mb > t.switch_mb
+            for name in part.runner.names
+        }
         for name, module in modules.items():
             for param in module.parameters():
                 param.grad = None
@@ -198,8 +222,12 @@ class LiveRepartition:
         wait ends."""
         num_mb = self.worker.plan.num_microbatches
         for t in self.transitions:
-            if (t.outgoing and not t.released and t.handed_off == set(t.outgoing)
-                    and applied > t.switch_mb + num_mb):
+            if (
+                t.outgoing
+                and not t.released
+                and t.handed_off == set(t.outgoing)
+                and applied > t.switch_mb + num_mb
+            ):
                 self.channel.release(t.migration_id)
                 t.released = True
 
@@ -210,25 +238,32 @@ class LiveRepartition:
             if (peer, version) in t.versions_sent:
                 continue
             if version < self.applied:
-                raise EngineError(f"migration {t.migration_id}: weight version {version} of "
-                                  f"{layers} was needed after it was replaced")
+                raise EngineError(
+                    f"migration {t.migration_id}: weight version {version} of "
+                    f"{layers} was needed after it was replaced"
+                )
             if version == self.applied:
                 t.sent_bytes += self.channel.send(
-                    Outgoing(layer_versions(modules), frozen=False), peer,
-                    tag(t.migration_id, 1 + t.switch_mb - version))
+                    Outgoing(layer_versions(modules), frozen=False),
+                    peer,
+                    tag(t.migration_id, 1 + t.switch_mb - version),
+                )
                 t.versions_sent.add((peer, version))
 
     def _receive(self, t: Transition, peer: int, slot: int, what: str) -> dict[str, Any]:
         start, before = time.perf_counter(), self.channel.received_bytes
-        message = self.channel.receive(peer, tag(t.migration_id, slot),
-                                       f"{what} from {self.worker.layout.describe(peer)} "
-                                       f"(migration {t.migration_id})")
+        message = self.channel.receive(
+            peer,
+            tag(t.migration_id, slot),
+            f"{what} from {self.worker.layout.describe(peer)} (migration {t.migration_id})",
+        )
         t.wait_ms += (time.perf_counter() - start) * 1e3
         t.received_bytes += self.channel.received_bytes - before
         return message
 
-    def ensure_arrived(self, microbatch: int, layer: str | None = None,
-                       skip: Collection[str] = ()) -> None:
+    def ensure_arrived(
+        self, microbatch: int, layer: str | None = None, skip: Collection[str] = ()
+    ) -> None:
         """Receive the weights of layers arriving for ``microbatch`` or earlier (with
         ``layer``: only of the message that brings it, so a stage's forward can run the
         layers it has while a later one is still on its way; not of those in ``skip``)."""
@@ -236,12 +271,16 @@ class LiveRepartition:
             if t.switch_mb > microbatch:
                 continue
             for peer, layers in t.incoming.items():
-                if (peer in t.received or (layer is not None and layer not in layers)
-                        or any(name in skip for name in layers)):
+                if (
+                    peer in t.received
+                    or (layer is not None and layer not in layers)
+                    or any(name in skip for name in layers)
+                ):
                     continue
                 modules = {name: self.modules[name] for name in layers}
-                load_layer_weights(modules, self._receive(t, peer, WEIGHTS_SLOT,
-                                                          f"receiving layers {layers}"))
+                load_layer_weights(
+                    modules, self._receive(t, peer, WEIGHTS_SLOT, f"receiving layers {layers}")
+                )
                 for name in layers:
                     for key, param in modules[name].named_parameters():
                         self.owned[f"{name}.{key}"] = param
@@ -259,8 +298,9 @@ class LiveRepartition:
             for peer in sorted(t.received - t.trained):
                 layers = t.incoming[peer]
                 modules = {name: self.modules[name] for name in layers}
-                message = self._receive(t, peer, TRAINING_SLOT,
-                                        f"receiving the optimizer state of {layers}")
+                message = self._receive(
+                    t, peer, TRAINING_SLOT, f"receiving the optimizer state of {layers}"
+                )
                 extra = load_layer_training(modules, message, self.worker.ctx.device)
                 for name in layers:
                     for key, _ in modules[name].named_parameters():
@@ -274,21 +314,27 @@ class LiveRepartition:
         result: dict[str, Tensor] = {}
         sources: dict[tuple[int, int], Transition] = {}
         for layer in sorted({name.split(".", 1)[0] for name in names}):
-            t = min((t for t in self.transitions if layer in t.layers_in()
-                     and t.switch_mb > version), key=lambda t: t.switch_mb)
+            t = min(
+                (t for t in self.transitions if layer in t.layers_in() and t.switch_mb > version),
+                key=lambda t: t.switch_mb,
+            )
             peer = next(p for p, layers in t.incoming.items() if layer in layers)
             sources[(t.migration_id, peer)] = t
         for (_, peer), t in sources.items():
             if (peer, version) not in t.fetched:
                 t.fetched[(peer, version)] = self._receive(
-                    t, peer, 1 + t.switch_mb - version,
-                    f"receiving weight version {version} of {t.incoming[peer]}")
+                    t,
+                    peer,
+                    1 + t.switch_mb - version,
+                    f"receiving weight version {version} of {t.incoming[peer]}",
+                )
             message = t.fetched[(peer, version)]
             for name, params in message.items():
                 for key, value in params.items():
                     trainable = self.modules[name].get_parameter(key).requires_grad
                     result[f"{name}.{key}"] = value.to(self.worker.ctx.device).requires_grad_(
-                        trainable)
+                        trainable
+                    )
         return {name: result[name] for name in names}
 
     def _rebuild_optimizer(self, extra: dict[nn.Parameter, dict[str, Any]]) -> None:
@@ -313,13 +359,25 @@ class LiveRepartition:
             return
         t.fetched.clear()
         w = self.worker
-        w.recorder.sink({
-            "type": "migration", "phase": "done", "id": t.migration_id, "step": t.step,
-            "switch_microbatch": t.switch_mb, "stage": w.stage_idx, "replica": w.replica,
-            "rank": w.ctx.rank, "layers_out": t.layers_out(), "layers_in": t.layers_in(),
-            "sent_bytes": t.sent_bytes, "received_bytes": t.received_bytes,
-            "wait_ms": t.wait_ms,
-            "elapsed_ms": w.ctx.clock.now_ms() - t.started_ms, "time_ms": w.ctx.clock.now_ms()})
+        w.recorder.sink(
+            {
+                "type": "migration",
+                "phase": "done",
+                "id": t.migration_id,
+                "step": t.step,
+                "switch_microbatch": t.switch_mb,
+                "stage": w.stage_idx,
+                "replica": w.replica,
+                "rank": w.ctx.rank,
+                "layers_out": t.layers_out(),
+                "layers_in": t.layers_in(),
+                "sent_bytes": t.sent_bytes,
+                "received_bytes": t.received_bytes,
+                "wait_ms": t.wait_ms,
+                "elapsed_ms": w.ctx.clock.now_ms() - t.started_ms,
+                "time_ms": w.ctx.clock.now_ms(),
+            }
+        )
 
     def finish(self) -> None:
         """Wait for this rank's migration messages to be received."""

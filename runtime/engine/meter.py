@@ -25,8 +25,10 @@ class LayerMeter:
         self.fwd_ms: dict[str, float] = {}
         self.calls: dict[str, int] = {}
         self.output_bytes: dict[str, int] = {}
-        self.param_bytes = {name: sum(p.numel() * p.element_size() for p in module.parameters())
-                            for name, module in layers}
+        self.param_bytes = {
+            name: sum(p.numel() * p.element_size() for p in module.parameters())
+            for name, module in layers
+        }
         self._started: dict[str, float] = {}
         for name, module in layers:
             module.register_forward_pre_hook(self._pre(name))
@@ -45,6 +47,7 @@ class LayerMeter:
                 if args:
                     self._sync(args[0])
                 self._started[name] = time.perf_counter()
+
         return hook
 
     def _post(self, name: str) -> Any:
@@ -57,14 +60,19 @@ class LayerMeter:
             self.calls[name] = self.calls.get(name, 0) + 1
             if isinstance(output, Tensor):
                 self.output_bytes[name] = output.numel() * output.element_size()
+
         return hook
 
     def take(self) -> dict[str, dict[str, float]]:
         """Mean forward ms and sizes per layer since the last call; resets the sums."""
-        result = {name: {"fwd_ms": self.fwd_ms[name] / self.calls[name],
-                         "calls": self.calls[name],
-                         "output_bytes": self.output_bytes.get(name, 0),
-                         "param_bytes": self.param_bytes[name]}
-                  for name in self.calls}
+        result = {
+            name: {
+                "fwd_ms": self.fwd_ms[name] / self.calls[name],
+                "calls": self.calls[name],
+                "output_bytes": self.output_bytes.get(name, 0),
+                "param_bytes": self.param_bytes[name],
+            }
+            for name in self.calls
+        }
         self.fwd_ms, self.calls = {}, {}
         return result

@@ -52,9 +52,11 @@ class JsonlSink:
 def memory_stats(device: torch.device) -> dict[str, int]:
     """The worker's memory now; on CUDA the peak since the last call."""
     if device.type == "cuda":
-        stats = {"allocated_bytes": torch.cuda.memory_allocated(device),
-                 "peak_bytes": torch.cuda.max_memory_allocated(device),
-                 "reserved_bytes": torch.cuda.memory_reserved(device)}
+        stats = {
+            "allocated_bytes": torch.cuda.memory_allocated(device),
+            "peak_bytes": torch.cuda.max_memory_allocated(device),
+            "reserved_bytes": torch.cuda.memory_reserved(device),
+        }
         torch.cuda.reset_peak_memory_stats(device)
         return stats
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -83,8 +85,9 @@ class OpRecord:
 class Recorder:
     """Records one worker's ops and publishes them, and its steps, to ``sink``."""
 
-    def __init__(self, stage_idx: int, replica: int, marker: Marker, sink: EventSink,
-                 samples_per_step: int) -> None:
+    def __init__(
+        self, stage_idx: int, replica: int, marker: Marker, sink: EventSink, samples_per_step: int
+    ) -> None:
         self.stage_idx, self.replica = stage_idx, replica
         self.marker = marker
         self.sink = sink
@@ -98,8 +101,7 @@ class Recorder:
         self.losses: dict[int, list[torch.Tensor]] = {}
         self.scaling: dict[int, Event] = {}  # step -> loss_scale and overflowed
 
-    def start(self, op: str, microbatch: int | None, step: int, **transfer: int | None
-              ) -> OpRecord:
+    def start(self, op: str, microbatch: int | None, step: int, **transfer: int | None) -> OpRecord:
         record = OpRecord(op, microbatch, step, self.marker.mark(), **transfer)
         self.pending.append(record)
         return record
@@ -107,8 +109,15 @@ class Recorder:
     def stop(self, record: OpRecord) -> None:
         record.end = self.marker.mark()
 
-    def span(self, op: str, microbatch: int | None, step: int, start: Mark, end: Mark,
-             num_bytes: int | None = None) -> None:
+    def span(
+        self,
+        op: str,
+        microbatch: int | None,
+        step: int,
+        start: Mark,
+        end: Mark,
+        num_bytes: int | None = None,
+    ) -> None:
         self.pending.append(OpRecord(op, microbatch, step, start, end, bytes=num_bytes))
 
     def add_loss(self, step: int, loss: torch.Tensor) -> None:
@@ -125,10 +134,16 @@ class Recorder:
             if record.end is None:
                 waiting.append(record)
                 continue
-            event = {"type": "op", "stage": self.stage_idx, "replica": self.replica,
-                     "op": record.op, "microbatch": record.microbatch, "step": record.step,
-                     "start_ms": self.marker.resolve(record.start),
-                     "end_ms": self.marker.resolve(record.end)}
+            event = {
+                "type": "op",
+                "stage": self.stage_idx,
+                "replica": self.replica,
+                "op": record.op,
+                "microbatch": record.microbatch,
+                "step": record.step,
+                "start_ms": self.marker.resolve(record.start),
+                "end_ms": self.marker.resolve(record.end),
+            }
             if record.peer_stage is not None:
                 event.update(peer_stage=record.peer_stage, peer_replica=record.peer_replica)
             if record.bytes is not None:
@@ -155,21 +170,34 @@ class Recorder:
             return sum(op["end_ms"] - op["start_ms"] for op in ops if op["op"] in kinds)
 
         event: Event = {
-            "type": "step", "stage": self.stage_idx, "replica": self.replica, "step": step,
-            "start_ms": start_ms, "end_ms": end_ms, "busy_ms": total_ms(*_COMPUTE),
-            "recompute_ms": total_ms("recompute"), "swap_ms": total_ms("swap_out", "swap_in"),
+            "type": "step",
+            "stage": self.stage_idx,
+            "replica": self.replica,
+            "step": step,
+            "start_ms": start_ms,
+            "end_ms": end_ms,
+            "busy_ms": total_ms(*_COMPUTE),
+            "recompute_ms": total_ms("recompute"),
+            "swap_ms": total_ms("swap_out", "swap_in"),
             "allreduce_ms": total_ms("allreduce"),
             "swap_bytes": sum(op.get("bytes", 0) for op in ops if op["op"] == "swap_out"),
-            "samples_per_s": (self.samples_per_step / (end_ms - start_ms) * 1e3
-                              if end_ms > start_ms else 0.0),
+            "samples_per_s": (
+                self.samples_per_step / (end_ms - start_ms) * 1e3 if end_ms > start_ms else 0.0
+            ),
         }
         if step in self.losses:
             event["loss"] = float(torch.stack(self.losses.pop(step)).sum())
         event.update(self.scaling.pop(step, {}))
         self.steps.append(event)
         self.sink(event)
-        memory = {"type": "memory", "stage": self.stage_idx, "replica": self.replica,
-                  "step": step, "time_ms": end_ms, **memory_stats(self.marker.device)}
+        memory = {
+            "type": "memory",
+            "stage": self.stage_idx,
+            "replica": self.replica,
+            "step": step,
+            "time_ms": end_ms,
+            **memory_stats(self.marker.device),
+        }
         self.memory.append(memory)
         self.sink(memory)
         return event

@@ -17,8 +17,9 @@ from pipestudio.runtime.engine.meter import LayerMeter
 from pipestudio.runtime.engine.metrics import Recorder
 
 
-def window_report(recorder: Recorder, meter: LayerMeter, first_step: int, last_step: int
-                  ) -> dict[str, Any]:
+def window_report(
+    recorder: Recorder, meter: LayerMeter, first_step: int, last_step: int
+) -> dict[str, Any]:
     """One rank's measurements over steps ``first_step..last_step`` (module docstring)."""
     totals = {"forward": 0.0, "backward": 0.0, "update": 0.0}
     updates = 0
@@ -26,21 +27,30 @@ def window_report(recorder: Recorder, meter: LayerMeter, first_step: int, last_s
         if first_step <= op["step"] <= last_step and op["op"] in totals:
             totals[op["op"]] += op["end_ms"] - op["start_ms"]
             updates += op["op"] == "update"
-    return {"layers": meter.take(), "fwd_ms": totals["forward"], "bwd_ms": totals["backward"],
-            "update_ms": totals["update"] / max(updates, 1)}
+    return {
+        "layers": meter.take(),
+        "fwd_ms": totals["forward"],
+        "bwd_ms": totals["backward"],
+        "update_ms": totals["update"] / max(updates, 1),
+    }
 
 
-def observed_profile(model: str, microbatch_size: int, layer_names: Sequence[str],
-                     edges: list[tuple[str, str]] | None,
-                     reports: Sequence[Mapping[str, Any]]) -> Profile:
+def observed_profile(
+    model: str,
+    microbatch_size: int,
+    layer_names: Sequence[str],
+    edges: list[tuple[str, str]] | None,
+    reports: Sequence[Mapping[str, Any]],
+) -> Profile:
     """One window of every rank merged into a Profile (module docstring)."""
     layers: dict[str, dict[str, float]] = {}
     for report in reports:
         ratio = report["bwd_ms"] / report["fwd_ms"] if report["fwd_ms"] > 0 else 2.0
         stage_params = sum(m["param_bytes"] for m in report["layers"].values()) or 1
         for name, m in report["layers"].items():
-            entry = layers.setdefault(name, {"fwd_ms": 0.0, "bwd_ms": 0.0, "calls": 0.0,
-                                             "update_ms": 0.0})
+            entry = layers.setdefault(
+                name, {"fwd_ms": 0.0, "bwd_ms": 0.0, "calls": 0.0, "update_ms": 0.0}
+            )
             calls = m["calls"]
             entry["fwd_ms"] += m["fwd_ms"] * calls
             entry["bwd_ms"] += m["fwd_ms"] * ratio * calls
@@ -51,12 +61,24 @@ def observed_profile(model: str, microbatch_size: int, layer_names: Sequence[str
     missing = [name for name in layer_names if name not in layers]
     if missing:
         raise ValueError(f"no measurement of layers {missing} in this window")
-    return Profile.model_validate({
-        "model": model, "microbatch_size": microbatch_size, "device": "observed",
-        "layers": [Layer(name=name, fwd_ms=e["fwd_ms"] / e["calls"],
-                         bwd_ms=e["bwd_ms"] / e["calls"], update_ms=e["update_ms"],
-                         param_bytes=int(e["param_bytes"]), output_bytes=int(e["output_bytes"]),
-                         saved_bytes=int(e["output_bytes"])).model_dump()
-                   for name, e in ((name, layers[name]) for name in layer_names)],
-        "edges": None if edges is None else [{"src": s, "dst": d} for s, d in edges],
-        "metadata": {"source": "pipestudio train (observed)"}})
+    return Profile.model_validate(
+        {
+            "model": model,
+            "microbatch_size": microbatch_size,
+            "device": "observed",
+            "layers": [
+                Layer(
+                    name=name,
+                    fwd_ms=e["fwd_ms"] / e["calls"],
+                    bwd_ms=e["bwd_ms"] / e["calls"],
+                    update_ms=e["update_ms"],
+                    param_bytes=int(e["param_bytes"]),
+                    output_bytes=int(e["output_bytes"]),
+                    saved_bytes=int(e["output_bytes"]),
+                ).model_dump()
+                for name, e in ((name, layers[name]) for name in layer_names)
+            ],
+            "edges": None if edges is None else [{"src": s, "dst": d} for s, d in edges],
+            "metadata": {"source": "pipestudio train (observed)"},
+        }
+    )

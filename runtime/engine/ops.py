@@ -29,8 +29,9 @@ class Op:
     step: int
 
 
-def segments(plan: Plan, start_step: int, end_step: int, checkpoint_every: int
-             ) -> list[tuple[int, int]]:
+def segments(
+    plan: Plan, start_step: int, end_step: int, checkpoint_every: int
+) -> list[tuple[int, int]]:
     """(first step, number of steps) of each run of steps that ends flushed."""
     if plan.schedule != "pipedream":
         return [(step, 1) for step in range(start_step, end_step)]
@@ -45,16 +46,18 @@ def segments(plan: Plan, start_step: int, end_step: int, checkpoint_every: int
     return result
 
 
-def _microbatches(plan: Plan, stage_idx: int, replica: int, first_step: int,
-                  num_steps: int) -> list[int]:
+def _microbatches(
+    plan: Plan, stage_idx: int, replica: int, first_step: int, num_steps: int
+) -> list[int]:
     replicas = plan.stages[stage_idx].replicas
     first = first_step * plan.num_microbatches
     last = first + num_steps * plan.num_microbatches
     return [mb for mb in range(first, last) if mb % replicas == replica]
 
 
-def worker_ops(plan: Plan, stage_idx: int, replica: int, first_step: int,
-               num_steps: int) -> list[Op]:
+def worker_ops(
+    plan: Plan, stage_idx: int, replica: int, first_step: int, num_steps: int
+) -> list[Op]:
     """Every op of worker (stage, replica) over the segment of ``num_steps`` steps."""
     replicated = plan.stages[stage_idx].replicas > 1
     mbs = _microbatches(plan, stage_idx, replica, first_step, num_steps)

@@ -60,8 +60,9 @@ def default_threads(ranks_here: int) -> int:
     return max(1, host_cores() // max(ranks_here, 1))
 
 
-def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: EventSink,
-             ranks_here: int) -> dict[str, Any] | None:
+def run_rank(
+    config: EngineConfig, rank: int, address: StoreAddress, sink: EventSink, ranks_here: int
+) -> dict[str, Any] | None:
     """Train as ``rank``; rank 0 returns the ``summary`` event, the others None."""
     torch.set_num_threads(config.threads_per_rank or default_threads(ranks_here))
     if config.resume and config.checkpoint_dir:
@@ -77,11 +78,23 @@ def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: Event
         worker = Worker(config, spec, layout, ctx, watchdog, sink)
         start_step = _resume(config, worker)
         settle_heap()  # and again after the first step (``Worker.run_segment``)
-        sink({"type": "start", "rank": rank, "stage": stage_idx, "replica": replica,
-              "host": socket.gethostname(), "device": str(ctx.device),
-              "cores": host_cores(), "threads": torch.get_num_threads(),
-              "world_size": layout.world_size, "schedule": config.plan.schedule,
-              "start_step": start_step, "steps": config.steps, "time_ms": ctx.clock.now_ms()})
+        sink(
+            {
+                "type": "start",
+                "rank": rank,
+                "stage": stage_idx,
+                "replica": replica,
+                "host": socket.gethostname(),
+                "device": str(ctx.device),
+                "cores": host_cores(),
+                "threads": torch.get_num_threads(),
+                "world_size": layout.world_size,
+                "schedule": config.plan.schedule,
+                "start_step": start_step,
+                "steps": config.steps,
+                "time_ms": ctx.clock.now_ms(),
+            }
+        )
         with matmuls(config.plan.precision):
             worker.train(start_step)
         summary = _gather(config, worker, list(range(start_step, config.steps)))
@@ -92,19 +105,29 @@ def run_rank(config: EngineConfig, rank: int, address: StoreAddress, sink: Event
             failure = exc
         else:
             failure = WorkerFailure(
-                f"{layout.describe(rank)} failed: {type(exc).__name__}: {exc}", rank)
+                f"{layout.describe(rank)} failed: {type(exc).__name__}: {exc}", rank
+            )
             watchdog.record_failure(rank, str(failure))
-        sink({"type": "error", "rank": rank, "stage": stage_idx, "replica": replica,
-              "root_rank": failure.root_rank, "message": str(failure),
-              **({} if failure.cause is None else {"cause": failure.cause}),
-              **({} if failure.retry else {"retry": False})})
+        sink(
+            {
+                "type": "error",
+                "rank": rank,
+                "stage": stage_idx,
+                "replica": replica,
+                "root_rank": failure.root_rank,
+                "message": str(failure),
+                **({} if failure.cause is None else {"cause": failure.cause}),
+                **({} if failure.retry else {"retry": False}),
+            }
+        )
         raise
     finally:
         leave()
 
 
-def run_rank_reporting(config: EngineConfig, rank: int, address: StoreAddress,
-                       sink: EventSink, *, ranks_here: int) -> bool:
+def run_rank_reporting(
+    config: EngineConfig, rank: int, address: StoreAddress, sink: EventSink, *, ranks_here: int
+) -> bool:
     """``run_rank`` in a child process: a failure that the rank did not report itself is
     reported to ``sink`` as an ``error`` event naming the rank. True when the rank ended
     well."""
@@ -119,8 +142,14 @@ def run_rank_reporting(config: EngineConfig, rank: int, address: StoreAddress,
         run_rank(config, rank, address, report, ranks_here=ranks_here)
     except BaseException as exc:
         if not reported:
-            sink({"type": "error", "rank": rank, "root_rank": rank,
-                  "message": f"rank {rank} failed: {type(exc).__name__}: {exc}"})
+            sink(
+                {
+                    "type": "error",
+                    "rank": rank,
+                    "root_rank": rank,
+                    "message": f"rank {rank} failed: {type(exc).__name__}: {exc}",
+                }
+            )
         return False
     return True
 
@@ -128,26 +157,43 @@ def run_rank_reporting(config: EngineConfig, rank: int, address: StoreAddress,
 def _resume(config: EngineConfig, worker: Worker) -> int:
     if not (config.resume and config.checkpoint_dir):
         return 0
-    if ckpt.check_compatible(config.checkpoint_dir, config.plan, config.model,
-                             config.model_args) == 0:
+    if (
+        ckpt.check_compatible(config.checkpoint_dir, config.plan, config.model, config.model_args)
+        == 0
+    ):
         return 0
-    return ckpt.load_rank(config.checkpoint_dir, worker.stage_idx, worker.replica,
-                          worker.stage.module, worker.optimizer, worker.ctx.device,
-                          worker.scaler)
+    return ckpt.load_rank(
+        config.checkpoint_dir,
+        worker.stage_idx,
+        worker.replica,
+        worker.stage.module,
+        worker.optimizer,
+        worker.ctx.device,
+        worker.scaler,
+    )
 
 
 def _report(worker: Worker) -> dict[str, Any]:
     optimizer_bytes = 0
     if worker.optimizer is not None:
-        optimizer_bytes = sum(t.numel() * t.element_size()
-                              for state in worker.optimizer.state.values()
-                              for t in state.values() if torch.is_tensor(t) and t.dim() > 0)
-    return {"stage": worker.stage_idx, "replica": worker.replica,
-            "timeline": worker.recorder.timeline, "steps": worker.recorder.steps,
-            "memory": worker.recorder.memory, "max_weight_versions": worker.max_versions,
-            "param_bytes": sum(p.numel() * p.element_size()
-                               for p in worker.live.latest.runner.params.values()),
-            "optimizer_bytes": optimizer_bytes}
+        optimizer_bytes = sum(
+            t.numel() * t.element_size()
+            for state in worker.optimizer.state.values()
+            for t in state.values()
+            if torch.is_tensor(t) and t.dim() > 0
+        )
+    return {
+        "stage": worker.stage_idx,
+        "replica": worker.replica,
+        "timeline": worker.recorder.timeline,
+        "steps": worker.recorder.steps,
+        "memory": worker.recorder.memory,
+        "max_weight_versions": worker.max_versions,
+        "param_bytes": sum(
+            p.numel() * p.element_size() for p in worker.live.latest.runner.params.values()
+        ),
+        "optimizer_bytes": optimizer_bytes,
+    }
 
 
 def _gather(config: EngineConfig, worker: Worker, steps: list[int]) -> dict[str, Any] | None:

@@ -75,17 +75,28 @@ def address_from_env() -> StoreAddress:
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     try:
-        return StoreAddress(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                            is_master=not agent and os.environ["RANK"] == "0",
-                            prefix=f"pipestudio/{restart}")
+        return StoreAddress(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=not agent and os.environ["RANK"] == "0",
+            prefix=f"pipestudio/{restart}",
+        )
     except KeyError as exc:
-        raise EngineError(f"RANK is set but {exc.args[0]} is not: run under torchrun, or "
-                          "without RANK to let pipestudio start the processes") from None
+        raise EngineError(
+            f"RANK is set but {exc.args[0]} is not: run under torchrun, or "
+            "without RANK to let pipestudio start the processes"
+        ) from None
 
 
 def connect(address: StoreAddress, world_size: int, timeout_s: float) -> dist.Store:
-    store = dist.TCPStore(address.host, address.port, world_size, address.is_master,
-                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    store = dist.TCPStore(
+        address.host,
+        address.port,
+        world_size,
+        address.is_master,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
     return dist.PrefixStore(address.prefix, store)
 
 
@@ -94,8 +105,9 @@ def choose_device(layout: EngineLayout, rank: int, device: str) -> torch.device:
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise EngineError(f"device {device!r} was asked for but CUDA is not available "
-                          f"(torch {torch.__version__})")
+        raise EngineError(
+            f"device {device!r} was asked for but CUDA is not available (torch {torch.__version__})"
+        )
     stage_idx, replica = layout.worker(rank)
     plan_device = layout.plan.worker_devices()[stage_idx][replica]
     return torch.device("cuda", plan_device % torch.cuda.device_count())
@@ -109,17 +121,19 @@ def _arrive(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> 
     """Wait until every rank's process is up (see the module docstring)."""
     store.set(f"arrived/{rank}", "1")
     try:
-        store.wait([f"arrived/{other}" for other in range(world_size)],
-                   timedelta(seconds=timeout_s))
+        store.wait(
+            [f"arrived/{other}" for other in range(world_size)], timedelta(seconds=timeout_s)
+        )
     except RuntimeError as exc:
-        missing = [other for other in range(world_size)
-                   if not store.check([f"arrived/{other}"])]
-        raise EngineError(f"rank {rank}: rank(s) {missing} did not start within "
-                          f"{timeout_s:.0f} s") from exc
+        missing = [other for other in range(world_size) if not store.check([f"arrived/{other}"])]
+        raise EngineError(
+            f"rank {rank}: rank(s) {missing} did not start within {timeout_s:.0f} s"
+        ) from exc
 
 
-def join(layout: EngineLayout, rank: int, address: StoreAddress, device_kind: str,
-         timeout_s: float) -> RankContext:
+def join(
+    layout: EngineLayout, rank: int, address: StoreAddress, device_kind: str, timeout_s: float
+) -> RankContext:
     """Connect, create the process groups, agree on the clock (module docstring)."""
     world_size = layout.world_size
     timeout = timedelta(seconds=timeout_s)
@@ -129,27 +143,40 @@ def join(layout: EngineLayout, rank: int, address: StoreAddress, device_kind: st
     device = choose_device(layout, rank, device_kind)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
-                            world_size=world_size, timeout=timeout)
-    placement = [(str(host), str(where)) for host, where in
-                 all_gather_json([socket.gethostname(), str(device)])]
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("pg", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+    )
+    placement = [
+        (str(host), str(where))
+        for host, where in all_gather_json([socket.gethostname(), str(device)])
+    ]
     groups = _make_groups(layout, rank, placement, timeout)
     if rank == 0:
         store.set("t0", repr(time.time()))
     clock = Clock(float(store.get("t0").decode()))
-    return RankContext(rank, world_size, address, store, device, groups, clock, placement,
-                       timeout_s)
+    return RankContext(
+        rank, world_size, address, store, device, groups, clock, placement, timeout_s
+    )
 
 
-def _make_groups(layout: EngineLayout, rank: int, placement: list[tuple[str, str]],
-                 timeout: timedelta) -> Groups:
+def _make_groups(
+    layout: EngineLayout, rank: int, placement: list[tuple[str, str]], timeout: timedelta
+) -> Groups:
     """Every rank creates every group, in the same order, as torch.distributed requires."""
     on_cuda = [device.startswith("cuda") for _, device in placement]
     groups = Groups()
     if all(on_cuda):
-        pairs = {(src, dst) for stage in layout.stages for t in stage.sends
-                 for src in layout.stage_ranks(t.src_stage)
-                 for dst in layout.stage_ranks(t.dst_stage)}
+        pairs = {
+            (src, dst)
+            for stage in layout.stages
+            for t in stage.sends
+            for src in layout.stage_ranks(t.src_stage)
+            for dst in layout.stage_ranks(t.dst_stage)
+        }
         nccl_pairs = {pair for pair in pairs if placement[pair[0]] != placement[pair[1]]}
         if nccl_pairs:
             groups.activation = dist.new_group(backend="nccl", timeout=timeout)

@@ -56,8 +56,10 @@ class RepartitionConfig:
             raise RepartitionError("--auto-repartition needs --repartition-every N > 0")
         for migration in self.migrations:
             if migration.step < 1:
-                raise RepartitionError(f"a migration at step {migration.step}: migrations "
-                                       "take effect at step 1 or later")
+                raise RepartitionError(
+                    f"a migration at step {migration.step}: migrations "
+                    "take effect at step 1 or later"
+                )
 
     @property
     def enabled(self) -> bool:
@@ -68,8 +70,9 @@ def parse_migration(text: str) -> ScriptedMigration:
     """``STEP:LAYER@STAGE[,LAYER@STAGE...]``, e.g. ``4:block2@1,block5@3``."""
     step_text, sep, spec = text.partition(":")
     if not sep or not step_text.strip().isdigit():
-        raise RepartitionError(f"--migrate {text!r}: expected STEP:LAYER@STAGE[,...], e.g. "
-                               "4:block2@1")
+        raise RepartitionError(
+            f"--migrate {text!r}: expected STEP:LAYER@STAGE[,...], e.g. 4:block2@1"
+        )
     moves = []
     for item in spec.split(","):
         layer, at, stage = item.strip().rpartition("@")
@@ -83,8 +86,10 @@ def check_replicas(plan: Plan) -> None:
     """Refuse plans with replicated stages (module docstring)."""
     for idx, stage in enumerate(plan.stages):
         if stage.replicas > 1:
-            raise RepartitionError(f"stage {idx} has {stage.replicas} replicas: live "
-                                   "repartition supports one replica per stage only")
+            raise RepartitionError(
+                f"stage {idx} has {stage.replicas} replicas: live "
+                "repartition supports one replica per stage only"
+            )
 
 
 def new_plan(plan: Plan, moves: Sequence[tuple[str, int]], layer_names: Sequence[str]) -> Plan:
@@ -93,24 +98,32 @@ def new_plan(plan: Plan, moves: Sequence[tuple[str, int]], layer_names: Sequence
     stage_of = {name: idx for idx, stage in enumerate(plan.stages) for name in stage.layers}
     for layer, stage_idx in moves:
         if layer not in stage_of:
-            raise RepartitionError(f"cannot move layer {layer!r}: the model's layers are "
-                                   f"{', '.join(layer_names)}")
+            raise RepartitionError(
+                f"cannot move layer {layer!r}: the model's layers are {', '.join(layer_names)}"
+            )
         if not 0 <= stage_idx < plan.num_stages:
-            raise RepartitionError(f"cannot move layer {layer!r} to stage {stage_idx}: the "
-                                   f"plan has stages 0..{plan.num_stages - 1}")
+            raise RepartitionError(
+                f"cannot move layer {layer!r} to stage {stage_idx}: the "
+                f"plan has stages 0..{plan.num_stages - 1}"
+            )
         stage_of[layer] = stage_idx
-    return with_stages(plan, [[name for name in layer_names if stage_of[name] == idx]
-                              for idx in range(plan.num_stages)])
+    return with_stages(
+        plan,
+        [[name for name in layer_names if stage_of[name] == idx] for idx in range(plan.num_stages)],
+    )
 
 
-def with_stages(plan: Plan, layers: Sequence[Sequence[str]],
-                policies: Mapping[str, str] | None = None) -> Plan:
+def with_stages(
+    plan: Plan, layers: Sequence[Sequence[str]], policies: Mapping[str, str] | None = None
+) -> Plan:
     """``plan`` with these layers per stage (and policies); an empty stage is refused."""
     for idx, names in enumerate(layers):
         if not names:
             raise RepartitionError(f"the repartition leaves stage {idx} without layers")
-    stages = [stage.model_copy(update={"layers": list(names)})
-              for stage, names in zip(plan.stages, layers, strict=True)]
+    stages = [
+        stage.model_copy(update={"layers": list(names)})
+        for stage, names in zip(plan.stages, layers, strict=True)
+    ]
     update: dict[str, object] = {"stages": stages}
     if policies is not None:
         update["policies"] = dict(policies)
@@ -121,5 +134,4 @@ def moved_layers(old: Plan, new: Plan) -> list[tuple[str, int, int]]:
     """(layer, from stage, to stage) of every layer whose stage differs."""
     before = {name: idx for idx, stage in enumerate(old.stages) for name in stage.layers}
     after = {name: idx for idx, stage in enumerate(new.stages) for name in stage.layers}
-    return [(name, before[name], after[name]) for name in before
-            if before[name] != after[name]]
+    return [(name, before[name], after[name]) for name in before if before[name] != after[name]]

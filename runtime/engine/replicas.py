@@ -22,8 +22,14 @@ from torch import nn
 from pipestudio.runtime.engine.faults import Watchdog
 
 
-def allreduce_gradients(params: Mapping[str, nn.Parameter], group: dist.ProcessGroup,
-                        staged: bool, timeout_s: float, watchdog: Watchdog, what: str) -> None:
+def allreduce_gradients(
+    params: Mapping[str, nn.Parameter],
+    group: dist.ProcessGroup,
+    staged: bool,
+    timeout_s: float,
+    watchdog: Watchdog,
+    what: str,
+) -> None:
     """Sum ``.grad`` of ``params`` over ``group`` (through host memory when ``staged``)."""
     trainable = [param for param in params.values() if param.requires_grad]
     if not trainable:
@@ -33,13 +39,21 @@ def allreduce_gradients(params: Mapping[str, nn.Parameter], group: dist.ProcessG
     buckets: dict[torch.dtype, list[nn.Parameter]] = {}
     for param in trainable:
         buckets.setdefault(param.dtype, []).append(param)
-    flats = {dtype: torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
-                               .reshape(-1).to(device) for p in members])
-             for dtype, members in buckets.items()}
+    flats = {
+        dtype: torch.cat(
+            [
+                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(device)
+                for p in members
+            ]
+        )
+        for dtype, members in buckets.items()
+    }
     watchdog.doing(what)
     try:
-        works = [dist.all_reduce(tensor, group=group, async_op=True)
-                 for tensor in (flags, *flats.values())]
+        works = [
+            dist.all_reduce(tensor, group=group, async_op=True)
+            for tensor in (flags, *flats.values())
+        ]
         for work in works:
             assert work is not None
             work.wait(timedelta(seconds=timeout_s))
@@ -50,6 +64,6 @@ def allreduce_gradients(params: Mapping[str, nn.Parameter], group: dist.ProcessG
         for dtype, members in buckets.items():
             offset = 0
             for param in members:
-                chunk = flats[dtype][offset:offset + param.numel()].view_as(param)
+                chunk = flats[dtype][offset : offset + param.numel()].view_as(param)
                 offset += param.numel()
                 param.grad = chunk.to(param.device).clone() if used[id(param)] else None

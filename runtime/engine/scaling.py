@@ -32,7 +32,7 @@ from torch import nn
 from pipestudio.runtime.engine.faults import Watchdog
 
 #: GradScaler's defaults.
-INIT_SCALE = 2.0 ** 16
+INIT_SCALE = 2.0**16
 GROWTH_INTERVAL = 2000
 
 

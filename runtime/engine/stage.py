@@ -51,10 +51,18 @@ class ForwardState:
 class StageRunner:
     """Forward and backward of one stage (see the module docstring)."""
 
-    def __init__(self, layers: Mapping[str, nn.Module], io: StageIO,
-                 graph_inputs: Mapping[str, Sequence[str]], loss_fn: Callable[..., Tensor],
-                 num_microbatches: int, device: torch.device, swap: SwapSpace,
-                 recorder: Recorder, precision: str = "fp32") -> None:
+    def __init__(
+        self,
+        layers: Mapping[str, nn.Module],
+        io: StageIO,
+        graph_inputs: Mapping[str, Sequence[str]],
+        loss_fn: Callable[..., Tensor],
+        num_microbatches: int,
+        device: torch.device,
+        swap: SwapSpace,
+        recorder: Recorder,
+        precision: str = "fp32",
+    ) -> None:
         self.io, self.names = io, list(io.layers)
         self.device, self.precision = device, precision
         self.module = nn.ModuleList([layers[name] for name in self.names]).to(device)
@@ -62,8 +70,10 @@ class StageRunner:
         self.loss_fn, self.num_microbatches = loss_fn, num_microbatches
         self.swap, self.recorder = swap, recorder
         self.params = dict(self.module.named_parameters())
-        self._layer_keys = [[key for key in self.params if key.split(".", 1)[0] == str(pos)]
-                            for pos in range(len(self.names))]
+        self._layer_keys = [
+            [key for key in self.params if key.split(".", 1)[0] == str(pos)]
+            for pos in range(len(self.names))
+        ]
         self.blocks = _split_blocks(self.names, io.policies)
         self._needed = self._needed_after_blocks()
 
@@ -74,8 +84,12 @@ class StageRunner:
             keep_to_end.add(self.names[-1])
         needed = []
         for idx in range(len(self.blocks)):
-            later = {src for _, positions in self.blocks[idx + 1:] for pos in positions
-                     for src in self.inputs[self.names[pos]]}
+            later = {
+                src
+                for _, positions in self.blocks[idx + 1 :]
+                for pos in positions
+                for src in self.inputs[self.names[pos]]
+            }
             needed.append(later | keep_to_end)
         return needed
 
@@ -84,28 +98,41 @@ class StageRunner:
         if weights is self.params:
             return module(*args)
         prefix = len(str(pos)) + 1
-        return functional_call(module, {key[prefix:]: weights[key]
-                                        for key in self._layer_keys[pos]}, tuple(args))
+        return functional_call(
+            module, {key[prefix:]: weights[key] for key in self._layer_keys[pos]}, tuple(args)
+        )
 
     def static_storages(self, weights: Mapping[str, Tensor]) -> set[int]:
         tensors = [*weights.values(), *self.module.buffers()]
         return {tensor.untyped_storage().data_ptr() for tensor in tensors}
 
-    def forward(self, microbatch: int, step: int, received: dict[str, Tensor],
-                data: Tensor | None, targets: Tensor | None,
-                weights: Mapping[str, Tensor],
-                before_layer: Callable[[str], None] | None = None) -> ForwardState:
+    def forward(
+        self,
+        microbatch: int,
+        step: int,
+        received: dict[str, Tensor],
+        data: Tensor | None,
+        targets: Tensor | None,
+        weights: Mapping[str, Tensor],
+        before_layer: Callable[[str], None] | None = None,
+    ) -> ForwardState:
         """The micro-batch's forward in the plan's precision (``runtime/precision.py``;
         a recomputation repeats it: ``checkpoint`` restores the autocast state);
         ``before_layer(name)`` is called before each layer runs (a layer that migrated
         here may still be arriving: ``live.py``)."""
         with forwards(self.precision, self.device):
-            return self._forward(microbatch, step, received, data, targets, weights,
-                                 before_layer)
+            return self._forward(microbatch, step, received, data, targets, weights, before_layer)
 
-    def _forward(self, microbatch: int, step: int, received: dict[str, Tensor],
-                 data: Tensor | None, targets: Tensor | None, weights: Mapping[str, Tensor],
-                 before_layer: Callable[[str], None] | None) -> ForwardState:
+    def _forward(
+        self,
+        microbatch: int,
+        step: int,
+        received: dict[str, Tensor],
+        data: Tensor | None,
+        targets: Tensor | None,
+        weights: Mapping[str, Tensor],
+        before_layer: Callable[[str], None] | None,
+    ) -> ForwardState:
         acts: dict[str, Tensor] = dict(received)
         if data is not None:
             acts[DATA] = data
@@ -133,14 +160,20 @@ class StageRunner:
         outputs = {t.layer: acts[t.layer] for t in self.io.sends}
         return ForwardState(microbatch, step, received, outputs, loss, weights)
 
-    def _recompute_block(self, idx: int, acts: dict[str, Tensor],
-                         weights: Mapping[str, Tensor], microbatch: int, step: int) -> None:
+    def _recompute_block(
+        self,
+        idx: int,
+        acts: dict[str, Tensor],
+        weights: Mapping[str, Tensor],
+        microbatch: int,
+        step: int,
+    ) -> None:
         positions = self.blocks[idx][1]
         made = {self.names[pos] for pos in positions}
-        outside = sorted({src for pos in positions for src in self.inputs[self.names[pos]]
-                          if src not in made})
-        handed_on = [self.names[pos] for pos in positions if self.names[pos] in
-                     self._needed[idx]]
+        outside = sorted(
+            {src for pos in positions for src in self.inputs[self.names[pos]] if src not in made}
+        )
+        handed_on = [self.names[pos] for pos in positions if self.names[pos] in self._needed[idx]]
         calls = [0]
 
         def run(*args: Tensor) -> tuple[Tensor, ...]:
@@ -153,21 +186,26 @@ class StageRunner:
                 with again:
                     for pos in positions:
                         name = self.names[pos]
-                        local[name] = self._call(pos, [local[src] for src in
-                                                       self.inputs[name]], weights)
+                        local[name] = self._call(
+                            pos, [local[src] for src in self.inputs[name]], weights
+                        )
                 return tuple(local[name] for name in handed_on)
             finally:
                 if start is not None:
-                    self.recorder.span("recompute", microbatch, step, start,
-                                       self.recorder.marker.mark())
+                    self.recorder.span(
+                        "recompute", microbatch, step, start, self.recorder.marker.mark()
+                    )
 
         results = checkpoint(run, *[acts[src] for src in outside], use_reentrant=False)
         acts.update(zip(handed_on, results, strict=True))
 
-    def backward(self, state: ForwardState, grads: Mapping[str, Tensor],
-                 hand_on_first: Callable[[dict[str, Tensor]], None] | None = None,
-                 loss_scale: float | None = None
-                 ) -> tuple[dict[str, Tensor | None], dict[str, Tensor]]:
+    def backward(
+        self,
+        state: ForwardState,
+        grads: Mapping[str, Tensor],
+        hand_on_first: Callable[[dict[str, Tensor]], None] | None = None,
+        loss_scale: float | None = None,
+    ) -> tuple[dict[str, Tensor | None], dict[str, Tensor]]:
         """Gradients of the weights (by parameter name) and of the received inputs; with
         ``loss_scale`` (fp16, ``scaling.py``) those of ``loss_scale`` times the loss.
 
@@ -185,8 +223,9 @@ class StageRunner:
         root_grads: list[Tensor | None] = []
         if state.loss is not None:
             roots.append(state.loss)
-            root_grads.append(None if loss_scale is None
-                              else torch.full_like(state.loss, loss_scale))
+            root_grads.append(
+                None if loss_scale is None else torch.full_like(state.loss, loss_scale)
+            )
         for layer, grad in grads.items():
             if state.outputs[layer].requires_grad:
                 roots.append(state.outputs[layer])
@@ -197,13 +236,21 @@ class StageRunner:
         if not roots or not (wrt or leaves):
             return {}, self._input_grads(state, leaves, [None] * len(leaves))
         if state.weights is not self.params:  # a stashed version
-            results = torch.autograd.grad(roots, weights + inputs, root_grads,
-                                          allow_unused=True)
-            return ({name: grad for (name, _), grad in zip(wrt, results, strict=False)},
-                    self._input_grads(state, leaves, results[len(wrt):]))
+            results = torch.autograd.grad(roots, weights + inputs, root_grads, allow_unused=True)
+            return (
+                {name: grad for (name, _), grad in zip(wrt, results, strict=False)},
+                self._input_grads(state, leaves, results[len(wrt) :]),
+            )
         if hand_on_first is not None and leaves:
-            hand_on_first(self._input_grads(state, leaves, torch.autograd.grad(
-                roots, inputs, root_grads, retain_graph=True, allow_unused=True)))
+            hand_on_first(
+                self._input_grads(
+                    state,
+                    leaves,
+                    torch.autograd.grad(
+                        roots, inputs, root_grads, retain_graph=True, allow_unused=True
+                    ),
+                )
+            )
             if wrt:
                 torch.autograd.backward(roots, root_grads, inputs=weights)
             return {}, {}
@@ -211,11 +258,15 @@ class StageRunner:
         return {}, self._input_grads(state, leaves, [leaf.grad for _, leaf in leaves])
 
     @staticmethod
-    def _input_grads(state: ForwardState, leaves: list[tuple[str, Tensor]],
-                     leaf_grads: Sequence[Tensor | None]) -> dict[str, Tensor]:
+    def _input_grads(
+        state: ForwardState, leaves: list[tuple[str, Tensor]], leaf_grads: Sequence[Tensor | None]
+    ) -> dict[str, Tensor]:
         """The gradient of every floating-point input received (zeros where none flowed)."""
-        input_grads = {name: torch.zeros_like(state.inputs[name]) for name in state.inputs
-                       if state.inputs[name].is_floating_point()}
+        input_grads = {
+            name: torch.zeros_like(state.inputs[name])
+            for name in state.inputs
+            if state.inputs[name].is_floating_point()
+        }
         for (name, _), grad in zip(leaves, leaf_grads, strict=True):
             if grad is not None:
                 input_grads[name] = grad

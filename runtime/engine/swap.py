@@ -64,7 +64,8 @@ class _View:
             return self.tensor
         data = self.storage.fetched()
         return torch.empty(0, dtype=self.dtype, device=data.device).set_(
-            data.untyped_storage(), self.offset, self.shape, self.stride)
+            data.untyped_storage(), self.offset, self.shape, self.stride
+        )
 
 
 @dataclass
@@ -72,8 +73,9 @@ class _Batch:
     """The saved storages of one micro-batch, their views and bytes."""
 
     storages: dict[int, _Storage] = field(default_factory=dict)  # data pointer -> storage
-    views: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype], _View] = (
-        field(default_factory=dict))
+    views: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype], _View] = field(
+        default_factory=dict
+    )
     num_bytes: int = 0
     on_host: bool = False
 
@@ -82,7 +84,8 @@ def _as_bytes(tensor: Tensor) -> Tensor:
     """The whole storage underneath ``tensor`` as a flat uint8 tensor (no copy)."""
     storage = tensor.untyped_storage()
     return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(
-        storage, 0, (storage.nbytes(),), (1,))
+        storage, 0, (storage.nbytes(),), (1,)
+    )
 
 
 class SwapSpace:
@@ -96,8 +99,9 @@ class SwapSpace:
         self._batches: dict[int, _Batch] = {}
 
     @contextlib.contextmanager
-    def saving(self, microbatch: int, static: set[int],
-               inputs: tuple[Tensor, ...] = ()) -> Iterator[None]:
+    def saving(
+        self, microbatch: int, static: set[int], inputs: tuple[Tensor, ...] = ()
+    ) -> Iterator[None]:
         """Inside it, tensors autograd saves go to the space, except those whose storage is
         in ``static`` or underlies one of the layer's ``inputs``."""
         batch = self._batches.setdefault(microbatch, _Batch())
@@ -116,8 +120,13 @@ class SwapSpace:
                     storage = batch.storages[ptr] = _Storage(_as_bytes(tensor))
                     batch.num_bytes += tensor.untyped_storage().nbytes()
                 view = batch.views[key] = _View(
-                    storage, tensor, tensor.dtype, offset, tuple(tensor.shape),
-                    tuple(tensor.stride()))
+                    storage,
+                    tensor,
+                    tensor.dtype,
+                    offset,
+                    tuple(tensor.shape),
+                    tuple(tensor.stride()),
+                )
             return view
 
         def unpack(packed: object) -> Tensor:
@@ -139,8 +148,11 @@ class SwapSpace:
         return batch is not None and batch.on_host
 
     def _side(self) -> contextlib.AbstractContextManager[object]:
-        return torch.cuda.stream(self.stream) if self.stream is not None else (
-            contextlib.nullcontext())
+        return (
+            torch.cuda.stream(self.stream)
+            if self.stream is not None
+            else (contextlib.nullcontext())
+        )
 
     def _events(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
         if not self.on_gpu:
@@ -161,8 +173,9 @@ class SwapSpace:
                 events[0].record()
             for storage in batch.storages.values():
                 assert storage.device_bytes is not None
-                host = torch.empty(storage.device_bytes.shape, dtype=torch.uint8,
-                                   pin_memory=self.on_gpu)
+                host = torch.empty(
+                    storage.device_bytes.shape, dtype=torch.uint8, pin_memory=self.on_gpu
+                )
                 host.copy_(storage.device_bytes, non_blocking=self.on_gpu)
                 if self.stream is not None:
                     storage.device_bytes.record_stream(self.stream)
@@ -185,8 +198,9 @@ class SwapSpace:
                 events[0].record()
             for storage in batch.storages.values():
                 assert storage.host_bytes is not None
-                storage.device_bytes = storage.host_bytes.to(self.device, copy=True,
-                                                             non_blocking=self.on_gpu)
+                storage.device_bytes = storage.host_bytes.to(
+                    self.device, copy=True, non_blocking=self.on_gpu
+                )
                 storage.host_bytes = None
                 storage.ready = None if events is None else events[1]
             if events is not None:

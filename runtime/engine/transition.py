@@ -99,8 +99,9 @@ class Transition:
 
     @property
     def done(self) -> bool:
-        return (self.handed_off == set(self.outgoing)
-                and self.received == self.trained == set(self.incoming))
+        return self.handed_off == set(self.outgoing) and self.received == self.trained == set(
+            self.incoming
+        )
 
     def layers_out(self) -> list[str]:
         return [name for names in self.outgoing.values() for name in names]
@@ -109,8 +110,9 @@ class Transition:
         return [name for names in self.incoming.values() for name in names]
 
 
-def exchanges(old: EngineLayout, new: EngineLayout, rank: int
-              ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+def exchanges(
+    old: EngineLayout, new: EngineLayout, rank: int
+) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
     """(outgoing, incoming) layers of ``rank`` by peer rank (one replica per stage)."""
     stage_idx, _ = old.worker(rank)
     outgoing: dict[int, list[str]] = {}
@@ -126,12 +128,10 @@ def exchanges(old: EngineLayout, new: EngineLayout, rank: int
     return outgoing, incoming
 
 
-def forward_versions(plan: Plan, stage_idx: int, first_step: int, num_steps: int
-                     ) -> dict[int, int]:
+def forward_versions(plan: Plan, stage_idx: int, first_step: int, num_steps: int) -> dict[int, int]:
     """The weight version each forward of a one-replica ``pipedream`` stage runs on over a
     segment, as ``weights.WeightVersions`` chooses it."""
-    required = (first_stage_versions(plan, first_step, num_steps) if plan.vertical_sync
-                else None)
+    required = first_stage_versions(plan, first_step, num_steps) if plan.vertical_sync else None
     applied = first_step * plan.num_microbatches
     result = {}
     for op in worker_ops(plan, stage_idx, 0, first_step, num_steps):
@@ -151,8 +151,15 @@ def moved_version(new_version: int, old_version: int, switch_mb: int) -> int:
     return new_version if new_version > switch_mb else min(new_version, old_version)
 
 
-def needed_versions(plan: Plan, old_stage: int, new_stage: int, step: int, start_step: int,
-                    end_step: int, checkpoint_every: int) -> dict[int, int]:
+def needed_versions(
+    plan: Plan,
+    old_stage: int,
+    new_stage: int,
+    step: int,
+    start_step: int,
+    end_step: int,
+    checkpoint_every: int,
+) -> dict[int, int]:
     """For the layers moving from ``old_stage`` to ``new_stage`` at ``step``: the version,
     older than the switch, that each forward of the switch's micro-batches or later on the
     new stage runs them on (``pipedream``; empty for the others and where none is older)."""
@@ -163,7 +170,10 @@ def needed_versions(plan: Plan, old_stage: int, new_stage: int, step: int, start
         if first <= step < first + count:
             new = forward_versions(plan, new_stage, first, count)
             old = forward_versions(plan, old_stage, first, count)
-            result = {mb: moved_version(version, old[mb], switch_mb)
-                      for mb, version in new.items() if mb >= switch_mb}
+            result = {
+                mb: moved_version(version, old[mb], switch_mb)
+                for mb, version in new.items()
+                if mb >= switch_mb
+            }
             return {mb: version for mb, version in result.items() if version < switch_mb}
     return {}

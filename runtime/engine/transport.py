@@ -35,16 +35,14 @@ from pipestudio.runtime.engine.rendezvous import RankContext
 ACTIVATION, GRADIENT = "activation", "gradient"
 
 
-def isend(tensor: Tensor, peer: int, tag: int, group: dist.ProcessGroup | None = None
-          ) -> dist.Work:
+def isend(tensor: Tensor, peer: int, tag: int, group: dist.ProcessGroup | None = None) -> dist.Work:
     """``dist.isend``, whose handle is None only on a rank outside ``group``: never here."""
     work = dist.isend(tensor, peer, group=group, tag=tag)
     assert work is not None, f"this rank is not in the group it sends to {peer} in"
     return work
 
 
-def irecv(tensor: Tensor, peer: int, tag: int, group: dist.ProcessGroup | None = None
-          ) -> dist.Work:
+def irecv(tensor: Tensor, peer: int, tag: int, group: dist.ProcessGroup | None = None) -> dist.Work:
     """``dist.irecv``, as ``isend``."""
     work = dist.irecv(tensor, peer, group=group, tag=tag)
     assert work is not None, f"this rank is not in the group it receives from {peer} in"
@@ -72,8 +70,9 @@ class _Send:
 class Transport:
     """Point-to-point transfers of one rank (see the module docstring)."""
 
-    def __init__(self, ctx: RankContext, layout: EngineLayout, recorder: Recorder,
-                 watchdog: Watchdog) -> None:
+    def __init__(
+        self, ctx: RankContext, layout: EngineLayout, recorder: Recorder, watchdog: Watchdog
+    ) -> None:
         self.ctx, self.layout, self.recorder, self.watchdog = ctx, layout, recorder, watchdog
         self.num_layers = len(layout.layer_index)
         self.timeout = timedelta(seconds=ctx.timeout_s)
@@ -93,8 +92,10 @@ class Transport:
     def shape(self, layer: str) -> tuple[torch.dtype, tuple[int, ...]]:
         if layer not in self._shapes:
             dtype, _, dims = self.ctx.store.get(f"shape/{layer}").decode().partition(":")
-            self._shapes[layer] = (getattr(torch, dtype),
-                                   tuple(int(d) for d in dims.split(",") if d))
+            self._shapes[layer] = (
+                getattr(torch, dtype),
+                tuple(int(d) for d in dims.split(",") if d),
+            )
         return self._shapes[layer]
 
     def _publish(self, layer: str, tensor: Tensor, microbatch: int) -> None:
@@ -104,10 +105,12 @@ class Transport:
             self.ctx.store.set(f"shape/{layer}", f"{dtype}:{','.join(map(str, tensor.shape))}")
             self._shapes[layer] = (tensor.dtype, tuple(tensor.shape))
         elif known != (tensor.dtype, tuple(tensor.shape)):
-            raise EngineError(f"layer {layer!r} returned a {tensor.dtype} tensor of shape "
-                              f"{tuple(tensor.shape)} for micro-batch {microbatch}, but "
-                              f"{known[0]} {known[1]} before: boundary tensors must keep "
-                              "their shape")
+            raise EngineError(
+                f"layer {layer!r} returned a {tensor.dtype} tensor of shape "
+                f"{tuple(tensor.shape)} for micro-batch {microbatch}, but "
+                f"{known[0]} {known[1]} before: boundary tensors must keep "
+                "their shape"
+            )
 
     def post(self, direction: str, transfer: Transfer, microbatch: int) -> Pending:
         """Post the receive of ``transfer``'s activation or gradient for ``microbatch``."""
@@ -118,8 +121,10 @@ class Transport:
         device = torch.device("cpu") if staged else self.ctx.device
         buffer = torch.empty(shape, dtype=dtype, device=device, pin_memory=staged)
         work = irecv(buffer, peer, self._tag(direction, transfer, microbatch), group)
-        what = (f"receiving the {direction} of {transfer.layer!r} for micro-batch "
-                f"{microbatch} from {self.layout.describe(peer)}")
+        what = (
+            f"receiving the {direction} of {transfer.layer!r} for micro-batch "
+            f"{microbatch} from {self.layout.describe(peer)}"
+        )
         return Pending(work, buffer, peer, what)
 
     def wait(self, pending: Pending) -> Tensor:
@@ -132,8 +137,9 @@ class Transport:
         # the buffer until it has ended)
         return pending.buffer.to(self.ctx.device, non_blocking=True)
 
-    def send(self, direction: str, transfer: Transfer, microbatch: int, tensor: Tensor,
-             step: int) -> None:
+    def send(
+        self, direction: str, transfer: Transfer, microbatch: int, tensor: Tensor, step: int
+    ) -> None:
         peer_stage = transfer.dst_stage if direction == ACTIVATION else transfer.src_stage
         peer = self.layout.rank_for(peer_stage, microbatch)
         if direction == ACTIVATION:
@@ -145,9 +151,13 @@ class Transport:
         else:
             buffer = tensor.detach().contiguous()
         record = self.recorder.start(
-            f"send_{direction}", microbatch, step, peer_stage=peer_stage,
+            f"send_{direction}",
+            microbatch,
+            step,
+            peer_stage=peer_stage,
             peer_replica=self.layout.worker(peer)[1],
-            bytes=buffer.numel() * buffer.element_size())
+            bytes=buffer.numel() * buffer.element_size(),
+        )
         work = isend(buffer, peer, self._tag(direction, transfer, microbatch), group)
         self._sends.append(_Send(work, buffer, record, peer))
 
@@ -164,8 +174,10 @@ class Transport:
     def drain(self) -> None:
         """Wait for every send still in flight."""
         for send in self._sends:
-            what = (f"sending the {send.record.op.removeprefix('send_')} of micro-batch "
-                    f"{send.record.microbatch} to {self.layout.describe(send.peer)}")
+            what = (
+                f"sending the {send.record.op.removeprefix('send_')} of micro-batch "
+                f"{send.record.microbatch} to {self.layout.describe(send.peer)}"
+            )
             self.watchdog.doing(what, waiting_on=send.peer)
             try:
                 send.work.wait(self.timeout)

@@ -35,11 +35,17 @@ from torch import Tensor, nn
 class WeightVersions:
     """The weight versions of one pipedream worker over a segment (see the module docstring)."""
 
-    def __init__(self, params: dict[str, nn.Parameter], replicas: int, applied: int,
-                 forwards: Iterable[int], first_stage_versions: Mapping[int, int] | None,
-                 on_snapshot: Callable[[int, Collection[str]], None] | None = None,
-                 fetch: Callable[[int, list[str]], Mapping[str, Tensor]] | None = None,
-                 older: Callable[[int, int], Mapping[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        params: dict[str, nn.Parameter],
+        replicas: int,
+        applied: int,
+        forwards: Iterable[int],
+        first_stage_versions: Mapping[int, int] | None,
+        on_snapshot: Callable[[int, Collection[str]], None] | None = None,
+        fetch: Callable[[int, list[str]], Mapping[str, Tensor]] | None = None,
+        older: Callable[[int, int], Mapping[str, int]] | None = None,
+    ) -> None:
         self.params = params
         self.on_snapshot = on_snapshot
         self.fetch = fetch
@@ -58,17 +64,17 @@ class WeightVersions:
         if self.required is None or self.required[microbatch] >= self.applied:
             return self.applied
         wanted = self.required[microbatch]
-        return self.first_applied + self.replicas * ((wanted - self.first_applied)
-                                                     // self.replicas)
+        return self.first_applied + self.replicas * ((wanted - self.first_applied) // self.replicas)
 
     def _snapshot(self, skip: Collection[str] = ()) -> dict[str, Tensor]:
         if self.on_snapshot is not None:
             self.on_snapshot(self.applied, skip)
-        return {name: param.detach().clone().requires_grad_(True) if param.requires_grad
-                else param for name, param in self.params.items()}
+        return {
+            name: param.detach().clone().requires_grad_(True) if param.requires_grad else param
+            for name, param in self.params.items()
+        }
 
-    def for_forward(self, microbatch: int, names: Sequence[str] | None = None
-                    ) -> dict[str, Tensor]:
+    def for_forward(self, microbatch: int, names: Sequence[str] | None = None) -> dict[str, Tensor]:
         """The weights micro-batch ``microbatch`` runs forward (and later backward) on;
         ``names`` are the parameters it needs (default: those the stage owns)."""
         assert self.forwards_left and self.forwards_left[0] == microbatch, microbatch
@@ -79,8 +85,7 @@ class WeightVersions:
             self.stashes[version] = self._snapshot(skip=older)
         assert version in self.stashes, f"weight version {version} was not kept"
         stash = self.stashes[version]
-        missing = [name for name in names or ()
-                   if name not in stash and _layer(name) not in older]
+        missing = [name for name in names or () if name not in stash and _layer(name) not in older]
         if missing:
             assert self.fetch is not None, f"parameters {missing} of version {version}"
             stash.update(self.fetch(version, missing))
@@ -126,8 +131,9 @@ class WeightVersions:
 
     def _collect(self) -> None:
         keep = set(self.inflight.values())
-        oldest_to_come = (self._ideal(self.forwards_left[0]) if self.forwards_left
-                          else self.applied + 1)
+        oldest_to_come = (
+            self._ideal(self.forwards_left[0]) if self.forwards_left else self.applied + 1
+        )
         for version in list(self.stashes):
             if version not in keep and version < oldest_to_come:
                 del self.stashes[version]
@@ -148,8 +154,9 @@ def trainable(weights: Mapping[str, Tensor]) -> list[tuple[str, Tensor]]:
 
 
 @torch.no_grad()
-def set_gradients(params: Mapping[str, nn.Parameter], grads: Mapping[str, Tensor | None],
-                  *, accumulate: bool) -> None:
+def set_gradients(
+    params: Mapping[str, nn.Parameter], grads: Mapping[str, Tensor | None], *, accumulate: bool
+) -> None:
     """Put ``grads`` into the live parameters' ``.grad`` (adding to it when ``accumulate``)."""
     for name, grad in grads.items():
         if grad is None:

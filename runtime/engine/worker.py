@@ -67,32 +67,59 @@ _LOOKAHEAD = 2
 class Worker:
     """The training loop of one rank (see the module docstring)."""
 
-    def __init__(self, config: EngineConfig, spec: ModelSpec, layout: EngineLayout,
-                 ctx: RankContext, watchdog: Watchdog, sink: EventSink) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        spec: ModelSpec,
+        layout: EngineLayout,
+        ctx: RankContext,
+        watchdog: Watchdog,
+        sink: EventSink,
+    ) -> None:
         self.config, self.spec, self.layout, self.ctx = config, spec, layout, ctx
         self.plan = layout.plan
         self.watchdog = watchdog
         self.stage_idx, self.replica = layout.worker(ctx.rank)
         self.io = layout.stages[self.stage_idx]
-        self.recorder = Recorder(self.stage_idx, self.replica, Marker(ctx.clock, ctx.device),
-                                 sink, self.plan.num_microbatches * self.plan.microbatch_size)
+        self.recorder = Recorder(
+            self.stage_idx,
+            self.replica,
+            Marker(ctx.clock, ctx.device),
+            sink,
+            self.plan.num_microbatches * self.plan.microbatch_size,
+        )
         self.swap = SwapSpace(ctx.device)
         self.backward_next: int | None = None  # the micro-batch whose backward comes next
-        self.stage = StageRunner(dict(spec.layers), self.io, spec.graph_inputs(), spec.loss,
-                                 self.plan.num_microbatches, ctx.device, self.swap,
-                                 self.recorder, self.plan.precision)
-        self.optimizer = self.make_optimizer([p for p in self.stage.params.values()
-                                              if p.requires_grad])
-        self.scaler = (LossScaler(config.loss_scale, config.loss_scale_growth_interval)
-                       if self.plan.precision == "fp16" else None)
+        self.stage = StageRunner(
+            dict(spec.layers),
+            self.io,
+            spec.graph_inputs(),
+            spec.loss,
+            self.plan.num_microbatches,
+            ctx.device,
+            self.swap,
+            self.recorder,
+            self.plan.precision,
+        )
+        self.optimizer = self.make_optimizer(
+            [p for p in self.stage.params.values() if p.requires_grad]
+        )
+        self.scaler = (
+            LossScaler(config.loss_scale, config.loss_scale_growth_interval)
+            if self.plan.precision == "fp16"
+            else None
+        )
         self.transport = Transport(ctx, layout, self.recorder, watchdog)
         self.states: dict[int, ForwardState] = {}
         self.posted: dict[tuple[str, int], list[tuple[str, Pending]]] = {}
         self.versions: WeightVersions | None = None
         self.max_versions = 0
         enabled = config.repartition is not None and config.repartition.enabled
-        self.control = (ControlClient(config, spec, ctx.rank, ctx.world_size, ctx.store,
-                                      self.recorder.sink) if enabled else None)
+        self.control = (
+            ControlClient(config, spec, ctx.rank, ctx.world_size, ctx.store, self.recorder.sink)
+            if enabled
+            else None
+        )
         control = self.control
         self.live = LiveRepartition(self, control)
         self.meter = LayerMeter(spec.layers) if control is not None and control.measures else None
@@ -119,30 +146,41 @@ class Worker:
         for first, count in segments(self.plan, start_step, self.config.steps, every):
             self.run_segment(first, count)
             end = first + count
-            if self.config.checkpoint_dir and (end == self.config.steps
-                                               or (every and end % every == 0)):
+            if self.config.checkpoint_dir and (
+                end == self.config.steps or (every and end % every == 0)
+            ):
                 self.save(end)
         self.live.finish()
 
     def run_segment(self, first_step: int, num_steps: int) -> None:
         ops = worker_ops(self.plan, self.stage_idx, self.replica, first_step, num_steps)
         if self.plan.schedule == "pipedream":
-            required = (first_stage_versions(self.plan, first_step, num_steps)
-                        if self.plan.vertical_sync else None)
+            required = (
+                first_stage_versions(self.plan, first_step, num_steps)
+                if self.plan.vertical_sync
+                else None
+            )
             self.versions = WeightVersions(
-                self.live.owned, self.layout.replicas(self.stage_idx),
+                self.live.owned,
+                self.layout.replicas(self.stage_idx),
                 first_step * self.plan.num_microbatches,
                 [op.microbatch for op in ops if op.kind == "forward" and op.microbatch is not None],
                 required,
-                self.live.before_snapshot, self.live.fetch, self.live.older_versions)
+                self.live.before_snapshot,
+                self.live.fetch,
+                self.live.older_versions,
+            )
         left = Counter(op.step for op in ops)
         self.last_backward = {op.step: op.microbatch for op in ops if op.kind == "backward"}
         for idx, op in enumerate(ops):
-            self.live.learn_until(max(o.step for o in ops[idx:idx + 3 * _LOOKAHEAD]))
+            self.live.learn_until(max(o.step for o in ops[idx : idx + 3 * _LOOKAHEAD]))
             self._prepare(ops, idx)
             following = ops[idx + 1] if idx + 1 < len(ops) else None
-            self.backward_next = (following.microbatch if following is not None
-                                  and following.kind == "backward" else None)
+            self.backward_next = (
+                following.microbatch
+                if following is not None and following.kind == "backward"
+                else None
+            )
             self.watchdog.doing(_describe(op))
             if self.config.before_op is not None:
                 self.config.before_op(self.ctx.rank, op)
@@ -159,8 +197,7 @@ class Worker:
         if self.plan.schedule != "pipedream":
             self.transport.drain()
         loss = self.recorder.finish_step(step).get("loss")
-        if (loss is not None and not math.isfinite(loss)
-                and self.config.on_nonfinite_loss == "fail"):
+        if loss is not None and not math.isfinite(loss) and self.config.on_nonfinite_loss == "fail":
             failure = NonFiniteLoss(loss, step, self.stage_idx, self.ctx.rank)
             self.watchdog.record_failure(self.ctx.rank, str(failure), retry=False)
             raise failure
@@ -185,14 +222,18 @@ class Worker:
             self._swap_in(following.microbatch, following.step)
 
     def _float_sends(self, microbatch: int) -> list[Transfer]:
-        return [t for t in self.io_for(microbatch).sends
-                if self.transport.shape(t.layer)[0].is_floating_point]
+        return [
+            t
+            for t in self.io_for(microbatch).sends
+            if self.transport.shape(t.layer)[0].is_floating_point
+        ]
 
     def _post(self, direction: str, microbatch: int, transfers: Sequence[Transfer]) -> None:
         key = (direction, microbatch)
         if key not in self.posted:
-            self.posted[key] = [(t.layer, self.transport.post(direction, t, microbatch))
-                                for t in transfers]
+            self.posted[key] = [
+                (t.layer, self.transport.post(direction, t, microbatch)) for t in transfers
+            ]
 
     def _received(self, direction: str, microbatch: int) -> list[tuple[str, Tensor]]:
         pending = self.posted.pop((direction, microbatch), [])
@@ -223,14 +264,18 @@ class Worker:
         if self.versions is None:
             weights = part.runner.params
             if self.live.arriving:
+
                 def before_layer(layer: str) -> None:
                     self.live.ensure_arrived(mb, layer)
         else:
-            weights = part.positional(self.versions.for_forward(
-                mb, [full for _, full in part.keys]))
+            weights = part.positional(
+                self.versions.for_forward(mb, [full for _, full in part.keys])
+            )
             self.max_versions = max(self.max_versions, self.versions.num_versions)
-        received = {layer: tensor.requires_grad_(tensor.is_floating_point())
-                    for layer, tensor in self._received(ACTIVATION, mb)}
+        received = {
+            layer: tensor.requires_grad_(tensor.is_floating_point())
+            for layer, tensor in self._received(ACTIVATION, mb)
+        }
         data = targets = None
         if io.reads_data or io.has_loss:
             data, targets = self.spec.sample(self.plan.microbatch_size, mb)
@@ -239,8 +284,9 @@ class Worker:
         record = self.recorder.start("forward", mb, step)
         if self.meter is not None:
             self.meter.arm(True)
-        state = part.runner.forward(mb, step, received, data if io.reads_data else None,
-                                    targets, weights, before_layer)
+        state = part.runner.forward(
+            mb, step, received, data if io.reads_data else None, targets, weights, before_layer
+        )
         if self.meter is not None:
             self.meter.arm(False)
         self.recorder.stop(record)
@@ -264,16 +310,19 @@ class Worker:
         def hand_on(input_grads: dict[str, Tensor]) -> None:
             for transfer in part.io.receives:
                 if transfer.layer in input_grads:
-                    self.transport.send(GRADIENT, transfer, mb, input_grads[transfer.layer],
-                                        step)
+                    self.transport.send(GRADIENT, transfer, mb, input_grads[transfer.layer], step)
 
         # the step's last backward: the previous stage waits for it with nothing else to
         # do, and this one has only its update left, so its gradients go first
-        first = (hand_on if self.versions is None and self.meter is None
-                 and self.last_backward.get(step) == mb else None)
+        first = (
+            hand_on
+            if self.versions is None and self.meter is None and self.last_backward.get(step) == mb
+            else None
+        )
         record = self.recorder.start("backward", mb, step)
         weight_grads, input_grads = part.runner.backward(
-            state, grads, first, None if self.scaler is None else self.scaler.scale)
+            state, grads, first, None if self.scaler is None else self.scaler.scale
+        )
         self.recorder.stop(record)
         set_gradients(part.runner.params, weight_grads, accumulate=self.versions is None)
         hand_on(input_grads)
@@ -285,11 +334,15 @@ class Worker:
         group = self.ctx.groups.replicas
         assert group is not None
         record = self.recorder.start("allreduce", op.microbatch, op.step)
-        what = (f"the all-reduce of stage {self.stage_idx}'s gradients (step {op.step}"
-                + ("" if op.microbatch is None else f", micro-batch {op.microbatch}") + ")")
+        what = (
+            f"the all-reduce of stage {self.stage_idx}'s gradients (step {op.step}"
+            + ("" if op.microbatch is None else f", micro-batch {op.microbatch}")
+            + ")"
+        )
         staged = self.ctx.groups.replicas_on_cpu and self.ctx.device.type == "cuda"
-        allreduce_gradients(self.stage.params, group, staged, self.ctx.timeout_s,
-                            self.watchdog, what)
+        allreduce_gradients(
+            self.stage.params, group, staged, self.ctx.timeout_s, self.watchdog, what
+        )
         self.recorder.stop(record)
 
     def _update(self, op: Op) -> None:
@@ -313,8 +366,9 @@ class Worker:
             self.versions.after_update()
         self.recorder.stop(record)
         num_mb = self.plan.num_microbatches
-        self.live.after_update(op.microbatch + 1 if op.microbatch is not None
-                               else (op.step + 1) * num_mb)
+        self.live.after_update(
+            op.microbatch + 1 if op.microbatch is not None else (op.step + 1) * num_mb
+        )
 
     def _overflowed(self, step: int) -> bool:
         """fp16: whether any rank's gradients of ``step`` overflowed, in which case this
@@ -322,8 +376,9 @@ class Worker:
         if self.scaler is None:
             return False
         params = list(self.live.owned.values())
-        found = self.scaler.agree(self.scaler.overflowed(params), self.ctx.timeout_s,
-                                  self.watchdog, step)
+        found = self.scaler.agree(
+            self.scaler.overflowed(params), self.ctx.timeout_s, self.watchdog, step
+        )
         if found:
             for param in params:
                 param.grad = None
@@ -350,8 +405,11 @@ class Worker:
 
     def _swap_in(self, mb: int, step: int) -> None:
         num_bytes = self.swap.num_bytes(mb)
-        if not num_bytes or mb not in self.states or (self.swap.moves
-                                                      and not self.swap.on_host(mb)):
+        if (
+            not num_bytes
+            or mb not in self.states
+            or (self.swap.moves and not self.swap.on_host(mb))
+        ):
             return  # nothing swapped, or already fetched
         events = self.swap.swap_in(mb)
         now = self.recorder.marker.mark()
@@ -366,8 +424,16 @@ class Worker:
         self.live.ensure_arrived(first_mb)
         self.live.ensure_trainable()
         part = self.live.partition(first_mb)
-        ckpt.save_rank(root, step, self.stage_idx, self.replica, part.runner.module,
-                       self.optimizer, self.ctx.device, self.scaler)
+        ckpt.save_rank(
+            root,
+            step,
+            self.stage_idx,
+            self.replica,
+            part.runner.module,
+            self.optimizer,
+            self.ctx.device,
+            self.scaler,
+        )
         self.ctx.store.add(f"checkpoint/{step}", 1)
         if self.ctx.rank == 0:
             self.watchdog.doing(f"waiting for every rank's checkpoint of step {step}")
@@ -380,16 +446,30 @@ class Worker:
                 # big checkpoint.
                 polls += 1
                 if time.time() > deadline or (
-                        polls % 10 == 0
-                        and self.watchdog.root_failure(heartbeats=False) is not None):
-                    raise self.watchdog.failure(f"waiting for the checkpoint of step {step}",
-                                                None, TimeoutError(step))
+                    polls % 10 == 0 and self.watchdog.root_failure(heartbeats=False) is not None
+                ):
+                    raise self.watchdog.failure(
+                        f"waiting for the checkpoint of step {step}", None, TimeoutError(step)
+                    )
                 time.sleep(0.05)
             control = self.live.control
-            ckpt.publish(root, step, part.plan, self.config.model, self.config.model_args,
-                         control.record(step) if control is not None else None)
-        self.recorder.sink({"type": "checkpoint", "stage": self.stage_idx,
-                            "replica": self.replica, "step": step, "dir": root})
+            ckpt.publish(
+                root,
+                step,
+                part.plan,
+                self.config.model,
+                self.config.model_args,
+                control.record(step) if control is not None else None,
+            )
+        self.recorder.sink(
+            {
+                "type": "checkpoint",
+                "stage": self.stage_idx,
+                "replica": self.replica,
+                "step": step,
+                "dir": root,
+            }
+        )
 
 
 def _describe(op: Op) -> str:

@@ -43,14 +43,18 @@ def load_model(name_or_path: str, args: Mapping[str, str] | None = None) -> Mode
     elif ":" in name_or_path:
         factory = import_factory(name_or_path)
     else:
-        raise ModelError(f"unknown model {name_or_path!r}; expected one of "
-                         f"{', '.join(MODELS)} or MODULE:FACTORY")
-    values = {key: convert_value(value) if isinstance(value, str) else value
-              for key, value in (args or {}).items()}
+        raise ModelError(
+            f"unknown model {name_or_path!r}; expected one of {', '.join(MODELS)} or MODULE:FACTORY"
+        )
+    values = {
+        key: convert_value(value) if isinstance(value, str) else value
+        for key, value in (args or {}).items()
+    }
     spec = factory(**check_arguments(name_or_path, factory, values))
     if not isinstance(spec, ModelSpec):
-        raise ModelError(f"model {name_or_path!r} returned a {type(spec).__name__}, "
-                         f"not a ModelSpec")
+        raise ModelError(
+            f"model {name_or_path!r} returned a {type(spec).__name__}, not a ModelSpec"
+        )
     return spec
 
 

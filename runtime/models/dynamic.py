@@ -57,9 +57,10 @@ class DynamicSpec(ModelSpec):
         num_blocks = len(self.blocks)
         if self.schedule == "grow":
             return set(range(min(num_blocks, self.num_active + phase)))
-        order = torch.randperm(num_blocks, generator=sample_generator(
-            self.seed, phase, stream="dynamic-schedule"))
-        return {int(idx) for idx in order[:self.num_active]}
+        order = torch.randperm(
+            num_blocks, generator=sample_generator(self.seed, phase, stream="dynamic-schedule")
+        )
+        return {int(idx) for idx in order[: self.num_active]}
 
     def apply_step(self, step: int) -> set[int]:
         """Switch every block on or off as the schedule says for ``step``; returns the set."""
@@ -69,24 +70,58 @@ class DynamicSpec(ModelSpec):
         return active
 
 
-def dynamic(*, layers: int = 4, width: int = 128, heads: int = 4, seq_len: int = 64,
-            vocab: int = 512, mlp_ratio: int = 4, schedule: str = "random",
-            switch_every: int = 5, num_active: int | None = None, seed: int = 0) -> DynamicSpec:
+def dynamic(
+    *,
+    layers: int = 4,
+    width: int = 128,
+    heads: int = 4,
+    seq_len: int = 64,
+    vocab: int = 512,
+    mlp_ratio: int = 4,
+    schedule: str = "random",
+    switch_every: int = 5,
+    num_active: int | None = None,
+    seed: int = 0,
+) -> DynamicSpec:
     """A GPT (see ``gpt``) with switchable blocks; ``num_active`` defaults to half of them."""
     if schedule not in SCHEDULES:
-        raise ModelError(f"dynamic: schedule {schedule!r} is unknown; expected one of "
-                         f"{', '.join(SCHEDULES)}")
+        raise ModelError(
+            f"dynamic: schedule {schedule!r} is unknown; expected one of {', '.join(SCHEDULES)}"
+        )
     if switch_every < 1:
         raise ModelError(f"dynamic: switch_every must be >= 1 step, got {switch_every}")
     num_active = max(1, layers // 2) if num_active is None else num_active
     if not 0 <= num_active <= layers:
-        raise ModelError(f"dynamic: num_active must be between 0 and layers ({layers}), "
-                         f"got {num_active}")
-    base = transformer_spec("dynamic", SwitchableBlock, layers=layers, width=width, heads=heads,
-                            seq_len=seq_len, vocab=vocab, mlp_ratio=mlp_ratio, seed=seed)
+        raise ModelError(
+            f"dynamic: num_active must be between 0 and layers ({layers}), got {num_active}"
+        )
+    base = transformer_spec(
+        "dynamic",
+        SwitchableBlock,
+        layers=layers,
+        width=width,
+        heads=heads,
+        seq_len=seq_len,
+        vocab=vocab,
+        mlp_ratio=mlp_ratio,
+        seed=seed,
+    )
     blocks = [module for _, module in base.layers if isinstance(module, SwitchableBlock)]
-    config = {**base.config, "schedule": schedule, "switch_every": switch_every,
-              "num_active": num_active}
-    return DynamicSpec(name=base.name, layers=base.layers, sample=base.sample, loss=base.loss,
-                       config=config, blocks=blocks, schedule=schedule,
-                       switch_every=switch_every, num_active=num_active, seed=seed)
+    config = {
+        **base.config,
+        "schedule": schedule,
+        "switch_every": switch_every,
+        "num_active": num_active,
+    }
+    return DynamicSpec(
+        name=base.name,
+        layers=base.layers,
+        sample=base.sample,
+        loss=base.loss,
+        config=config,
+        blocks=blocks,
+        schedule=schedule,
+        switch_every=switch_every,
+        num_active=num_active,
+        seed=seed,
+    )

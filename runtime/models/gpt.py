@@ -55,8 +55,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(width)
         self.attn = CausalSelfAttention(width, heads)
         self.ln2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(),
-                                 nn.Linear(mlp_ratio * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, mlp_ratio * width), nn.GELU(), nn.Linear(mlp_ratio * width, width)
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln1(x))
@@ -80,35 +81,75 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def transformer_spec(name: str, block_type: Callable[[int, int, int], nn.Module], *,
-                     layers: int, width: int, heads: int, seq_len: int, vocab: int,
-                     mlp_ratio: int, seed: int) -> ModelSpec:
+def transformer_spec(
+    name: str,
+    block_type: Callable[[int, int, int], nn.Module],
+    *,
+    layers: int,
+    width: int,
+    heads: int,
+    seq_len: int,
+    vocab: int,
+    mlp_ratio: int,
+    seed: int,
+) -> ModelSpec:
     """The GPT layer list with blocks made by ``block_type(width, heads, mlp_ratio)``."""
-    for arg, value in (("layers", layers), ("width", width), ("heads", heads),
-                       ("seq_len", seq_len), ("vocab", vocab), ("mlp_ratio", mlp_ratio)):
+    for arg, value in (
+        ("layers", layers),
+        ("width", width),
+        ("heads", heads),
+        ("seq_len", seq_len),
+        ("vocab", vocab),
+        ("mlp_ratio", mlp_ratio),
+    ):
         if value < 1:
             raise ModelError(f"{name}: {arg} must be >= 1, got {value}")
     if width % heads:
         raise ModelError(f"{name}: width {width} is not divisible by heads {heads}")
     with seeded(seed):
         model_layers: list[tuple[str, nn.Module]] = [("embed", Embedding(vocab, width, seq_len))]
-        model_layers += [(f"block{idx}", block_type(width, heads, mlp_ratio))
-                         for idx in range(layers)]
+        model_layers += [
+            (f"block{idx}", block_type(width, heads, mlp_ratio)) for idx in range(layers)
+        ]
         model_layers.append(("head", Head(width, vocab)))
 
     def sample(microbatch_size: int, index: int) -> tuple[Tensor, Tensor]:
-        tokens = torch.randint(0, vocab, (microbatch_size, seq_len + 1),
-                               generator=sample_generator(seed, index))
+        tokens = torch.randint(
+            0, vocab, (microbatch_size, seq_len + 1), generator=sample_generator(seed, index)
+        )
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     config: dict[str, int | float | str | bool] = {
-        "layers": layers, "width": width, "heads": heads, "seq_len": seq_len, "vocab": vocab,
-        "mlp_ratio": mlp_ratio, "seed": seed}
+        "layers": layers,
+        "width": width,
+        "heads": heads,
+        "seq_len": seq_len,
+        "vocab": vocab,
+        "mlp_ratio": mlp_ratio,
+        "seed": seed,
+    }
     return ModelSpec(name=name, layers=model_layers, sample=sample, loss=lm_loss, config=config)
 
 
-def gpt(*, layers: int = 4, width: int = 128, heads: int = 4, seq_len: int = 64,
-        vocab: int = 512, mlp_ratio: int = 4, seed: int = 0) -> ModelSpec:
+def gpt(
+    *,
+    layers: int = 4,
+    width: int = 128,
+    heads: int = 4,
+    seq_len: int = 64,
+    vocab: int = 512,
+    mlp_ratio: int = 4,
+    seed: int = 0,
+) -> ModelSpec:
     """A GPT with ``layers`` blocks of ``width`` channels; see the module docstring."""
-    return transformer_spec("gpt", Block, layers=layers, width=width, heads=heads,
-                            seq_len=seq_len, vocab=vocab, mlp_ratio=mlp_ratio, seed=seed)
+    return transformer_spec(
+        "gpt",
+        Block,
+        layers=layers,
+        width=width,
+        heads=heads,
+        seq_len=seq_len,
+        vocab=vocab,
+        mlp_ratio=mlp_ratio,
+        seed=seed,
+    )

@@ -71,25 +71,31 @@ def _import_file(path: Path) -> Any:
     return module
 
 
-def check_arguments(model: str, factory: Callable[..., Any], args: Mapping[str, Any]
-                    ) -> dict[str, Any]:
+def check_arguments(
+    model: str, factory: Callable[..., Any], args: Mapping[str, Any]
+) -> dict[str, Any]:
     """``args`` validated against the factory's signature, ints widened to float where the
     default is a float; a name or type the factory does not take raises ``ModelError``."""
     params = inspect.signature(factory).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    valid = sorted(name for name, p in params.items()
-                   if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+    valid = sorted(
+        name for name, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
     checked: dict[str, Any] = {}
     for name, value in args.items():
         if name not in params and not accepts_any:
-            raise ModelError(f"model {model!r} has no argument {name!r}; its arguments are "
-                             f"{', '.join(valid) or '(none)'}")
+            raise ModelError(
+                f"model {model!r} has no argument {name!r}; its arguments are "
+                f"{', '.join(valid) or '(none)'}"
+            )
         default = params[name].default if name in params else None
         expected = type(default) if isinstance(default, (bool, int, float, str)) else None
         if expected is float and type(value) is int:
             value = float(value)
         if expected is not None and type(value) is not expected:
-            raise ModelError(f"model {model!r}: argument {name}={value!r} must be "
-                             f"{expected.__name__} (like its default {default!r})")
+            raise ModelError(
+                f"model {model!r}: argument {name}={value!r} must be "
+                f"{expected.__name__} (like its default {default!r})"
+            )
         checked[name] = value
     return checked

@@ -28,37 +28,63 @@ class BasicBlock(nn.Module):
         if stride != 1 or in_channels != out_channels:
             self.shortcut = nn.Sequential(
                 nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                nn.BatchNorm2d(out_channels))
+                nn.BatchNorm2d(out_channels),
+            )
 
     def forward(self, x: Tensor) -> Tensor:
         y = F.relu(self.bn1(self.conv1(x)))
         return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
 
 
-def resnet(*, blocks: int = 4, width: int = 16, image_size: int = 32, in_channels: int = 3,
-           classes: int = 10, downsample_every: int = 2, seed: int = 0) -> ModelSpec:
+def resnet(
+    *,
+    blocks: int = 4,
+    width: int = 16,
+    image_size: int = 32,
+    in_channels: int = 3,
+    classes: int = 10,
+    downsample_every: int = 2,
+    seed: int = 0,
+) -> ModelSpec:
     """A ResNet of ``blocks`` basic blocks starting at ``width`` channels."""
-    for arg, value in (("blocks", blocks), ("width", width), ("image_size", image_size),
-                       ("in_channels", in_channels), ("classes", classes),
-                       ("downsample_every", downsample_every)):
+    for arg, value in (
+        ("blocks", blocks),
+        ("width", width),
+        ("image_size", image_size),
+        ("in_channels", in_channels),
+        ("classes", classes),
+        ("downsample_every", downsample_every),
+    ):
         if value < 1:
             raise ModelError(f"resnet: {arg} must be >= 1, got {value}")
     with seeded(seed):
-        layers: list[tuple[str, nn.Module]] = [("stem", nn.Sequential(
-            nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
-            nn.ReLU()))]
+        layers: list[tuple[str, nn.Module]] = [
+            (
+                "stem",
+                nn.Sequential(
+                    nn.Conv2d(in_channels, width, 3, 1, 1, bias=False),
+                    nn.BatchNorm2d(width),
+                    nn.ReLU(),
+                ),
+            )
+        ]
         channels = width
         for idx in range(blocks):
             stride = 2 if idx > 0 and idx % downsample_every == 0 else 1
             layers.append((f"block{idx}", BasicBlock(channels, channels * stride, stride)))
             channels *= stride
-        layers.append(("head", nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                                             nn.Linear(channels, classes))))
+        layers.append(
+            (
+                "head",
+                nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)),
+            )
+        )
 
     def sample(microbatch_size: int, index: int) -> tuple[Tensor, Tensor]:
         generator = sample_generator(seed, index)
-        images = torch.randn(microbatch_size, in_channels, image_size, image_size,
-                             generator=generator)
+        images = torch.randn(
+            microbatch_size, in_channels, image_size, image_size, generator=generator
+        )
         return images, torch.randint(0, classes, (microbatch_size,), generator=generator)
 
     return ModelSpec(
@@ -66,7 +92,13 @@ def resnet(*, blocks: int = 4, width: int = 16, image_size: int = 32, in_channel
         layers=layers,
         sample=sample,
         loss=F.cross_entropy,
-        config={"blocks": blocks, "width": width, "image_size": image_size,
-                "in_channels": in_channels, "classes": classes,
-                "downsample_every": downsample_every, "seed": seed},
+        config={
+            "blocks": blocks,
+            "width": width,
+            "image_size": image_size,
+            "in_channels": in_channels,
+            "classes": classes,
+            "downsample_every": downsample_every,
+            "seed": seed,
+        },
     )

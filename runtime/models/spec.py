@@ -51,8 +51,10 @@ class ModelSpec:
                 what = "is reserved for the data" if layer_name == DATA else "is empty or repeated"
                 raise ModelError(f"model {self.name!r}: layer name {layer_name!r} {what}")
             if not isinstance(module, nn.Module):
-                raise ModelError(f"model {self.name!r}: layer {layer_name!r} is a "
-                                 f"{type(module).__name__}, not a torch.nn.Module")
+                raise ModelError(
+                    f"model {self.name!r}: layer {layer_name!r} is a "
+                    f"{type(module).__name__}, not a torch.nn.Module"
+                )
             seen.add(layer_name)
         if self.inputs is not None:
             self._check_inputs(self.inputs)
@@ -65,11 +67,15 @@ class ModelSpec:
         for layer_name in names:
             sources = inputs.get(layer_name)
             if not sources:
-                raise ModelError(f"model {self.name!r}: layer {layer_name!r} has no inputs; "
-                                 f"list its input layers (or {DATA!r} for the data)")
+                raise ModelError(
+                    f"model {self.name!r}: layer {layer_name!r} has no inputs; "
+                    f"list its input layers (or {DATA!r} for the data)"
+                )
             if late := [src for src in sources if src not in earlier]:
-                raise ModelError(f"model {self.name!r}: layer {layer_name!r} reads {late}, which "
-                                 f"are not layers listed before it (nor {DATA!r})")
+                raise ModelError(
+                    f"model {self.name!r}: layer {layer_name!r} reads {late}, which "
+                    f"are not layers listed before it (nor {DATA!r})"
+                )
             earlier.add(layer_name)
 
     @property
@@ -85,15 +91,21 @@ class ModelSpec:
         if self.inputs is not None:
             return {layer_name: list(self.inputs[layer_name]) for layer_name in self.layer_names}
         names = self.layer_names
-        return {layer_name: [DATA if idx == 0 else names[idx - 1]]
-                for idx, layer_name in enumerate(names)}
+        return {
+            layer_name: [DATA if idx == 0 else names[idx - 1]]
+            for idx, layer_name in enumerate(names)
+        }
 
     def edges(self) -> list[tuple[str, str]] | None:
         """(src, dst) for every input that is a layer, in layer order; None for a chain."""
         if self.inputs is None:
             return None
-        return [(src, dst) for dst, sources in self.graph_inputs().items()
-                for src in sources if src != DATA]
+        return [
+            (src, dst)
+            for dst, sources in self.graph_inputs().items()
+            for src in sources
+            if src != DATA
+        ]
 
     def as_module(self) -> "SpecModule":
         """The whole model as one module, sharing this spec's layers (not copies)."""

@@ -20,9 +20,12 @@ def conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
     """Two 3x3 convolutions, each with BatchNorm and ReLU, keeping the resolution."""
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False),
-        nn.BatchNorm2d(out_channels), nn.ReLU(),
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(),
         nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
-        nn.BatchNorm2d(out_channels), nn.ReLU())
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(),
+    )
 
 
 class Down(nn.Module):
@@ -49,37 +52,63 @@ class Up(nn.Module):
         return self.conv(torch.cat([self.up(x), skip], dim=1))
 
 
-def unet(*, depth: int = 2, width: int = 8, image_size: int = 32, in_channels: int = 3,
-         classes: int = 4, seed: int = 0) -> ModelSpec:
+def unet(
+    *,
+    depth: int = 2,
+    width: int = 8,
+    image_size: int = 32,
+    in_channels: int = 3,
+    classes: int = 4,
+    seed: int = 0,
+) -> ModelSpec:
     """A U-Net with ``depth`` levels; level i has ``width * 2**i`` channels."""
-    for arg, value in (("depth", depth), ("width", width), ("image_size", image_size),
-                       ("in_channels", in_channels), ("classes", classes)):
+    for arg, value in (
+        ("depth", depth),
+        ("width", width),
+        ("image_size", image_size),
+        ("in_channels", in_channels),
+        ("classes", classes),
+    ):
         if value < 1:
             raise ModelError(f"unet: {arg} must be >= 1, got {value}")
     if image_size % 2**depth:
-        raise ModelError(f"unet: image_size {image_size} must be divisible by 2**depth = "
-                         f"{2**depth}")
+        raise ModelError(
+            f"unet: image_size {image_size} must be divisible by 2**depth = {2**depth}"
+        )
     channels = [width * 2**level for level in range(depth + 1)]
     with seeded(seed):
         layers: list[tuple[str, nn.Module]] = [
-            (f"enc{level}", Down(in_channels if level == 0 else channels[level - 1],
-                                 channels[level], pool=level > 0))
-            for level in range(depth)]
+            (
+                f"enc{level}",
+                Down(
+                    in_channels if level == 0 else channels[level - 1],
+                    channels[level],
+                    pool=level > 0,
+                ),
+            )
+            for level in range(depth)
+        ]
         layers.append(("bottom", Down(channels[depth - 1], channels[depth], pool=True)))
-        layers += [(f"dec{level}", Up(channels[level + 1], channels[level], channels[level]))
-                   for level in reversed(range(depth))]
+        layers += [
+            (f"dec{level}", Up(channels[level + 1], channels[level], channels[level]))
+            for level in reversed(range(depth))
+        ]
         layers.append(("head", nn.Conv2d(channels[0], classes, 1)))
     inputs = {"enc0": [DATA], "bottom": [f"enc{depth - 1}"], "head": ["dec0"]}
     inputs |= {f"enc{level}": [f"enc{level - 1}"] for level in range(1, depth)}
-    inputs |= {f"dec{level}": [f"dec{level + 1}" if level < depth - 1 else "bottom",
-                               f"enc{level}"] for level in range(depth)}
+    inputs |= {
+        f"dec{level}": [f"dec{level + 1}" if level < depth - 1 else "bottom", f"enc{level}"]
+        for level in range(depth)
+    }
 
     def sample(microbatch_size: int, index: int) -> tuple[Tensor, Tensor]:
         generator = sample_generator(seed, index)
-        images = torch.randn(microbatch_size, in_channels, image_size, image_size,
-                             generator=generator)
-        masks = torch.randint(0, classes, (microbatch_size, image_size, image_size),
-                              generator=generator)
+        images = torch.randn(
+            microbatch_size, in_channels, image_size, image_size, generator=generator
+        )
+        masks = torch.randint(
+            0, classes, (microbatch_size, image_size, image_size), generator=generator
+        )
         return images, masks
 
     return ModelSpec(
@@ -88,6 +117,12 @@ def unet(*, depth: int = 2, width: int = 8, image_size: int = 32, in_channels: i
         sample=sample,
         loss=F.cross_entropy,
         inputs=inputs,
-        config={"depth": depth, "width": width, "image_size": image_size,
-                "in_channels": in_channels, "classes": classes, "seed": seed},
+        config={
+            "depth": depth,
+            "width": width,
+            "image_size": image_size,
+            "in_channels": in_channels,
+            "classes": classes,
+            "seed": seed,
+        },
     )

@@ -27,10 +27,12 @@ def parse_patterns(items: Iterable[str]) -> list[str]:
             if not pattern:
                 continue
             if len(pattern) > MAX_PATTERN_CHARS or (":" not in pattern and pattern != "*"):
-                raise AllowListError(f"model pattern {pattern[:80]!r} must look like "
-                                     "MODULE:FACTORY (shell wildcards allowed, e.g. "
-                                     f"mypkg.models:*) and be at most {MAX_PATTERN_CHARS} "
-                                     "characters")
+                raise AllowListError(
+                    f"model pattern {pattern[:80]!r} must look like "
+                    "MODULE:FACTORY (shell wildcards allowed, e.g. "
+                    f"mypkg.models:*) and be at most {MAX_PATTERN_CHARS} "
+                    "characters"
+                )
             patterns.append(pattern)
     return patterns
 

@@ -19,8 +19,12 @@ def _chain(prefix: list[str], block: str, suffix: list[str]) -> Callable[[int], 
 
 
 def _unet(depth: int) -> list[str]:
-    return [*(f"enc{level}" for level in range(depth)), "bottom",
-            *(f"dec{level}" for level in reversed(range(depth))), "head"]
+    return [
+        *(f"enc{level}" for level in range(depth)),
+        "bottom",
+        *(f"dec{level}" for level in reversed(range(depth))),
+        "head",
+    ]
 
 
 #: model -> (the argument that counts its blocks, its default, the names for a count)

@@ -42,9 +42,21 @@ GPT_PROFILE_NAME = "gpt (measured on this machine)"
 CLUSTER_NAME = "demo: 2 CPU workers"
 #: Minibatch size each PipeDream file was profiled at (profiles/pipedream/SOURCE.md).
 PIPEDREAM_BATCH_SIZES = {
-    "alexnet": 256, "densenet121": 64, "gnmt": 32, "gnmt_large": 128, "inception_v3": 128,
-    "nasnetalarge": 16, "nasnetamobile": 128, "resnet101": 64, "resnet18": 256,
-    "resnet50": 128, "resnext101": 64, "resnext50": 128, "squeezenet1_0": 256, "vgg16": 128}
+    "alexnet": 256,
+    "densenet121": 64,
+    "gnmt": 32,
+    "gnmt_large": 128,
+    "inception_v3": 128,
+    "nasnetalarge": 16,
+    "nasnetamobile": 128,
+    "resnet101": 64,
+    "resnet18": 256,
+    "resnet50": 128,
+    "resnext101": 64,
+    "resnext50": 128,
+    "squeezenet1_0": 256,
+    "vgg16": 128,
+}
 STARTUP_TIMEOUT_S = 120.0
 
 
@@ -67,9 +79,14 @@ class ProcessGroup:
     def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         pgid = self.pgid or 0
         with (self.log_dir / f"{name}.log").open("wb") as log:
-            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, env=self.env,
-                                     preexec_fn=lambda: os.setpgid(0, pgid))
+            child = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                preexec_fn=lambda: os.setpgid(0, pgid),
+            )
         self.pgid = self.pgid or child.pid
         self.children[name] = child
         return child
@@ -81,8 +98,9 @@ class ProcessGroup:
         code = self.children[name].poll()
         if code is not None:
             tail = "\n".join(self.log(name).splitlines()[-15:])
-            raise DemoError(f"{name} exited with status {code}; the end of "
-                            f"{self.log_dir / name}.log:\n{tail}")
+            raise DemoError(
+                f"{name} exited with status {code}; the end of {self.log_dir / name}.log:\n{tail}"
+            )
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM to the group, then SIGKILL to whatever is left after ``grace_s``."""
@@ -102,19 +120,30 @@ class ProcessGroup:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m pipestudio.demo", description=__doc__.split("\n\n")[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help=f"port of the backend and dashboard; 0 picks a free one "
-                             f"(default {DEFAULT_PORT})")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--no-workers", action="store_true",
-                        help="start no worker agents (runs cannot be launched until some "
-                             "register)")
-    parser.add_argument("--state-dir", type=Path, default=Path(".pipestudio"),
-                        help="where the SQLite database, logs and the measured profile go "
-                             "(default .pipestudio)")
+        prog="python -m pipestudio.demo",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port of the backend and dashboard; 0 picks a free one (default {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--no-workers",
+        action="store_true",
+        help="start no worker agents (runs cannot be launched until some register)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".pipestudio"),
+        help="where the SQLite database, logs and the measured profile go (default .pipestudio)",
+    )
     return parser.parse_args(argv)
 
 
@@ -128,9 +157,11 @@ def check_port(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise DemoError(f"port {port} on {host} is not free ({exc.strerror}); pick "
-                            "another with --port N (make demo ARGS=\"--port 8080\") or "
-                            "--port 0 for any free port") from None
+            raise DemoError(
+                f"port {port} on {host} is not free ({exc.strerror}); pick "
+                'another with --port N (make demo ARGS="--port 8080") or '
+                "--port 0 for any free port"
+            ) from None
 
 
 def wait_for_backend(group: ProcessGroup) -> str:
@@ -145,8 +176,10 @@ def wait_for_backend(group: ProcessGroup) -> str:
                 if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
                     return url
         time.sleep(0.2)
-    raise DemoError(f"the backend did not answer within {STARTUP_TIMEOUT_S:.0f} s; see "
-                    f"{group.log_dir / 'serve.log'}")
+    raise DemoError(
+        f"the backend did not answer within {STARTUP_TIMEOUT_S:.0f} s; see "
+        f"{group.log_dir / 'serve.log'}"
+    )
 
 
 def wait_for_workers(group: ProcessGroup, url: str, count: int) -> int:
@@ -167,17 +200,37 @@ def measure_gpt(group: ProcessGroup, path: Path) -> list[subprocess.Popen[bytes]
     each layer's median."""
     if path.exists():
         return []
-    model_args = [arg for key, value in GPT_ARGS.items()
-                  for arg in ("--model-arg", f"{key}={value}")]
-    return [group.start(f"profile{idx}", [
-        sys.executable, "-m", "pipestudio", "profile", "--model", "gpt", *model_args,
-        "--microbatch-size", str(GPT_MICROBATCH_SIZE), "--repeats", "7", "--warmup", "2",
-        "--ranks-per-host", str(NUM_WORKERS), "-o", str(_part(path, idx))])
-        for idx in range(NUM_WORKERS)]
+    model_args = [
+        arg for key, value in GPT_ARGS.items() for arg in ("--model-arg", f"{key}={value}")
+    ]
+    return [
+        group.start(
+            f"profile{idx}",
+            [
+                sys.executable,
+                "-m",
+                "pipestudio",
+                "profile",
+                "--model",
+                "gpt",
+                *model_args,
+                "--microbatch-size",
+                str(GPT_MICROBATCH_SIZE),
+                "--repeats",
+                "7",
+                "--warmup",
+                "2",
+                "--ranks-per-host",
+                str(NUM_WORKERS),
+                "-o",
+                str(_part(path, idx)),
+            ],
+        )
+        for idx in range(NUM_WORKERS)
+    ]
 
 
-def merge_gpt(group: ProcessGroup, profilers: list[subprocess.Popen[bytes]],
-              path: Path) -> None:
+def merge_gpt(group: ProcessGroup, profilers: list[subprocess.Popen[bytes]], path: Path) -> None:
     """Wait for the profilers, then write their median profile to ``path``."""
     from pipestudio.runtime.profiler import median_profile  # torch: only when profiling
 
@@ -199,14 +252,16 @@ class Seeder:
     """Creates the demo's documents through the REST API, reusing those already there."""
 
     def __init__(self, url: str, token: str) -> None:
-        self.client = httpx.Client(base_url=f"{url}/api", timeout=120,
-                                   headers={"Authorization": f"Bearer {token}"})
+        self.client = httpx.Client(
+            base_url=f"{url}/api", timeout=120, headers={"Authorization": f"Bearer {token}"}
+        )
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.client.request(method, path, **kwargs)
         if response.status_code >= 400:
-            raise DemoError(f"{method} /api{path} answered {response.status_code}: "
-                            f"{response.text[:500]}")
+            raise DemoError(
+                f"{method} /api{path} answered {response.status_code}: {response.text[:500]}"
+            )
         return response.json()
 
     def names(self, resource: str) -> dict[str, dict[str, Any]]:
@@ -223,18 +278,29 @@ class Seeder:
         for model, batch_size in PIPEDREAM_BATCH_SIZES.items():
             graph = PIPEDREAM_DIR / model / "graph.txt"
             if graph.exists():
-                self.profile(f"{model} (PipeDream)", {
-                    "format": "pipedream", "graph": graph.read_text(), "model": model,
-                    "batch_size": batch_size}, known)
+                self.profile(
+                    f"{model} (PipeDream)",
+                    {
+                        "format": "pipedream",
+                        "graph": graph.read_text(),
+                        "model": model,
+                        "batch_size": batch_size,
+                    },
+                    known,
+                )
         return sum(name.endswith("(PipeDream)") for name in known)
 
     def cluster(self) -> int:
         known = self.names("clusters")
         if CLUSTER_NAME not in known:
-            document = cluster_template([NUM_WORKERS], [10.0], device_memory_bytes=4 * 2**30,
-                                        name=CLUSTER_NAME)
-            known[CLUSTER_NAME] = self.call("POST", "/clusters", json={
-                "name": CLUSTER_NAME, "cluster": document.model_dump(mode="json")})
+            document = cluster_template(
+                [NUM_WORKERS], [10.0], device_memory_bytes=4 * 2**30, name=CLUSTER_NAME
+            )
+            known[CLUSTER_NAME] = self.call(
+                "POST",
+                "/clusters",
+                json={"name": CLUSTER_NAME, "cluster": document.model_dump(mode="json")},
+            )
         return int(known[CLUSTER_NAME]["id"])
 
     def approved_plan(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -246,17 +312,19 @@ class Seeder:
             if plan["name"] == name and plan["state"] in ("approved", "launched"):
                 return dict(plan)
         plan = self.call("POST", "/plans", json={"name": name, "author": "demo", **body})
-        return dict(self.call("POST", f"/plans/{plan['id']}/approve",
-                              params={"force": "true"}))
+        return dict(self.call("POST", f"/plans/{plan['id']}/approve", params={"force": "true"}))
 
-    def gpt_plans(self, profile_id: int, cluster_id: int, num_layers: int
-                  ) -> list[dict[str, Any]]:
+    def gpt_plans(self, profile_id: int, cluster_id: int, num_layers: int) -> list[dict[str, Any]]:
         common = {"profile_id": profile_id, "cluster_id": cluster_id}
         shape = {"num_microbatches": 4, "schedule": "1f1b"}
-        balanced = self.approved_plan("gpt: 2 stages balanced by time", {
-            **common, "planner": {"algorithm": "balance-time", "num_stages": 2, **shape}})
-        unbalanced = self.approved_plan("gpt: 2 stages, unbalanced (try a repartition)", {
-            **common, "manual": {"boundaries": [num_layers - 2], **shape}})
+        balanced = self.approved_plan(
+            "gpt: 2 stages balanced by time",
+            {**common, "planner": {"algorithm": "balance-time", "num_stages": 2, **shape}},
+        )
+        unbalanced = self.approved_plan(
+            "gpt: 2 stages, unbalanced (try a repartition)",
+            {**common, "manual": {"boundaries": [num_layers - 2], **shape}},
+        )
         return [balanced, unbalanced]
 
 
@@ -267,8 +335,10 @@ def seed_gpt(seeder: Seeder, profile_path: Path, cluster_id: int) -> list[str]:
     lines = [f"profile {gpt_id}: {GPT_PROFILE_NAME}, {len(document['layers'])} layers"]
     for plan in seeder.gpt_plans(gpt_id, cluster_id, len(document["layers"])):
         summary = plan.get("summary") or {}
-        lines.append(f"plan {plan['id']}: {plan['name']} ({plan['state']}, predicted "
-                     f"{summary.get('step_time_ms', float('nan')):.1f} ms/step)")
+        lines.append(
+            f"plan {plan['id']}: {plan['name']} ({plan['state']}, predicted "
+            f"{summary.get('step_time_ms', float('nan')):.1f} ms/step)"
+        )
     return lines
 
 
@@ -277,15 +347,27 @@ def dashboard_served(url: str) -> bool:
     the dashboard's sign-in page that ``/`` sends a newcomer to."""
     with contextlib.suppress(httpx.HTTPError):
         page = httpx.get(f"{url}/", timeout=10, follow_redirects=True)
-        return page.status_code == 200 and ("_dash-config" in page.text
-                                            or "PipeStudio · Sign in" in page.text)
+        return page.status_code == 200 and (
+            "_dash-config" in page.text or "PipeStudio · Sign in" in page.text
+        )
     return False
 
 
 def start(args: argparse.Namespace, group: ProcessGroup, token: str) -> tuple[str, list[str]]:
     """Start the backend, the profiler and the workers; seed; answer the URL and a summary."""
-    group.start("serve", [sys.executable, "-m", "pipestudio", "serve", "--host", args.host,
-                          "--port", str(args.port)])
+    group.start(
+        "serve",
+        [
+            sys.executable,
+            "-m",
+            "pipestudio",
+            "serve",
+            "--host",
+            args.host,
+            "--port",
+            str(args.port),
+        ],
+    )
     profile_path = args.state_dir / "demo" / "gpt.profile.json"
     url = wait_for_backend(group)
     # measured alone: the workers and the backend starting up beside it slowed its layers
@@ -296,10 +378,25 @@ def start(args: argparse.Namespace, group: ProcessGroup, token: str) -> tuple[st
         merge_gpt(group, profilers, profile_path)
     num_workers = 0 if args.no_workers else NUM_WORKERS
     for idx in range(num_workers):
-        group.start(f"worker{idx}", [
-            sys.executable, "-m", "pipestudio", "worker", "--server", url, "--slots", "1",
-            "--device", "cpu", "--name", f"demo-cpu-{idx}",
-            "--state-dir", str(args.state_dir / "workers")])
+        group.start(
+            f"worker{idx}",
+            [
+                sys.executable,
+                "-m",
+                "pipestudio",
+                "worker",
+                "--server",
+                url,
+                "--slots",
+                "1",
+                "--device",
+                "cpu",
+                "--name",
+                f"demo-cpu-{idx}",
+                "--state-dir",
+                str(args.state_dir / "workers"),
+            ],
+        )
     seeder = Seeder(url, token)
     lines = [f"{seeder.pipedream()} PipeDream profiles"]
     cluster_id = seeder.cluster()
@@ -308,8 +405,10 @@ def start(args: argparse.Namespace, group: ProcessGroup, token: str) -> tuple[st
     online = wait_for_workers(group, url, num_workers) if num_workers else 0
     lines.append(f"{online} of {num_workers} CPU workers online")
     if not dashboard_served(url):
-        lines.append(f"WARNING: {url}/ serves no dashboard; install the `dashboard` extra "
-                     f"(see {group.log_dir / 'serve.log'})")
+        lines.append(
+            f"WARNING: {url}/ serves no dashboard; install the `dashboard` extra "
+            f"(see {group.log_dir / 'serve.log'})"
+        )
     return url, lines
 
 
@@ -327,11 +426,13 @@ def sigterm_as_stop() -> Iterator[None]:
 
 def banner(url: str, token: str, lines: list[str], log_dir: Path) -> str:
     seeded = "\n".join(f"  - {line}" for line in lines)
-    return (f"\nPipeStudio is running.\n\n  dashboard   {url}/\n  REST API    {url}/api/ "
-            f"(OpenAPI {url}/docs)\n  API token   {token}\n  logs        {log_dir}/\n\n"
-            f"Seeded:\n{seeded}\n\nOpen the dashboard and sign in: leave Name empty and paste "
-            f"the API token\nas the password ({url}/login). Then go to Runs, pick a gpt plan "
-            "and press Launch.\nPress Ctrl-C to stop every process the demo started.\n")
+    return (
+        f"\nPipeStudio is running.\n\n  dashboard   {url}/\n  REST API    {url}/api/ "
+        f"(OpenAPI {url}/docs)\n  API token   {token}\n  logs        {log_dir}/\n\n"
+        f"Seeded:\n{seeded}\n\nOpen the dashboard and sign in: leave Name empty and paste "
+        f"the API token\nas the password ({url}/login). Then go to Runs, pick a gpt plan "
+        "and press Launch.\nPress Ctrl-C to stop every process the demo started.\n"
+    )
 
 
 def demo_token(path: Path) -> str:
@@ -359,9 +460,13 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     token = os.environ.get("PIPESTUDIO_API_TOKEN") or demo_token(log_dir / "api-token")
     database = (args.state_dir / "pipestudio.db").resolve()
-    env = {**os.environ, "PIPESTUDIO_API_TOKEN": token, "PYTHONUNBUFFERED": "1",
-           "PIPESTUDIO_DATABASE_URL": f"sqlite:///{database}",
-           "PIPESTUDIO_CHECKPOINT_DIR": str((args.state_dir / "checkpoints").resolve())}
+    env = {
+        **os.environ,
+        "PIPESTUDIO_API_TOKEN": token,
+        "PYTHONUNBUFFERED": "1",
+        "PIPESTUDIO_DATABASE_URL": f"sqlite:///{database}",
+        "PIPESTUDIO_CHECKPOINT_DIR": str((args.state_dir / "checkpoints").resolve()),
+    }
     env.setdefault("PIPESTUDIO_WORKER_TOKEN", token)
     group = ProcessGroup(log_dir, env)
     with sigterm_as_stop():

@@ -66,8 +66,9 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def make_settings(database_url: str, **changes: Any) -> Settings:
-    return Settings(database_url=database_url, api_token=API_TOKEN, worker_token=WORKER_TOKEN,
-                    **changes)
+    return Settings(
+        database_url=database_url, api_token=API_TOKEN, worker_token=WORKER_TOKEN, **changes
+    )
 
 
 @pytest.fixture
@@ -84,11 +85,23 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 
 def small_profile(num_layers: int = 4, model: str = "toy") -> dict[str, Any]:
-    return {"format": "pipestudio.profile", "version": 1, "model": model,
-            "microbatch_size": 2,
-            "layers": [{"name": f"layer{i}", "fwd_ms": 1.0 + i, "bwd_ms": 2.0 + i,
-                        "param_bytes": 1000 * (i + 1), "saved_bytes": 500,
-                        "output_bytes": 100} for i in range(num_layers)]}
+    return {
+        "format": "pipestudio.profile",
+        "version": 1,
+        "model": model,
+        "microbatch_size": 2,
+        "layers": [
+            {
+                "name": f"layer{i}",
+                "fwd_ms": 1.0 + i,
+                "bwd_ms": 2.0 + i,
+                "param_bytes": 1000 * (i + 1),
+                "saved_bytes": 500,
+                "output_bytes": 100,
+            }
+            for i in range(num_layers)
+        ],
+    }
 
 
 def mlp_profile(blocks: int = 4) -> dict[str, Any]:
@@ -106,18 +119,33 @@ def vgg_graph() -> str:
 
 
 def add_profile(client: TestClient, document: dict[str, Any] | None = None) -> int:
-    response = client.post("/api/profiles", json={"profile": document or small_profile()},
-                           headers=AUTH)
+    response = client.post(
+        "/api/profiles", json={"profile": document or small_profile()}, headers=AUTH
+    )
     assert response.status_code == 201, response.text
     return int(response.json()["id"])
 
 
-def add_plan(client: TestClient, profile_id: int, boundaries: list[int], *,
-             approve: bool = False, num_microbatches: int = 4) -> dict[str, Any]:
-    response = client.post("/api/plans", headers=AUTH, json={
-        "profile_id": profile_id, "manual": {"boundaries": boundaries,
-                                             "num_microbatches": num_microbatches,
-                                             "schedule": "1f1b"}})
+def add_plan(
+    client: TestClient,
+    profile_id: int,
+    boundaries: list[int],
+    *,
+    approve: bool = False,
+    num_microbatches: int = 4,
+) -> dict[str, Any]:
+    response = client.post(
+        "/api/plans",
+        headers=AUTH,
+        json={
+            "profile_id": profile_id,
+            "manual": {
+                "boundaries": boundaries,
+                "num_microbatches": num_microbatches,
+                "schedule": "1f1b",
+            },
+        },
+    )
     assert response.status_code == 201, response.text
     plan: dict[str, Any] = response.json()
     if approve:

@@ -11,18 +11,37 @@ from tests.backend.conftest import BUILTIN_MODELS, WORKER_TOKEN
 class FakeWorker:
     """Says hello, numbers what it sends, and reads messages by type (acks apart)."""
 
-    def __init__(self, client: TestClient, name: str = "fake", *, slots: int = 1,
-                 worker_id: str | None = None, next_seq: int = 1,
-                 runs: list[dict[str, Any]] | None = None,
-                 allowed_models: list[str] | None = None, **hello: Any) -> None:
+    def __init__(
+        self,
+        client: TestClient,
+        name: str = "fake",
+        *,
+        slots: int = 1,
+        worker_id: str | None = None,
+        next_seq: int = 1,
+        runs: list[dict[str, Any]] | None = None,
+        allowed_models: list[str] | None = None,
+        **hello: Any,
+    ) -> None:
         self._context = client.websocket_connect(
-            "/ws/worker", headers={"Authorization": f"Bearer {WORKER_TOKEN}"})
+            "/ws/worker", headers={"Authorization": f"Bearer {WORKER_TOKEN}"}
+        )
         self.socket = self._context.__enter__()
-        self.socket.send_json({"type": "hello", "worker_id": worker_id, "name": name,
-                               "host": "127.0.0.1", "slots": slots, "next_seq": next_seq,
-                               "devices": [{"kind": "cpu", "index": 0}], "runs": runs or [],
-                               "models": BUILTIN_MODELS,
-                               "allowed_models": allowed_models or [], **hello})
+        self.socket.send_json(
+            {
+                "type": "hello",
+                "worker_id": worker_id,
+                "name": name,
+                "host": "127.0.0.1",
+                "slots": slots,
+                "next_seq": next_seq,
+                "devices": [{"kind": "cpu", "index": 0}],
+                "runs": runs or [],
+                "models": BUILTIN_MODELS,
+                "allowed_models": allowed_models or [],
+                **hello,
+            }
+        )
         self.welcome = self.socket.receive_json()
         assert self.welcome["type"] == "welcome", self.welcome
         self.id: str = self.welcome["worker_id"]
@@ -64,4 +83,3 @@ class FakeWorker:
         if not self.closed:
             self.closed = True
             self._context.__exit__(None, None, None)
-

@@ -18,20 +18,28 @@ TINY_MLP = {"layers": "2", "width": "32", "in_features": "16", "out_features": "
 
 
 def _env(database_url: str) -> dict[str, str]:
-    return {**os.environ, "PIPESTUDIO_DATABASE_URL": database_url,
-            "PIPESTUDIO_API_TOKEN": API_TOKEN, "PIPESTUDIO_WORKER_TOKEN": WORKER_TOKEN,
-            "PIPESTUDIO_WORKER_TIMEOUT_S": "6", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "PIPESTUDIO_DATABASE_URL": database_url,
+        "PIPESTUDIO_API_TOKEN": API_TOKEN,
+        "PIPESTUDIO_WORKER_TOKEN": WORKER_TOKEN,
+        "PIPESTUDIO_WORKER_TIMEOUT_S": "6",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
-def start_backend(database_url: str, log: Path, port: int = 0) -> tuple[subprocess.Popen[bytes],
-                                                                        str]:
+def start_backend(
+    database_url: str, log: Path, port: int = 0
+) -> tuple[subprocess.Popen[bytes], str]:
     """``pipestudio serve`` on ``port`` (0: any free one); its process and URL."""
     handle = log.open("ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "pipestudio", "serve", "--port", str(port)],
-        cwd=ROOT, env={**_env(database_url),
-                       "PIPESTUDIO_CHECKPOINT_DIR": str(log.parent / "checkpoints")},
-        stdout=handle, stderr=subprocess.STDOUT)
+        cwd=ROOT,
+        env={**_env(database_url), "PIPESTUDIO_CHECKPOINT_DIR": str(log.parent / "checkpoints")},
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 60
     while True:
         found = re.findall(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
@@ -49,10 +57,29 @@ def start_backend(database_url: str, log: Path, port: int = 0) -> tuple[subproce
 
 def start_worker(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "pipestudio", "worker", "--server", url, "--token",
-         WORKER_TOKEN, "--name", name, "--slots", "1", "--device", "cpu",
-         "--state-dir", str(log.parent / "worker-state")],
-        cwd=ROOT, env=_env(""), stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "pipestudio",
+            "worker",
+            "--server",
+            url,
+            "--token",
+            WORKER_TOKEN,
+            "--name",
+            name,
+            "--slots",
+            "1",
+            "--device",
+            "cpu",
+            "--state-dir",
+            str(log.parent / "worker-state"),
+        ],
+        cwd=ROOT,
+        env=_env(""),
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):  # type: ignore[no-untyped-def]
@@ -76,8 +103,9 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def dashboard_session(url: str, password: str = API_TOKEN, user: str = ""
-                      ) -> Iterator[httpx.Client]:
+def dashboard_session(
+    url: str, password: str = API_TOKEN, user: str = ""
+) -> Iterator[httpx.Client]:
     """A client signed in to the dashboard at ``url`` as a browser is: its cookies, and the
     CSRF header Dash's renderer copies from the ``_csrf_token`` cookie."""
     with httpx.Client(base_url=url, timeout=60) as client:

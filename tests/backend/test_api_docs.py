@@ -21,6 +21,9 @@ def test_the_api_pages_load_nothing_from_elsewhere(client: TestClient) -> None:
                 asset = client.get(url)
                 assert asset.status_code == 200 and len(asset.content) > 1000, url
     assert "SwaggerUIBundle" in client.get("/docs-assets/swagger-ui-bundle.js").text
-    for outside in ("/docs-assets/../app.py", "/docs-assets/%2e%2e/apidocs.py",
-                    "/docs-assets/..%2fcore.py"):
+    for outside in (
+        "/docs-assets/../app.py",
+        "/docs-assets/%2e%2e/apidocs.py",
+        "/docs-assets/..%2fcore.py",
+    ):
         assert client.get(outside).status_code == 404, outside

@@ -13,12 +13,17 @@ from tests.backend.test_sockets import Workers, _start
 from tests.planner.test_calibrate import engine_events, truth
 
 
-def _measure(client: TestClient, workers: list[FakeWorker], run_id: int,
-             factors: list[tuple[float, float, float]]) -> None:
+def _measure(
+    client: TestClient,
+    workers: list[FakeWorker],
+    run_id: int,
+    factors: list[tuple[float, float, float]],
+) -> None:
     """The run's workers report 6 steps of ops, each stage ``factors`` slower."""
     run = client.get(f"/api/runs/{run_id}", headers=AUTH).json()
-    plan = Plan.model_validate(client.get(f"/api/plans/{run['plan_id']}",
-                                          headers=AUTH).json()["document"])
+    plan = Plan.model_validate(
+        client.get(f"/api/plans/{run['plan_id']}", headers=AUTH).json()["document"]
+    )
     real = truth(Profile.model_validate(mlp_profile()), plan, factors)
     events = engine_events(real, plan, None, steps=6)
     for worker, stage in zip(workers, (0, 1), strict=True):
@@ -49,8 +54,7 @@ def test_a_drifting_run_gets_a_proposal_by_itself(client: TestClient, fake: Work
     assert len(_proposals(client)) == 1  # the same moves are not offered again
 
 
-def test_a_persons_proposal_or_a_stopped_run_gets_none(client: TestClient,
-                                                      fake: Workers) -> None:
+def test_a_persons_proposal_or_a_stopped_run_gets_none(client: TestClient, fake: Workers) -> None:
     """Racing a person: a proposal someone made, pending or approved and on its way, keeps
     the backend from adding its own; and a run stopped before the check gets none."""
     context: AppContext = client.app.state.context  # type: ignore[attr-defined]
@@ -58,13 +62,15 @@ def test_a_persons_proposal_or_a_stopped_run_gets_none(client: TestClient,
     run_id = _start(client, workers)
     _measure(client, workers, run_id, [(1.0, 1.0, 1.0), (4.0, 4.0, 1.0)])
     observed = client.get(f"/api/runs/{run_id}/calibrated-profile", headers=AUTH).json()
-    made = client.post("/api/proposals", headers=AUTH, json={
-        "run_id": run_id, "observed_profile": observed["profile"], "author": "ada"})
+    made = client.post(
+        "/api/proposals",
+        headers=AUTH,
+        json={"run_id": run_id, "observed_profile": observed["profile"], "author": "ada"},
+    )
     assert made.status_code == 201, made.text
     context._auto_propose()
     assert [p["created_by"] for p in _proposals(client)] == ["ada"]
-    approved = client.post(f"/api/proposals/{made.json()['id']}/approve", headers=AUTH,
-                           json={})
+    approved = client.post(f"/api/proposals/{made.json()['id']}/approve", headers=AUTH, json={})
     assert approved.status_code == 200, approved.text
     context._auto_propose()
     assert len(_proposals(client)) == 1  # approved, not yet applied: still none

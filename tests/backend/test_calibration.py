@@ -53,17 +53,27 @@ def test_a_run_calibrates_its_profile_as_it_goes(client: TestClient, fake: Worke
     assert client.get("/api/runs/999/calibrated-profile", headers=AUTH).status_code == 404
 
 
-def test_measurements_of_another_plan_are_refused_by_name(client: TestClient,
-                                                          fake: Workers) -> None:
+def test_measurements_of_another_plan_are_refused_by_name(
+    client: TestClient, fake: Workers
+) -> None:
     """A worker that reports ops of a third stage of a two-stage plan gets a 409 naming the
     mismatch, never a 500."""
     workers = [fake("a"), fake("b")]
     run_id = _start(client, workers)
-    bogus = [{"type": "op", "stage": 2, "replica": 0, "op": "forward", "microbatch": 0,
-              "step": step, "start_ms": float(step), "end_ms": step + 0.5}
-             for step in range(3)]
-    workers[0].expect_ack(workers[0].send({"type": "events", "run_id": run_id,
-                                           "events": bogus}))
+    bogus = [
+        {
+            "type": "op",
+            "stage": 2,
+            "replica": 0,
+            "op": "forward",
+            "microbatch": 0,
+            "step": step,
+            "start_ms": float(step),
+            "end_ms": step + 0.5,
+        }
+        for step in range(3)
+    ]
+    workers[0].expect_ack(workers[0].send({"type": "events", "run_id": run_id, "events": bogus}))
     answer = client.get(f"/api/runs/{run_id}/calibrated-profile", headers=AUTH)
     assert answer.status_code == 409
     assert "the measurements have 3 stages, the plan 2" in answer.json()["detail"]
@@ -77,23 +87,68 @@ def test_malformed_ops_are_left_out_not_a_500(client: TestClient, fake: Workers)
     workers = [fake("a"), fake("b")]
     run_id = _start(client, workers)
     run = client.get(f"/api/runs/{run_id}", headers=AUTH).json()
-    plan = Plan.model_validate(client.get(f"/api/plans/{run['plan_id']}",
-                                          headers=AUTH).json()["document"])
+    plan = Plan.model_validate(
+        client.get(f"/api/plans/{run['plan_id']}", headers=AUTH).json()["document"]
+    )
     profile = Profile.model_validate(mlp_profile())
-    events = engine_events(truth(profile, plan, [(2.0, 1.0, 1.0), (1.0, 1.0, 1.0)]), plan,
-                           None, steps=3)
-    hostile = [{"type": "op", "stage": 0, "replica": 0, "op": "forward", "step": 2},
-               {"type": "op", "stage": 0, "replica": 0, "op": "send_activation", "step": 2,
-                "microbatch": 0, "start_ms": 1.0, "end_ms": 2.0, "bytes": "lots",
-                "peer_stage": 1},
-               {"type": "op", "stage": "0", "replica": 0, "op": "forward", "step": 2,
-                "microbatch": 0, "start_ms": 0.0, "end_ms": 1e9},
-               {"type": "op", "stage": 0, "replica": 0, "op": "forward", "step": 2,
-                "microbatch": 0, "start_ms": 5.0, "end_ms": 1.0},
-               {"type": "op", "stage": 0, "replica": 0, "op": "backward", "step": 2,
-                "microbatch": 0, "start_ms": float("nan"), "end_ms": float("inf")},
-               {"type": "op", "stage": 0, "replica": 0, "op": "forward\u0000", "step": 2,
-                "microbatch": 0, "start_ms": 0.0, "end_ms": 10**12}]
+    events = engine_events(
+        truth(profile, plan, [(2.0, 1.0, 1.0), (1.0, 1.0, 1.0)]), plan, None, steps=3
+    )
+    hostile = [
+        {"type": "op", "stage": 0, "replica": 0, "op": "forward", "step": 2},
+        {
+            "type": "op",
+            "stage": 0,
+            "replica": 0,
+            "op": "send_activation",
+            "step": 2,
+            "microbatch": 0,
+            "start_ms": 1.0,
+            "end_ms": 2.0,
+            "bytes": "lots",
+            "peer_stage": 1,
+        },
+        {
+            "type": "op",
+            "stage": "0",
+            "replica": 0,
+            "op": "forward",
+            "step": 2,
+            "microbatch": 0,
+            "start_ms": 0.0,
+            "end_ms": 1e9,
+        },
+        {
+            "type": "op",
+            "stage": 0,
+            "replica": 0,
+            "op": "forward",
+            "step": 2,
+            "microbatch": 0,
+            "start_ms": 5.0,
+            "end_ms": 1.0,
+        },
+        {
+            "type": "op",
+            "stage": 0,
+            "replica": 0,
+            "op": "backward",
+            "step": 2,
+            "microbatch": 0,
+            "start_ms": float("nan"),
+            "end_ms": float("inf"),
+        },
+        {
+            "type": "op",
+            "stage": 0,
+            "replica": 0,
+            "op": "forward\u0000",
+            "step": 2,
+            "microbatch": 0,
+            "start_ms": 0.0,
+            "end_ms": 10**12,
+        },
+    ]
     for worker, stage in zip(workers, (0, 1), strict=True):
         mine = [e for e in events if e["stage"] == stage]
         worker.expect_ack(worker.send({"type": "events", "run_id": run_id, "events": mine}))
@@ -105,17 +160,20 @@ def test_malformed_ops_are_left_out_not_a_500(client: TestClient, fake: Workers)
     assert round(answer.json()["stages"][0]["factors"]["forward"], 9) == 2.0
 
 
-def test_ranks_that_share_a_host_s_cores_are_predicted_sharing(client: TestClient,
-                                                               fake: Workers) -> None:
+def test_ranks_that_share_a_host_s_cores_are_predicted_sharing(
+    client: TestClient, fake: Workers
+) -> None:
     """Four ranks on two 2-slot workers of one 2-core host: the prediction from the profile
     places the stages on the host's two cores (shared_cores), which the plan did not."""
     cpu = [{"kind": "cpu", "index": 0, "cores": 2}]
     workers = [fake("a", slots=2, devices=cpu), fake("b", slots=2, devices=cpu)]
     profile_id = add_profile(client, mlp_profile(3))
     plan_row = add_plan(client, profile_id, [1, 2, 3], approve=True)
-    launched = client.post("/api/runs", headers=AUTH, json={
-        "plan_id": plan_row["id"], "model": "mlp", "model_args": {"layers": "3"},
-        "steps": 3})
+    launched = client.post(
+        "/api/runs",
+        headers=AUTH,
+        json={"plan_id": plan_row["id"], "model": "mlp", "model_args": {"layers": "3"}, "steps": 3},
+    )
     assert launched.status_code == 201, launched.text
     run_id = launched.json()["id"]
     plan = Plan.model_validate(plan_row["document"])
@@ -131,8 +189,10 @@ def test_ranks_that_share_a_host_s_cores_are_predicted_sharing(client: TestClien
     assert placed is not None
     expected = simulate(profile, *placed, with_timeline=False).step_time_ms
     assert body["step_ms"]["predicted"] == expected
-    assert body["step_ms"]["predicted"] > simulate(profile, plan, None,
-                                                   with_timeline=False).step_time_ms
+    assert (
+        body["step_ms"]["predicted"]
+        > simulate(profile, plan, None, with_timeline=False).step_time_ms
+    )
 
 
 def test_a_worker_s_cores_count_only_when_they_are_a_count() -> None:

@@ -12,8 +12,7 @@ CONFIG = {"config.layers": 2, "config.width": 32, "config.bias": True}
 
 
 def _plan(client: TestClient, model: str = "mlp") -> int:
-    base = mlp_profile(CONFIG["config.layers"]) if model == "mlp" else small_profile(
-        4, model=model)
+    base = mlp_profile(CONFIG["config.layers"]) if model == "mlp" else small_profile(4, model=model)
     profile = {**base, "metadata": {**CONFIG, "torch": "2.x"}}
     return int(add_plan(client, add_profile(client, profile), [2], approve=True)["id"])
 
@@ -24,28 +23,40 @@ def _launch_event(client: TestClient, run_id: int) -> dict:  # type: ignore[type
 
 
 def test_a_run_without_model_builds_the_profiled_one(
-        client: TestClient, fake: Callable[..., FakeWorker]) -> None:
+    client: TestClient, fake: Callable[..., FakeWorker]
+) -> None:
     workers = [fake("a"), fake("b")]
-    response = client.post("/api/runs", headers=AUTH,
-                           json={"plan_id": _plan(client), "steps": 2})
+    response = client.post("/api/runs", headers=AUTH, json={"plan_id": _plan(client), "steps": 2})
     assert response.status_code == 201, response.text
     run = response.json()
     assert (run["model"], run["model_args"]) == (
-        "mlp", {"layers": "2", "width": "32", "bias": "true"})
+        "mlp",
+        {"layers": "2", "width": "32", "bias": "true"},
+    )
     assign = workers[0].expect("assign")
     assert (assign["config"]["model"], assign["config"]["model_args"]) == (
-        run["model"], run["model_args"])
+        run["model"],
+        run["model_args"],
+    )
 
 
 def test_arguments_other_than_the_profiles_are_named_in_the_launch_event(
-        client: TestClient, fake: Callable[..., FakeWorker]) -> None:
+    client: TestClient, fake: Callable[..., FakeWorker]
+) -> None:
     """A smaller model to try a plan on runs, but its launch event says which arguments
     differ from the profile's: the plan's predictions are for the profiled model."""
     fake("a", slots=2), fake("b", slots=2)
     plan_id = _plan(client)
-    response = client.post("/api/runs", headers=AUTH, json={
-        "plan_id": plan_id, "model": "mlp",
-        "model_args": {"layers": "2", "width": "8", "seed": "7"}, "steps": 2})
+    response = client.post(
+        "/api/runs",
+        headers=AUTH,
+        json={
+            "plan_id": plan_id,
+            "model": "mlp",
+            "model_args": {"layers": "2", "width": "8", "seed": "7"},
+            "steps": 2,
+        },
+    )
     assert response.status_code == 201, response.text
     run = response.json()
     assert run["model_args"] == {"layers": "2", "width": "8", "seed": "7"}
@@ -55,8 +66,11 @@ def test_arguments_other_than_the_profiles_are_named_in_the_launch_event(
     # the same values (a whole number the worker takes as one), and arguments the profile
     # did not record: nothing
     same = {"layers": "+2", "width": "32", "seed": "7"}
-    response = client.post("/api/runs", headers=AUTH, json={
-        "plan_id": plan_id, "model": "mlp", "model_args": same, "steps": 2})
+    response = client.post(
+        "/api/runs",
+        headers=AUTH,
+        json={"plan_id": plan_id, "model": "mlp", "model_args": same, "steps": 2},
+    )
     assert response.status_code == 201, response.text
     assert response.json()["model_args"] == same
     launch = _launch_event(client, response.json()["id"])
@@ -64,14 +78,18 @@ def test_arguments_other_than_the_profiles_are_named_in_the_launch_event(
 
 
 def test_hostile_models_and_arguments_are_refused_and_nothing_starts(
-        client: TestClient, fake: Callable[..., FakeWorker]) -> None:
+    client: TestClient, fake: Callable[..., FakeWorker]
+) -> None:
     workers = [fake("a"), fake("b")]
     plan_id = _plan(client)
-    for body, where in (({"model": "mlp\x00"}, ["body", "model"]),
-                        ({"model": "x" * 300}, ["body", "model"]),
-                        ({"model_args": {"layers": "1\x00"}}, ["body", "model_args", "layers"])):
-        response = client.post("/api/runs", headers=AUTH,
-                               json={"plan_id": plan_id, "steps": 1, **body})
+    for body, where in (
+        ({"model": "mlp\x00"}, ["body", "model"]),
+        ({"model": "x" * 300}, ["body", "model"]),
+        ({"model_args": {"layers": "1\x00"}}, ["body", "model_args", "layers"]),
+    ):
+        response = client.post(
+            "/api/runs", headers=AUTH, json={"plan_id": plan_id, "steps": 1, **body}
+        )
         assert response.status_code == 422, (body, response.text)
         assert response.json()["detail"][0]["loc"] == where
     assert client.get("/api/runs", headers=AUTH).json()["count"] == 0
@@ -79,7 +97,8 @@ def test_hostile_models_and_arguments_are_refused_and_nothing_starts(
 
 
 def test_a_profile_of_no_built_in_model_needs_the_model_named(
-        client: TestClient, fake: Callable[..., FakeWorker]) -> None:
+    client: TestClient, fake: Callable[..., FakeWorker]
+) -> None:
     fake("a"), fake("b")
     plan_id = _plan(client, model="toy")
     response = client.post("/api/runs", headers=AUTH, json={"plan_id": plan_id, "steps": 2})
@@ -88,28 +107,36 @@ def test_a_profile_of_no_built_in_model_needs_the_model_named(
     assert error["loc"] == ["body", "model"]
     assert "measured model 'toy', which is not a built-in model" in error["msg"]
     # another model must still build the plan's layers, which the built-in mlp does not
-    response = client.post("/api/runs", headers=AUTH, json={
-        "plan_id": plan_id, "model": "mlp", "model_args": {"layers": "9"}, "steps": 2})
+    response = client.post(
+        "/api/runs",
+        headers=AUTH,
+        json={"plan_id": plan_id, "model": "mlp", "model_args": {"layers": "9"}, "steps": 2},
+    )
     assert response.status_code == 422, response.text
     error = response.json()["detail"][0]
     assert error["loc"] == ["body", "model"]
-    assert ("the plan places layer(s) layer0, layer1, layer2, layer3, which it does not have"
-            in error["msg"]), error["msg"]
+    assert (
+        "the plan places layer(s) layer0, layer1, layer2, layer3, which it does not have"
+        in error["msg"]
+    ), error["msg"]
 
 
 def test_a_model_that_does_not_build_the_plan_is_refused_at_once(
-        client: TestClient, fake: Callable[..., FakeWorker]) -> None:
+    client: TestClient, fake: Callable[..., FakeWorker]
+) -> None:
     """Arguments that give the model other layers than the plan places are refused before
     any worker hears of the run (422 naming the layers), and nothing is stored."""
     workers = [fake("a"), fake("b")]
     plan_id = _plan(client)  # mlp of 2 blocks: block0, block1, head
-    for args, words in (({"layers": "3"}, "its layer(s) block2 are in no stage of the plan"),
-                        ({"layers": "1"}, "the plan places layer(s) block1, which it does "
-                                          "not have"),
-                        ({"layers": "many"}, "layers='many' is not a whole number"),
-                        ({"layers": "100001"}, "layers=100001 is outside 1..100000")):
-        response = client.post("/api/runs", headers=AUTH, json={
-            "plan_id": plan_id, "model_args": args, "steps": 2})
+    for args, words in (
+        ({"layers": "3"}, "its layer(s) block2 are in no stage of the plan"),
+        ({"layers": "1"}, "the plan places layer(s) block1, which it does not have"),
+        ({"layers": "many"}, "layers='many' is not a whole number"),
+        ({"layers": "100001"}, "layers=100001 is outside 1..100000"),
+    ):
+        response = client.post(
+            "/api/runs", headers=AUTH, json={"plan_id": plan_id, "model_args": args, "steps": 2}
+        )
         assert response.status_code == 422, (args, response.text)
         error = response.json()["detail"][0]
         assert error["loc"] == ["body", "model_args"] and words in error["msg"], error
@@ -117,7 +144,11 @@ def test_a_model_that_does_not_build_the_plan_is_refused_at_once(
     assert all(not w.inbox for w in workers)
     assert client.get(f"/api/plans/{plan_id}", headers=AUTH).json()["state"] == "approved"
     # the profile's own arguments build it
-    assert client.post("/api/runs", headers=AUTH, json={
-        "plan_id": plan_id, "model_args": {"layers": "2"}, "steps": 2}).status_code == 201
-
-
+    assert (
+        client.post(
+            "/api/runs",
+            headers=AUTH,
+            json={"plan_id": plan_id, "model_args": {"layers": "2"}, "steps": 2},
+        ).status_code
+        == 201
+    )

@@ -75,7 +75,8 @@ def test_watchdog_and_ingest_lock_workers_in_one_order(postgres_database: str) -
 
 
 def test_the_watchdog_locks_and_judges_online_workers_it_did_not_hear_from(
-        postgres_database: str) -> None:
+    postgres_database: str,
+) -> None:
     """``touch`` locks every online worker, heard from or not (``check_silence`` may mark
     any of them offline), in the same query that reads them, and hands them on: a worker
     the writer holds that the watchdog did not hear from still makes it wait."""
@@ -113,15 +114,17 @@ def test_the_watchdog_locks_and_judges_online_workers_it_did_not_hear_from(
 
 
 def test_ingest_retries_a_batch_chosen_as_a_deadlock_victim(
-        client: TestClient, fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: TestClient, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = Ingestor._store
     failed: list[int] = []
 
     def once_a_deadlock(self: Ingestor, batch: list[Any]) -> Any:
         if not failed:
             failed.append(len(batch))
-            raise OperationalError("UPDATE workers ...", {},
-                                   psycopg.errors.DeadlockDetected("deadlock detected"))
+            raise OperationalError(
+                "UPDATE workers ...", {}, psycopg.errors.DeadlockDetected("deadlock detected")
+            )
         return store(self, batch)
 
     monkeypatch.setattr(Ingestor, "_store", once_a_deadlock)
@@ -135,7 +138,8 @@ def test_ingest_retries_a_batch_chosen_as_a_deadlock_victim(
 
 
 def test_a_cluster_changed_while_a_plan_is_made_on_it_waits_and_sees_the_plan(
-        postgres_database: str) -> None:
+    postgres_database: str,
+) -> None:
     """A plan being made on a cluster holds the cluster's row (``documents``); a request
     replacing the cluster meanwhile waits, then sees the plan and is refused (409), so no
     stored plan is predicted on a cluster that has since changed."""
@@ -144,8 +148,14 @@ def test_a_cluster_changed_while_a_plan_is_made_on_it_waits_and_sees_the_plan(
     upgrade(db.engine)
     document = cluster_template([2], [10.0]).model_dump(mode="json")
     with db.session() as session:
-        profile = models.Profile(name="p", model="toy", num_layers=4, microbatch_size=2,
-                                 source="test", document=small_profile())
+        profile = models.Profile(
+            name="p",
+            model="toy",
+            num_layers=4,
+            microbatch_size=2,
+            source="test",
+            document=small_profile(),
+        )
         cluster = models.Cluster(name="c", num_devices=2, document=document)
         session.add_all([profile, cluster])
         session.flush()
@@ -156,8 +166,13 @@ def test_a_cluster_changed_while_a_plan_is_made_on_it_waits_and_sees_the_plan(
     def replace() -> None:
         try:
             with db.session() as session:
-                cluster_service.replace_cluster(session, cluster_id, ClusterCreate.model_validate(
-                    {"name": "wider", "cluster": cluster_template([4], [10.0])}))
+                cluster_service.replace_cluster(
+                    session,
+                    cluster_id,
+                    ClusterCreate.model_validate(
+                        {"name": "wider", "cluster": cluster_template([4], [10.0])}
+                    ),
+                )
             outcome.append("replaced")
         except BaseException as exc:  # judged below
             outcome.append(exc)
@@ -170,9 +185,17 @@ def test_a_cluster_changed_while_a_plan_is_made_on_it_waits_and_sees_the_plan(
             thread.start()
             time.sleep(0.5)
             assert not replaced.is_set(), "the cluster changed under a plan being made on it"
-            planning.add(models.Plan(name="x", profile_id=profile_id, cluster_id=cluster_id,
-                                     document={}, planner="manual", parameters={},
-                                     created_by="test"))
+            planning.add(
+                models.Plan(
+                    name="x",
+                    profile_id=profile_id,
+                    cluster_id=cluster_id,
+                    document={},
+                    planner="manual",
+                    parameters={},
+                    created_by="test",
+                )
+            )
         thread.join(10)
         assert len(outcome) == 1 and isinstance(outcome[0], ConflictError), outcome
         with db.session() as session:

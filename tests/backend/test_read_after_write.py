@@ -26,11 +26,14 @@ def create_then_read(client: httpx.Client, resource: str, body: dict[str, Any]) 
 
 
 def test_many_creates_are_readable_at_once(settings: Settings) -> None:
-    with live_backend(settings) as url, \
-            httpx.Client(base_url=url, timeout=30, headers=AUTH) as client:
+    with (
+        live_backend(settings) as url,
+        httpx.Client(base_url=url, timeout=30, headers=AUTH) as client,
+    ):
         statuses = [create_then_read(client, "clusters", CLUSTER) for _ in range(150)]
-        statuses += [create_then_read(client, "profiles", {"profile": small_profile()})
-                     for _ in range(50)]
+        statuses += [
+            create_then_read(client, "profiles", {"profile": small_profile()}) for _ in range(50)
+        ]
     assert statuses.count(200) == len(statuses), f"{statuses.count(404)} reads answered 404"
 
 
@@ -42,13 +45,21 @@ def test_a_slow_commit_still_comes_before_the_answer(settings: Settings) -> None
         time.sleep(0.05)
 
     event.listen(app.state.context.db.factory, "before_commit", slow_commit)
-    with live_backend(settings, app) as url, \
-            httpx.Client(base_url=url, timeout=30, headers=AUTH) as client:
+    with (
+        live_backend(settings, app) as url,
+        httpx.Client(base_url=url, timeout=30, headers=AUTH) as client,
+    ):
         statuses = [create_then_read(client, "clusters", CLUSTER) for _ in range(10)]
-        plan = client.post("/api/plans", headers=AUTH, json={
-            "profile_id": client.post("/api/profiles", json={"profile": small_profile()},
-                                      headers=AUTH).json()["id"],
-            "manual": {"boundaries": [2], "num_microbatches": 2, "schedule": "1f1b"}}).json()
+        plan = client.post(
+            "/api/plans",
+            headers=AUTH,
+            json={
+                "profile_id": client.post(
+                    "/api/profiles", json={"profile": small_profile()}, headers=AUTH
+                ).json()["id"],
+                "manual": {"boundaries": [2], "num_microbatches": 2, "schedule": "1f1b"},
+            },
+        ).json()
         approved = client.post(f"/api/plans/{plan['id']}/approve?force=true", headers=AUTH)
         read = client.get(f"/api/plans/{plan['id']}").json()
     assert statuses == [200] * 10

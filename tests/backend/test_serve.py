@@ -33,24 +33,40 @@ def test_serve_port_0_serves_the_dashboard_wired_to_itself(tmp_path: Path) -> No
         assert health["nav-health"]["children"].startswith("backend "), health
         assert "sqlite" in health["nav-health"]["children"]
         # ... and writes to it, as the person who signed in (here: with the API token)
-        contents = "data:application/json;base64," + base64.b64encode(
-            json.dumps(small_profile(3)).encode()).decode()
-        uploaded = dash_call(browser, "profiles-upload", "contents", contents, {
-            "profiles-upload.filename": "toy.json", "profiles-changed.data": 0})
+        contents = (
+            "data:application/json;base64,"
+            + base64.b64encode(json.dumps(small_profile(3)).encode()).decode()
+        )
+        uploaded = dash_call(
+            browser,
+            "profiles-upload",
+            "contents",
+            contents,
+            {"profiles-upload.filename": "toy.json", "profiles-changed.data": 0},
+        )
         assert "Uploaded toy.json" in json.dumps(uploaded), uploaded
         stored = read(f"{url}/api/profiles", timeout=30).json()["data"]
         assert [p["num_layers"] for p in stored] == [3]
 
 
-@pytest.mark.parametrize(("variable", "value", "reason"), [
-    ("PIPESTUDIO_HEARTBEAT_S", "-1", "greater than 0"),
-    ("PIPESTUDIO_MIGRATE_ON_START", "maybe", "valid boolean"),
-    ("PIPESTUDIO_MAX_UPLOAD_BYTES", "lots", "valid integer"),
-])
+@pytest.mark.parametrize(
+    ("variable", "value", "reason"),
+    [
+        ("PIPESTUDIO_HEARTBEAT_S", "-1", "greater than 0"),
+        ("PIPESTUDIO_MIGRATE_ON_START", "maybe", "valid boolean"),
+        ("PIPESTUDIO_MAX_UPLOAD_BYTES", "lots", "valid integer"),
+    ],
+)
 @pytest.mark.parametrize("command", [["serve", "--port", "0"], ["db", "upgrade"]])
 def test_a_bad_setting_is_one_line_naming_it(
-        command: list[str], variable: str, value: str, reason: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    command: list[str],
+    variable: str,
+    value: str,
+    reason: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.setenv("PIPESTUDIO_DATABASE_URL", f"sqlite:///{tmp_path / 'db.sqlite'}")
     monkeypatch.setenv(variable, value)
     assert main(command) == 2
@@ -75,8 +91,9 @@ def tables(url: str) -> set[str]:
         engine.dispose()
 
 
-def test_db_upgrade_migrates_once(database_url: str, capsys: pytest.CaptureFixture[str],
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_db_upgrade_migrates_once(
+    database_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("PIPESTUDIO_DATABASE_URL", raising=False)
     assert "plans" not in tables(database_url)
     assert main(["db", "upgrade", "--database-url", database_url]) == 0
@@ -93,8 +110,9 @@ def test_db_upgrade_says_why_it_cannot(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["db", "upgrade", "--database-url", "mysql://db/x"]) == 2
     assert "expected sqlite:///FILE or postgresql://" in capsys.readouterr().err
     # nothing listens on port 1
-    assert main(["db", "upgrade", "--database-url",
-                 "postgresql://nobody:secret@127.0.0.1:1/x"]) == 1
+    assert (
+        main(["db", "upgrade", "--database-url", "postgresql://nobody:secret@127.0.0.1:1/x"]) == 1
+    )
     err = capsys.readouterr().err
     assert err.startswith("error: cannot migrate postgresql+psycopg://nobody:***@127.0.0.1:1/x")
     assert "secret" not in err and err.count("\n") == 1

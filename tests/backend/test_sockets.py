@@ -17,8 +17,9 @@ Workers = Callable[..., FakeWorker]
 def _launch(client: TestClient, workers: list[FakeWorker]) -> int:
     profile_id = add_profile(client, mlp_profile())
     plan = add_plan(client, profile_id, [2], approve=True)
-    response = client.post("/api/runs", headers=AUTH, json={
-        "plan_id": plan["id"], "model": "mlp", "steps": 3})
+    response = client.post(
+        "/api/runs", headers=AUTH, json={"plan_id": plan["id"], "model": "mlp", "steps": 3}
+    )
     assert response.status_code == 201, response.text
     run = response.json()
     assert [r["worker_id"] for r in run["ranks"]] == [w.id for w in workers]
@@ -29,44 +30,64 @@ def _start(client: TestClient, workers: list[FakeWorker]) -> int:
     run_id = _launch(client, workers)
     assigns = [w.expect("assign") for w in workers]
     assert [a["open_store"] for a in assigns] == [True, False]
-    assert [a["ranks"] for a in assigns] == [[{"rank": 0, "stage": 0, "replica": 0}],
-                                             [{"rank": 1, "stage": 1, "replica": 0}]]
+    assert [a["ranks"] for a in assigns] == [
+        [{"rank": 0, "stage": 0, "replica": 0}],
+        [{"rank": 1, "stage": 1, "replica": 0}],
+    ]
     workers[0].send({"type": "store", "run_id": run_id, "host": "127.0.0.1", "port": 4242})
     for worker in workers:
         rendezvous = worker.expect("rendezvous")
         assert (rendezvous["host"], rendezvous["port"]) == ("127.0.0.1", 4242)
-        worker.expect_ack(worker.send({"type": "run_state", "run_id": run_id,
-                                       "state": "running"}))
+        worker.expect_ack(worker.send({"type": "run_state", "run_id": run_id, "state": "running"}))
     return run_id
 
 
 def _step(stage: int, step: int) -> dict[str, Any]:
-    return {"type": "step", "stage": stage, "replica": 0, "step": step,
-            "start_ms": 10.0 * step, "end_ms": 10.0 * step + 5, "busy_ms": 4.0,
-            "samples_per_s": 100.0, "sent_at": time.time()}
+    return {
+        "type": "step",
+        "stage": stage,
+        "replica": 0,
+        "step": step,
+        "start_ms": 10.0 * step,
+        "end_ms": 10.0 * step + 5,
+        "busy_ms": 4.0,
+        "samples_per_s": 100.0,
+        "sent_at": time.time(),
+    }
 
 
 def test_ranks_on_one_host_share_its_cores(client: TestClient, fake: Workers) -> None:
     """Each worker is told how many of the run's ranks its host runs, whichever worker runs
     them: two workers on one host and one with two slots on another both say 2, a lone
     rank's host 1 (each rank then takes cores / host_ranks threads)."""
-    workers = [fake("a", host="10.0.0.5"), fake("b", host="10.0.0.5"),
-               fake("c", host="10.0.0.6", slots=2), fake("d", host="10.0.0.7")]
+    workers = [
+        fake("a", host="10.0.0.5"),
+        fake("b", host="10.0.0.5"),
+        fake("c", host="10.0.0.6", slots=2),
+        fake("d", host="10.0.0.7"),
+    ]
     profile_id = add_profile(client, mlp_profile())
     plan = add_plan(client, profile_id, [1, 2, 3, 4], approve=True)
-    response = client.post("/api/runs", headers=AUTH, json={
-        "plan_id": plan["id"], "model": "mlp", "steps": 3})
+    response = client.post(
+        "/api/runs", headers=AUTH, json={"plan_id": plan["id"], "model": "mlp", "steps": 3}
+    )
     assert response.status_code == 201, response.text
     assigns = {w.id: w.expect("assign") for w in workers}
     assert {w.id: len(assigns[w.id]["ranks"]) for w in workers} == {
-        workers[0].id: 1, workers[1].id: 1, workers[2].id: 2, workers[3].id: 1}
+        workers[0].id: 1,
+        workers[1].id: 1,
+        workers[2].id: 2,
+        workers[3].id: 1,
+    }
     assert [assigns[w.id]["host_ranks"] for w in workers] == [2, 2, 2, 1]
 
 
 def test_worker_token_is_required(client: TestClient) -> None:
     bad = {"Authorization": "Bearer no"}
-    with client.websocket_connect("/ws/worker", headers=bad) as ws, \
-            pytest.raises(WebSocketDisconnect) as closed:
+    with (
+        client.websocket_connect("/ws/worker", headers=bad) as ws,
+        pytest.raises(WebSocketDisconnect) as closed,
+    ):
         ws.receive_json()
     assert closed.value.code == 4401
 
@@ -77,8 +98,9 @@ def test_run_streams_to_store_and_dashboard(client: TestClient, fake: Workers) -
     with client.websocket_connect(f"/ws/runs/{run_id}") as dashboard:
         assert dashboard.receive_json()["run"]["state"] == "running"
         start = {"type": "start", "rank": 0, "stage": 0, "time_ms": 0.0}
-        seq = workers[0].send({"type": "events", "run_id": run_id,
-                               "events": [start, _step(0, 0), _step(0, 1)]})
+        seq = workers[0].send(
+            {"type": "events", "run_id": run_id, "events": [start, _step(0, 0), _step(0, 1)]}
+        )
         workers[0].expect_ack(seq)
         workers[0].send({"type": "events", "run_id": run_id, "events": [_step(0, 0)]}, seq)
         workers[0].expect_ack(seq)
@@ -91,13 +113,13 @@ def test_run_streams_to_store_and_dashboard(client: TestClient, fake: Workers) -
     assert stored["total"] == 2, "the repeated message was stored twice"
     assert client.get(f"/api/runs/{run_id}").json()["last_step"] == 1
     for worker in workers:
-        worker.expect_ack(worker.send({"type": "run_state", "run_id": run_id,
-                                       "state": "finished"}))
+        worker.expect_ack(worker.send({"type": "run_state", "run_id": run_id, "state": "finished"}))
     run = client.get(f"/api/runs/{run_id}").json()
     assert run["state"] == "finished" and run["ended_at"]
     # a finished run takes no proposal: nothing would ever apply it
-    refused = client.post("/api/proposals", headers=AUTH, json={
-        "run_id": run_id, "observed_profile": mlp_profile()})
+    refused = client.post(
+        "/api/proposals", headers=AUTH, json={"run_id": run_id, "observed_profile": mlp_profile()}
+    )
     assert refused.status_code == 409 and "run 1 is finished" in refused.json()["detail"]
     assert client.get("/api/proposals", params={"run_id": run_id}).json()["count"] == 0
 
@@ -105,8 +127,9 @@ def test_run_streams_to_store_and_dashboard(client: TestClient, fake: Workers) -
 def test_metrics_time_range_and_downsampling(client: TestClient, fake: Workers) -> None:
     workers = [fake("a"), fake("b")]
     run_id = _start(client, workers)
-    seq = workers[1].send({"type": "events", "run_id": run_id,
-                           "events": [_step(1, step) for step in range(100)]})
+    seq = workers[1].send(
+        {"type": "events", "run_id": run_id, "events": [_step(1, step) for step in range(100)]}
+    )
     workers[1].expect_ack(seq)
     url = f"/api/runs/{run_id}/metrics"
     window = client.get(url, params={"start_ms": 100, "end_ms": 295}).json()
@@ -117,15 +140,14 @@ def test_metrics_time_range_and_downsampling(client: TestClient, fake: Workers) 
     bad = client.get(url, params={"start_ms": 5, "end_ms": 1})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "end_ms"]
     memory = {"type": "memory", "stage": 1, "step": 3, "time_ms": 102.0, "allocated": 1}
-    workers[1].expect_ack(workers[1].send({"type": "events", "run_id": run_id,
-                                           "events": [memory]}))
+    workers[1].expect_ack(workers[1].send({"type": "events", "run_id": run_id, "events": [memory]}))
     every = client.get(url, params={"start_ms": 100, "end_ms": 115}).json()["data"]
-    assert [(m["kind"], m["step"]) for m in every] == [("memory", 3), ("step", 10),
-                                                       ("step", 11)]
+    assert [(m["kind"], m["step"]) for m in every] == [("memory", 3), ("step", 10), ("step", 11)]
     steps = client.get(url, params={"start_ms": 100, "end_ms": 115, "kind": "step"}).json()
     assert [m["step"] for m in steps["data"]] == [10, 11]
-    both = client.get(url, params={"start_ms": 100, "end_ms": 115,
-                                   "kind": ["step", "memory"]}).json()
+    both = client.get(
+        url, params={"start_ms": 100, "end_ms": 115, "kind": ["step", "memory"]}
+    ).json()
     assert both["data"] == every
 
 
@@ -169,34 +191,47 @@ def test_silent_worker_fails_its_run(client: TestClient, fake: Workers) -> None:
         workers[0].socket.send_json({"type": "heartbeat"})  # only b falls silent
         time.sleep(0.2)
     run = client.get(f"/api/runs/{run_id}").json()
-    assert f"worker b ({workers[1].id}) with rank(s) 1 has been silent" in run["message"], \
-        run["message"]
+    assert f"worker b ({workers[1].id}) with rank(s) 1 has been silent" in run["message"], run[
+        "message"
+    ]
     assert workers[0].expect("command")["command"] == "stop"
     states = [client.get(f"/api/workers/{w.id}").json()["state"] for w in workers]
     assert states == ["online", "offline"]
 
 
-def test_approved_proposal_migrates_and_records_the_outcome(client: TestClient,
-                                                            fake: Workers) -> None:
+def test_approved_proposal_migrates_and_records_the_outcome(
+    client: TestClient, fake: Workers
+) -> None:
     workers = [fake("a"), fake("b")]
     run_id = _start(client, workers)
     observed = mlp_profile()
     for layer in observed["layers"][:2]:
         layer["fwd_ms"], layer["bwd_ms"] = 40.0, 80.0
-    response = client.post("/api/proposals", headers=AUTH, json={
-        "run_id": run_id, "observed_profile": observed})
+    response = client.post(
+        "/api/proposals", headers=AUTH, json={"run_id": run_id, "observed_profile": observed}
+    )
     assert response.status_code == 201, response.text
     proposal = response.json()
     assert proposal["worthwhile"] and proposal["document"]["moves"]
-    approved = client.post(f"/api/proposals/{proposal['id']}/approve", headers=AUTH,
-                           json={"author": "ada"}).json()
+    approved = client.post(
+        f"/api/proposals/{proposal['id']}/approve", headers=AUTH, json={"author": "ada"}
+    ).json()
     assert (approved["state"], approved["decided_by"]) == ("approved", "ada")
     command = workers[0].expect("command")
     assert command["command"] == "migrate"
     assert command["payload"]["moves"] == proposal["document"]["moves"]
-    workers[0].expect_ack(workers[0].send({
-        "type": "command_result", "run_id": run_id, "command": "migrate", "ok": True,
-        "message": "moved", "payload": {"proposal_id": proposal["id"]}}))
+    workers[0].expect_ack(
+        workers[0].send(
+            {
+                "type": "command_result",
+                "run_id": run_id,
+                "command": "migrate",
+                "ok": True,
+                "message": "moved",
+                "payload": {"proposal_id": proposal["id"]},
+            }
+        )
+    )
     decided = client.get(f"/api/proposals/{proposal['id']}").json()
     assert decided["state"] == "applied"
     assert decided["outcome"].startswith("worker a on "), decided["outcome"]  # its name
@@ -206,8 +241,9 @@ def test_approved_proposal_migrates_and_records_the_outcome(client: TestClient,
     assert again.status_code == 409
 
 
-def test_launch_needs_an_approved_plan_and_enough_workers(client: TestClient,
-                                                          fake: Workers) -> None:
+def test_launch_needs_an_approved_plan_and_enough_workers(
+    client: TestClient, fake: Workers
+) -> None:
     profile_id = add_profile(client, mlp_profile())
     draft = add_plan(client, profile_id, [2])
     body = {"plan_id": draft["id"], "model": "mlp", "steps": 1}

@@ -33,8 +33,9 @@ def test_cuda_without_a_gpu_is_refused() -> None:
 @pytest.mark.usefixtures("no_gpu")
 def test_worker_cuda_without_a_gpu_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     # port 9 (discard): the worker must stop before it dials anything
-    assert main(["worker", "--server", "http://127.0.0.1:9", "--token", "t",
-                 "--device", "cuda"]) == 2
+    assert (
+        main(["worker", "--server", "http://127.0.0.1:9", "--token", "t", "--device", "cuda"]) == 2
+    )
     out, err = capsys.readouterr()
     assert not out and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("error: --device cuda: no usable CUDA device on this machine")
@@ -44,9 +45,24 @@ def test_worker_cuda_without_a_gpu_exits_2(capsys: pytest.CaptureFixture[str]) -
 def test_worker_process_with_no_visible_gpu_exits_2() -> None:
     """The command as deployed, with every GPU hidden (so also on a GPU machine)."""
     done = subprocess.run(
-        [sys.executable, "-m", "pipestudio", "worker", "--server", "http://127.0.0.1:9",
-         "--token", "t", "--device", "cuda"], cwd=ROOT, capture_output=True, text=True,
-        timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            "-m",
+            "pipestudio",
+            "worker",
+            "--server",
+            "http://127.0.0.1:9",
+            "--token",
+            "t",
+            "--device",
+            "cuda",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no usable CUDA device" in done.stderr and "Traceback" not in done.stderr
     assert "CUDA_VISIBLE_DEVICES=''" in done.stderr

@@ -21,28 +21,78 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return status, out, err
 
 
-def test_profile_then_plan_then_simulate(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_profile_then_plan_then_simulate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     profile_path, plan_path = str(tmp_path / "out.json"), str(tmp_path / "plan.json")
-    status, _, err = run(capsys, "profile", "--model", "mlp", "--microbatch-size", "4",
-                         "--repeats", "2", "--warmup", "1", "--threads", "1", "-o", profile_path)
+    status, _, err = run(
+        capsys,
+        "profile",
+        "--model",
+        "mlp",
+        "--microbatch-size",
+        "4",
+        "--repeats",
+        "2",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "-o",
+        profile_path,
+    )
     assert status == 0 and f"wrote {profile_path}" in err
     profile = load_document(Profile, profile_path)
     assert profile.model == "mlp" and profile.microbatch_size == 4
     assert [layer.name for layer in profile.layers] == [
-        "block0", "block1", "block2", "block3", "head"]
-    assert run(capsys, "plan-template", profile_path, "--stages", "2", "--microbatches", "4",
-               "--schedule", "1f1b", "-o", plan_path)[0] == 0
+        "block0",
+        "block1",
+        "block2",
+        "block3",
+        "head",
+    ]
+    assert (
+        run(
+            capsys,
+            "plan-template",
+            profile_path,
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--schedule",
+            "1f1b",
+            "-o",
+            plan_path,
+        )[0]
+        == 0
+    )
     status, out, _ = run(capsys, "simulate", profile_path, plan_path, "--json")
     assert status == 0
     assert len(json.loads(out)["stages"]) == 2
 
 
 def test_profile_prints_json_with_model_args(capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, _ = run(capsys, "profile", "--model", "unet", "--model-arg", "depth=1",
-                         "--model-arg", "width=2", "--model-arg", "image_size=8",
-                         "--microbatch-size", "1", "--repeats", "1", "--warmup", "0",
-                         "--optimizer", "sgd")
+    status, out, _ = run(
+        capsys,
+        "profile",
+        "--model",
+        "unet",
+        "--model-arg",
+        "depth=1",
+        "--model-arg",
+        "width=2",
+        "--model-arg",
+        "image_size=8",
+        "--microbatch-size",
+        "1",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--optimizer",
+        "sgd",
+    )
     assert status == 0
     profile = json.loads(out)
     assert [layer["name"] for layer in profile["layers"]] == ["enc0", "bottom", "dec0", "head"]
@@ -50,17 +100,28 @@ def test_profile_prints_json_with_model_args(capsys: pytest.CaptureFixture[str])
     assert profile["metadata"]["optimizer"] == "sgd"
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--model", "nosuch"], "error: unknown model 'nosuch'; expected one of dynamic, gpt, "
-                            "mlp, resnet, unet or MODULE:FACTORY"),
-    (["--model", "mlp", "--model-arg", "widht=3"], "error: model 'mlp' has no argument "
-                                                   "'widht'"),
-    (["--model", "mlp", "--model-arg", "width"], "error: --model-arg 'width' must look like "
-                                                 "KEY=VALUE"),
-    (["--model", "mlp", "--device", "npu"], "error: device 'npu' is not understood"),
-])
-def test_errors_exit_2_with_one_line(argv: list[str], message: str,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--model", "nosuch"],
+            "error: unknown model 'nosuch'; expected one of dynamic, gpt, "
+            "mlp, resnet, unet or MODULE:FACTORY",
+        ),
+        (
+            ["--model", "mlp", "--model-arg", "widht=3"],
+            "error: model 'mlp' has no argument 'widht'",
+        ),
+        (
+            ["--model", "mlp", "--model-arg", "width"],
+            "error: --model-arg 'width' must look like KEY=VALUE",
+        ),
+        (["--model", "mlp", "--device", "npu"], "error: device 'npu' is not understood"),
+    ],
+)
+def test_errors_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     status, out, err = run(capsys, "profile", "--microbatch-size", "2", *argv)
     assert status == 2 and out == ""
     lines = err.splitlines()
@@ -79,10 +140,14 @@ def test_loss_scale_defaults_match_the_engine() -> None:
     from pipestudio.runtime.engine import scaling
 
     assert (cli_runtime.INIT_SCALE, cli_runtime.GROWTH_INTERVAL) == (
-        scaling.INIT_SCALE, scaling.GROWTH_INTERVAL)
+        scaling.INIT_SCALE,
+        scaling.GROWTH_INTERVAL,
+    )
 
 
 def test_help_does_not_import_torch() -> None:
-    code = ("import sys; from pipestudio.cli import build_parser; build_parser(); "
-            "sys.exit('torch' in sys.modules)")
+    code = (
+        "import sys; from pipestudio.cli import build_parser; build_parser(); "
+        "sys.exit('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -33,15 +33,33 @@ def upload_contents(path: Path) -> str:
 @pytest.fixture
 def vgg_id(context: Context) -> int:
     notice, profile_id = profiles.upload_profile(
-        context, upload_contents(PIPEDREAM_DIR / "vgg16" / "graph.txt"), "graph.txt", None,
-        128, "vgg16")
+        context,
+        upload_contents(PIPEDREAM_DIR / "vgg16" / "graph.txt"),
+        "graph.txt",
+        None,
+        128,
+        "vgg16",
+    )
     assert profile_id is not None, notice.children
     return profile_id
 
 
 def big_profile(num_layers: int = 1000) -> Profile:
     """A chain of uneven layers, each with parameters, activations and an optimizer update."""
-    return Profile(model="big", microbatch_size=4, layers=[
-        Layer(name=f"layer{i}", kind="Linear", fwd_ms=0.5 + (i % 7) * 0.1,
-              bwd_ms=1.0 + (i % 5) * 0.2, param_bytes=2**20, saved_bytes=2**21,
-              output_bytes=2**18, update_ms=0.01) for i in range(num_layers)])
+    return Profile(
+        model="big",
+        microbatch_size=4,
+        layers=[
+            Layer(
+                name=f"layer{i}",
+                kind="Linear",
+                fwd_ms=0.5 + (i % 7) * 0.1,
+                bwd_ms=1.0 + (i % 5) * 0.2,
+                param_bytes=2**20,
+                saved_bytes=2**21,
+                output_bytes=2**18,
+                update_ms=0.01,
+            )
+            for i in range(num_layers)
+        ],
+    )

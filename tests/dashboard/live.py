@@ -29,12 +29,19 @@ class LiveStack:
         dashboard = create_dashboard(self.url)
         # proposals come by themselves at any drift, checked every 2 s: an unbalanced plan
         # gets one within seconds of its first measured steps
-        app = create_app(Settings(database_url=f"sqlite:///{database_path}", api_token=TOKEN,
-                                  auto_propose_drift=0.0, auto_propose_every_s=2.0),
-                         dashboard=dashboard.server)
+        app = create_app(
+            Settings(
+                database_url=f"sqlite:///{database_path}",
+                api_token=TOKEN,
+                auto_propose_drift=0.0,
+                auto_propose_every_s=2.0,
+            ),
+            dashboard=dashboard.server,
+        )
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> "LiveStack":
@@ -51,11 +58,30 @@ class LiveStack:
     def start_workers(self, count: int, log_dir: Path) -> None:
         for idx in range(count):
             log = (log_dir / f"worker{idx}.log").open("wb")
-            self.workers.append(subprocess.Popen(
-                [sys.executable, "-m", "pipestudio", "worker", "--server", self.url,
-                 "--token", TOKEN, "--slots", "1", "--device", "cpu", "--name", f"w{idx}",
-                 "--state-dir", str(log_dir / "worker-state")],
-                stdout=log, stderr=subprocess.STDOUT))
+            self.workers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pipestudio",
+                        "worker",
+                        "--server",
+                        self.url,
+                        "--token",
+                        TOKEN,
+                        "--slots",
+                        "1",
+                        "--device",
+                        "cpu",
+                        "--name",
+                        f"w{idx}",
+                        "--state-dir",
+                        str(log_dir / "worker-state"),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
 
     def wait_for_workers(self, count: int, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s

@@ -23,10 +23,14 @@ from tests.dashboard.live import TOKEN, LiveStack
 playwright_api = pytest.importorskip("playwright.sync_api")
 SHOTS = ROOT / "test-output" / "dashboard"
 
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not CHROMIUM.exists(),
-                                 reason="Debian's chromium is not installed at /usr/bin/chromium "
-                                        "(apt-get install -y chromium)")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="Debian's chromium is not installed at /usr/bin/chromium "
+        "(apt-get install -y chromium)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,9 @@ def prediction(page: object) -> str:
 def wait_prediction(page: object, previous: str = "") -> str:
     page.wait_for_function(
         """prev => { const t = document.querySelector('#planner-prediction').innerText;
-                     return t.startsWith('Predicted step') && t !== prev; }""", arg=previous)
+                     return t.startsWith('Predicted step') && t !== prev; }""",
+        arg=previous,
+    )
     return prediction(page)
 
 
@@ -90,10 +96,14 @@ def drag_handle(page: object, handle_idx: int, dx_px: float) -> float:
         page.wait_for_function("() => window.__changed !== null", timeout=10_000)
     except playwright_api.TimeoutError:
         shot(page, "failed-drag")
-        values = page.evaluate("() => [...document.querySelectorAll('#planner-boundaries "
-                               "[role=slider]')].map(h => h.getAttribute('aria-valuenow'))")
-        raise AssertionError(f"dragging handle {handle_idx} by {dx_px} px did not change the "
-                             f"prediction; handles now at {values}") from None
+        values = page.evaluate(
+            "() => [...document.querySelectorAll('#planner-boundaries "
+            "[role=slider]')].map(h => h.getAttribute('aria-valuenow'))"
+        )
+        raise AssertionError(
+            f"dragging handle {handle_idx} by {dx_px} px did not change the "
+            f"prediction; handles now at {values}"
+        ) from None
     return page.evaluate("() => window.__changed - window.__released")
 
 
@@ -144,27 +154,39 @@ def test_upload_plan_drag_and_approve(page: object, stack: LiveStack) -> None:
     page.wait_for_selector("text=No profiles yet")
     page.fill("#profiles-model", "vgg16")
     page.fill("#profiles-batch-size", "128")
-    page.set_input_files("#profiles-upload input[type=file]",
-                         str(PIPEDREAM_DIR / "vgg16" / "graph.txt"))
+    page.set_input_files(
+        "#profiles-upload input[type=file]", str(PIPEDREAM_DIR / "vgg16" / "graph.txt")
+    )
     page.wait_for_selector("text=Uploaded graph.txt")
     page.wait_for_selector("#profiles-time-graph .bars")
     shot(page, "profiles")
     # four bad files, each refused in words: TOML, an image, JSON that does not parse, and
     # a graph.txt without the batch size it was profiled at
     page.fill("#profiles-batch-size", "")
-    bad = [("pyproject.toml", (ROOT / "pyproject.toml").read_bytes(),
-            "is neither a PipeStudio profile"),
-           ("photo.png", b"\x89PNG\r\n\x1a\n\x00\xff", "is not a text file"),
-           ("broken.json", b'{"model": "x",', "which does not parse"),
-           ("graph.txt", (PIPEDREAM_DIR / "alexnet" / "graph.txt").read_bytes(),
-            "fill in \"PipeDream batch size\"")]
+    bad = [
+        (
+            "pyproject.toml",
+            (ROOT / "pyproject.toml").read_bytes(),
+            "is neither a PipeStudio profile",
+        ),
+        ("photo.png", b"\x89PNG\r\n\x1a\n\x00\xff", "is not a text file"),
+        ("broken.json", b'{"model": "x",', "which does not parse"),
+        (
+            "graph.txt",
+            (PIPEDREAM_DIR / "alexnet" / "graph.txt").read_bytes(),
+            'fill in "PipeDream batch size"',
+        ),
+    ]
     for name, data, words in bad:
-        page.set_input_files("#profiles-upload input[type=file]",
-                             files=[{"name": name, "mimeType": "application/octet-stream",
-                                     "buffer": data}])
+        page.set_input_files(
+            "#profiles-upload input[type=file]",
+            files=[{"name": name, "mimeType": "application/octet-stream", "buffer": data}],
+        )
         page.wait_for_function(
             "name => document.querySelector('#profiles-status .ps-error')?.innerText"
-            ".startsWith('Could not read ' + name)", arg=name)
+            ".startsWith('Could not read ' + name)",
+            arg=name,
+        )
         assert words in page.inner_text("#profiles-status"), name
         if name == "pyproject.toml":
             shot(page, "profiles-bad-upload")
@@ -215,8 +237,9 @@ def test_plans_are_managed_on_their_page(page: object, stack: LiveStack) -> None
     shot(page, "plans")
     page.click("#plans-delete")
     page.wait_for_selector("#plans-status :text('Deleted plan')")
-    page.wait_for_function("() => !document.querySelector('#plans-table').innerText"
-                           ".includes('vgg16 second try')")
+    page.wait_for_function(
+        "() => !document.querySelector('#plans-table').innerText.includes('vgg16 second try')"
+    )
     choose(page, "plans-select", "vgg16 by hand (approved)")
     page.click("#plans-draft")
     page.wait_for_selector("#plans-status :text('is a draft again')")
@@ -228,8 +251,12 @@ def test_plans_are_managed_on_their_page(page: object, stack: LiveStack) -> None
 
 def test_plan_view_of_1000_layers_is_fast(page: object, stack: LiveStack) -> None:
     document = big_profile(1000).model_dump(mode="json")
-    created = httpx.post(f"{stack.url}/api/profiles", json={"profile": document},
-                         headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).json()
+    created = httpx.post(
+        f"{stack.url}/api/profiles",
+        json={"profile": document},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=30,
+    ).json()
     page.goto(f"{stack.url}/planner")
     choose(page, "planner-profile", f"{created['id']}: big (1000 layers)")
     set_number(page, "planner-stages", 8)
@@ -243,18 +270,23 @@ def test_plan_view_of_1000_layers_is_fast(page: object, stack: LiveStack) -> Non
             observer.disconnect(); }).observe(node, {childList: true, subtree: true,
                                                      characterData: true}); }""")
     set_number(page, "planner-stages", 16)
-    page.wait_for_function("""() => {
+    page.wait_for_function(
+        """() => {
         const gantt = document.querySelector('#planner-gantt-graph');
         if (!gantt.textContent.includes('stage 15')) { return false; }
-        window.__drawn_at = performance.now(); return true; }""", polling="raf")
+        window.__drawn_at = performance.now(); return true; }""",
+        polling="raf",
+    )
     render_ms = page.evaluate("() => window.__drawn_at - window.__changed_at")
     text_ms = page.evaluate("() => window.__text_at - window.__changed_at")
     print(f"\nprediction shown after {text_ms:.0f} ms")
     # each drag grows stage 3, the bottleneck, so the predicted step time changes each time
     drags = [drag_handle(page, idx, dx) for idx, dx in ((3, 25), (2, -25), (3, 25))]
-    print(f"\n1,000 layers on 16 stages: plan view drawn {render_ms:.0f} ms after the click; "
-          f"drags updated the prediction {', '.join(f'{d:.0f}' for d in drags)} ms after "
-          "release")
+    print(
+        f"\n1,000 layers on 16 stages: plan view drawn {render_ms:.0f} ms after the click; "
+        f"drags updated the prediction {', '.join(f'{d:.0f}' for d in drags)} ms after "
+        "release"
+    )
     shot(page, "planner-1000-layers")
     # Targets 1 s and 300 ms; the printed figures are the measurement. The bounds here are
     # three times those, so that a loaded CI machine does not fail the run while a view
@@ -262,8 +294,9 @@ def test_plan_view_of_1000_layers_is_fast(page: object, stack: LiveStack) -> Non
     assert render_ms < 3000
     assert max(drags) < 900
     # a path per op kind, not an SVG element per op; hovering a bar still names its op
-    assert page.evaluate("() => document.querySelectorAll('#planner-gantt-graph path')"
-                         ".length") < 200
+    assert (
+        page.evaluate("() => document.querySelectorAll('#planner-gantt-graph path').length") < 200
+    )
     expected, shown = hover_gantt(page, "backward")
     assert "backward of micro-batch" in shown and shown == expected.replace("<br>", "")
 
@@ -273,14 +306,16 @@ def hover_gantt(page: object, kind: str) -> tuple[str, str]:
     (that bar's hover text in the figure, the hover label's text in the page)."""
     settle(page)
     page.locator("#planner-gantt-graph").scroll_into_view_if_needed()
-    x, y, text = page.evaluate("""kind => {
+    x, y, text = page.evaluate(
+        """kind => {
         const gd = document.querySelector('#planner-gantt-graph .js-plotly-plot');
         const trace = gd.data.find(t => t.name === kind);
         const end = trace.text.lastIndexOf(trace.text[0]);
         const size = gd._fullLayout._size, box = gd.getBoundingClientRect();
         return [box.left + size.l + gd._fullLayout.xaxis.d2p((trace.x[0] + trace.x[end]) / 2),
                 box.top + size.t + gd._fullLayout.yaxis.d2p(trace.y[0]), trace.text[0]]; }""",
-                                 kind)
+        kind,
+    )
     page.mouse.move(x, y)
     page.wait_for_selector("#planner-gantt-graph .hovertext")
     return text, page.text_content("#planner-gantt-graph .hovertext")
@@ -288,8 +323,9 @@ def hover_gantt(page: object, kind: str) -> tuple[str, str]:
 
 def approve_gpt_plan(page: object, stack: LiveStack) -> None:
     page.goto(f"{stack.url}/profiles")
-    page.set_input_files("#profiles-upload input[type=file]",
-                         str(ROOT / "profiles" / "builtin" / "gpt24.json"))
+    page.set_input_files(
+        "#profiles-upload input[type=file]", str(ROOT / "profiles" / "builtin" / "gpt24.json")
+    )
     page.wait_for_selector("text=Uploaded gpt24.json")
     page.click("#nav-planner")
     choose(page, "planner-profile", "gpt (26 layers)")
@@ -320,44 +356,59 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     page.fill("#runs-steps", "400")
     page.click("#runs-launch")
     page.wait_for_selector("text=Launched run")
-    page.wait_for_function("() => document.querySelector('#runs-status').innerText"
-                           ".includes(': running')", timeout=60_000)
-    points = ("() => { const g = document.querySelector('#runs-loss-graph .js-plotly-plot');"
-              " return g && g.data && g.data.length ? g.data[0].x.length : 0; }")
+    page.wait_for_function(
+        "() => document.querySelector('#runs-status').innerText.includes(': running')",
+        timeout=60_000,
+    )
+    points = (
+        "() => { const g = document.querySelector('#runs-loss-graph .js-plotly-plot');"
+        " return g && g.data && g.data.length ? g.data[0].x.length : 0; }"
+    )
     page.wait_for_function(f"() => ({points})() >= 3", timeout=90_000)
     first = page.evaluate(f"({points})()")
     page.wait_for_function(f"() => ({points})() > {first}", timeout=30_000)
     page.wait_for_selector("#runs-fidelity-headline", timeout=30_000)
     headline = page.inner_text("#runs-fidelity-headline")
-    assert re.match(r"Measured [\d.]+ samples/s · predicted [\d.]+ \(measured [-+][\d.]+%\) "
-                    r"· calibrated [\d.]+ \(measured [-+][\d.]+%\)", headline), headline
+    assert re.match(
+        r"Measured [\d.]+ samples/s · predicted [\d.]+ \(measured [-+][\d.]+%\) "
+        r"· calibrated [\d.]+ \(measured [-+][\d.]+%\)",
+        headline,
+    ), headline
     assert page.inner_text("#runs-fidelity-table").count("stage") == 2
     shot(page, "runs-live")
 
     # the plan is unbalanced: a proposal comes by itself, nobody pressed Propose
     page.wait_for_selector(".ps-proposal:has-text('came by itself')", timeout=60_000)
     shot(page, "runs-proposal-by-itself")
-    page.locator(".ps-proposal:has-text('came by itself') button:has-text('Approve')"
-                 ).first.click()
+    page.locator(".ps-proposal:has-text('came by itself') button:has-text('Approve')").first.click()
     page.wait_for_selector("#runs-decision-status :text('is approved')")
     # The migration: the proposal is applied by the workers and marked on the charts.
-    page.wait_for_function("() => document.querySelector('#runs-throughput-graph')"
-                           ".textContent.includes('migrat')", timeout=60_000)
+    page.wait_for_function(
+        "() => document.querySelector('#runs-throughput-graph').textContent.includes('migrat')",
+        timeout=60_000,
+    )
     deadline = time.monotonic() + 90  # the workers report once the engine has switched
     while True:
-        proposals = httpx.get(f"{stack.url}/api/proposals", timeout=10, headers={
-            "Authorization": f"Bearer {TOKEN}"}).json()["data"]
+        proposals = httpx.get(
+            f"{stack.url}/api/proposals", timeout=10, headers={"Authorization": f"Bearer {TOKEN}"}
+        ).json()["data"]
         if any(p["state"] != "approved" for p in proposals) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     outcome = json.dumps([(p["state"], p["outcome"]) for p in proposals])
     assert any(p["state"] == "applied" for p in proposals), outcome
-    page.wait_for_function("() => document.querySelector('#runs-throughput-graph')"
-                           ".textContent.includes('migrated (step')", timeout=60_000)
+    page.wait_for_function(
+        "() => document.querySelector('#runs-throughput-graph')"
+        ".textContent.includes('migrated (step')",
+        timeout=60_000,
+    )
     # ten steps after the migration the card sets the measured gain beside the predicted
     measured = page.wait_for_selector("[id$=-measured]", timeout=90_000).inner_text()
-    assert re.match(r"Measured step [\d.]+ → [\d.]+ ms \(gain -?[\d.]+ ms, -?[\d.]+%\) "
-                    r"against the predicted [\d.]+ ms", measured), measured
+    assert re.match(
+        r"Measured step [\d.]+ → [\d.]+ ms \(gain -?[\d.]+ ms, -?[\d.]+%\) "
+        r"against the predicted [\d.]+ ms",
+        measured,
+    ), measured
     shot(page, "runs-migration")
     page.click("#runs-propose")  # asking by hand answers too
     page.wait_for_selector("#runs-decision-status :text('Proposal ')", timeout=60_000)
@@ -393,27 +444,49 @@ def test_workers_and_clusters_are_listed_made_and_edited(page: object, stack: Li
 def test_a_diverged_run_says_why(page: object, stack: LiveStack) -> None:
     """A run at a learning rate of 1e15: the monitor says it failed because its loss became
     NaN, at which step and stage, and the loss chart has a gap from there."""
-    api = httpx.Client(base_url=stack.url, timeout=30,
-                       headers={"Authorization": f"Bearer {TOKEN}"})
+    api = httpx.Client(base_url=stack.url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"})
     for run in api.get("/api/runs").json()["data"]:
         if run["state"] in ("starting", "running", "resuming"):
             api.post(f"/api/runs/{run['id']}/stop").raise_for_status()
     gpt = next(p for p in api.get("/api/profiles").json()["data"] if p["model"] == "gpt")
-    plan = api.post("/api/plans", json={"profile_id": gpt["id"], "name": "diverging", "manual": {
-        "boundaries": [13], "num_microbatches": 2, "schedule": "1f1b"}}).json()
+    plan = api.post(
+        "/api/plans",
+        json={
+            "profile_id": gpt["id"],
+            "name": "diverging",
+            "manual": {"boundaries": [13], "num_microbatches": 2, "schedule": "1f1b"},
+        },
+    ).json()
     api.post(f"/api/plans/{plan['id']}/approve?force=true").raise_for_status()
     stack.wait_for_workers(2)
-    launched = api.post("/api/runs", json={
-        "plan_id": plan["id"], "model": "gpt", "steps": 50, "lr": 1e15, "device": "cpu",
-        "model_args": {"layers": "24", "width": "32", "heads": "2", "seq_len": "16",
-                       "vocab": "64"}})
+    launched = api.post(
+        "/api/runs",
+        json={
+            "plan_id": plan["id"],
+            "model": "gpt",
+            "steps": 50,
+            "lr": 1e15,
+            "device": "cpu",
+            "model_args": {
+                "layers": "24",
+                "width": "32",
+                "heads": "2",
+                "seq_len": "16",
+                "vocab": "64",
+            },
+        },
+    )
     assert launched.status_code == 201, launched.text
     page.goto(f"{stack.url}/runs")  # the run picker lists the runs there were on load
     choose(page, "runs-select", f"run {launched.json()['id']}:")
-    page.wait_for_function("() => document.querySelector('#runs-status').innerText"
-                           ".includes('loss is NaN at step')", timeout=90_000)
-    page.wait_for_function("() => document.querySelector('#runs-loss-graph')"
-                           ".textContent.includes('NaN from step')", timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('#runs-status').innerText.includes('loss is NaN at step')",
+        timeout=90_000,
+    )
+    page.wait_for_function(
+        "() => document.querySelector('#runs-loss-graph').textContent.includes('NaN from step')",
+        timeout=30_000,
+    )
     assert ": failed" in page.inner_text("#runs-status")
     page.keyboard.press("Escape")  # close the run picker
     shot(page, "runs-nan")

@@ -55,9 +55,14 @@ def test_layer_charts_have_one_trace_per_quantity_with_units():
 
 
 def test_empty_states_say_what_to_do():
-    for figure in (profile_charts.layer_time_figure(None), stage_charts.stage_memory_figure(None),
-                   gantt.schedule_gantt(None), memory_charts.memory_timeline_figure(None),
-                   compare.compare_figure([]), run_charts.loss_figure([])):
+    for figure in (
+        profile_charts.layer_time_figure(None),
+        stage_charts.stage_memory_figure(None),
+        gantt.schedule_gantt(None),
+        memory_charts.memory_timeline_figure(None),
+        compare.compare_figure([]),
+        run_charts.loss_figure([]),
+    ):
         assert figure["data"] == []
         assert figure["layout"]["annotations"][0]["text"]
 
@@ -67,8 +72,9 @@ def test_stage_bars_name_the_bottleneck_and_the_memory_limit(tight_result):
     busiest = max(range(4), key=lambda s: tight_result.stages[s].busy_ms)
     assert compute["layout"]["annotations"][0]["x"] == f"stage {busiest}"
     idle = next(t for t in compute["data"] if t["name"] == "idle (bubble)")
-    assert idle["y"][busiest] == pytest.approx(tight_result.step_time_ms
-                                               - tight_result.stages[busiest].busy_ms)
+    assert idle["y"][busiest] == pytest.approx(
+        tight_result.step_time_ms - tight_result.stages[busiest].busy_ms
+    )
     memory = stage_charts.stage_memory_figure(tight_result)
     limit = next(t for t in memory["data"] if t["name"] == "device memory limit")
     assert limit["y"] == [80.0] * 4  # MiB
@@ -96,8 +102,7 @@ def test_gantt_has_a_row_per_stage_a_shape_per_op_kind_and_visible_bubbles(tight
     colors = {s["name"]: s["line"]["color"] for s in shapes}
     assert colors["forward"] == OP_COLORS["forward"] != colors["backward"]
     forward = next(s for s in shapes if s["name"] == "forward")
-    assert len(drawn_bars(forward)) == sum(1 for op in tight_result.timeline
-                                           if op.op == "forward")
+    assert len(drawn_bars(forward)) == sum(1 for op in tight_result.timeline if op.op == "forward")
     idle = drawn_bars(shapes[0])
     assert shapes[0]["name"] == "idle (bubble)"
     # 1F1B with 4 stages and 8 micro-batches: the bubble is (p-1)/(m+p-1) of each row at
@@ -108,9 +113,14 @@ def test_gantt_has_a_row_per_stage_a_shape_per_op_kind_and_visible_bubbles(tight
 
 
 def test_gantt_hover_names_the_op_anywhere_along_its_bar():
-    shape, trace = gantt.kind_layers("forward", "#000", "compute",
-                                     [(2, 10.0, 110.0, "stage 2: forward of micro-batch 0")],
-                                     row_px=34.0, hover_step_ms=30.0)
+    shape, trace = gantt.kind_layers(
+        "forward",
+        "#000",
+        "compute",
+        [(2, 10.0, 110.0, "stage 2: forward of micro-batch 0")],
+        row_px=34.0,
+        hover_step_ms=30.0,
+    )
     assert drawn_bars(shape) == [(2, 10.0, 110.0)]
     assert shape["line"]["width"] == 17.0  # the compute lane is half a row
     # every place on the bar is within half a step of one of its hover points
@@ -118,14 +128,24 @@ def test_gantt_hover_names_the_op_anywhere_along_its_bar():
     assert trace["x"][0] - 10.0 <= 15.0 and 110.0 - trace["x"][-1] <= 15.0
     assert max(b - a for a, b in itertools.pairwise(points)) <= 30.0
     assert set(trace["text"]) == {"stage 2: forward of micro-batch 0"}
-    assert gantt.kind_layers("backward", "#000", "compute", [(0, 1.0, 2.0, "b")],
-                             34.0, 30.0)[1]["x"] == [1.5]  # one point, in the middle
+    assert gantt.kind_layers("backward", "#000", "compute", [(0, 1.0, 2.0, "b")], 34.0, 30.0)[1][
+        "x"
+    ] == [1.5]  # one point, in the middle
     assert trace["mode"] == "none" and trace["legendgroup"] == shape["legendgroup"]
 
 
 def test_measured_gantt_rows_of_replicas_and_migrations():
-    ops = [{"stage": s, "replica": r, "op": "forward", "microbatch": 0, "start_ms": 1.0 + s,
-            "end_ms": 2.0 + s} for s, r in ((0, 0), (1, 0), (1, 1))]
+    ops = [
+        {
+            "stage": s,
+            "replica": r,
+            "op": "forward",
+            "microbatch": 0,
+            "start_ms": 1.0 + s,
+            "end_ms": 2.0 + s,
+        }
+        for s, r in ((0, 0), (1, 0), (1, 1))
+    ]
     figure = gantt.ops_gantt(ops, "measured", migrations=[(1.5, "migrated: b1 0→1")])
     assert figure["layout"]["yaxis"]["ticktext"] == ["stage 0", "stage 1.0", "stage 1.1"]
     forward = next(s for s in figure["layout"]["shapes"] if s.get("name") == "forward")
@@ -134,9 +154,11 @@ def test_measured_gantt_rows_of_replicas_and_migrations():
 
 
 def test_idle_spans_are_the_gaps_between_compute_ops():
-    ops = [{"stage": 0, "replica": 0, "op": "forward", "start_ms": 1.0, "end_ms": 2.0},
-           {"stage": 0, "replica": 0, "op": "send_activation", "start_ms": 2.0, "end_ms": 9.0},
-           {"stage": 0, "replica": 0, "op": "backward", "start_ms": 4.0, "end_ms": 6.0}]
+    ops = [
+        {"stage": 0, "replica": 0, "op": "forward", "start_ms": 1.0, "end_ms": 2.0},
+        {"stage": 0, "replica": 0, "op": "send_activation", "start_ms": 2.0, "end_ms": 9.0},
+        {"stage": 0, "replica": 0, "op": "backward", "start_ms": 4.0, "end_ms": 6.0},
+    ]
     assert gantt.idle_spans(ops, (0.0, 10.0)) == {(0, 0): [(0.0, 1.0), (2.0, 4.0), (6.0, 10.0)]}
 
 
@@ -149,8 +171,10 @@ def test_memory_over_time_marks_when_a_stage_runs_out(tight_result):
 
 
 def test_compare_rows_and_chart_show_every_candidate(tight_result):
-    candidates = [compare.Candidate.of("uniform", tight_result, 3.0),
-                  compare.Candidate("optimal", None, "no plan fits in 80 MiB")]
+    candidates = [
+        compare.Candidate.of("uniform", tight_result, 3.0),
+        compare.Candidate("optimal", None, "no plan fits in 80 MiB"),
+    ]
     rows = compare.compare_rows(candidates)
     assert rows[0]["fits"] == "NO" and rows[0]["device limit"] == "80.00 MiB"
     assert rows[1]["fits"] == "no plan: no plan fits in 80 MiB"
@@ -160,12 +184,18 @@ def test_compare_rows_and_chart_show_every_candidate(tight_result):
 
 
 def test_compare_rows_say_what_optimal_proved(tight_result):
-    claims = [step_claim({"planner": "optimal", "step_optimal": True, "step_gap": 0.0}),
-              step_claim({"planner": "optimal", "step_optimal": False, "step_gap": 0.042}),
-              step_claim({"planner": "optimal", "step_optimal": False, "step_gap": None}),
-              step_claim({"planner": "vpipe"})]
-    assert claims == ["proven optimal", "within 4.2% of optimal (proven bound)",
-                      "not proven optimal", None]
+    claims = [
+        step_claim({"planner": "optimal", "step_optimal": True, "step_gap": 0.0}),
+        step_claim({"planner": "optimal", "step_optimal": False, "step_gap": 0.042}),
+        step_claim({"planner": "optimal", "step_optimal": False, "step_gap": None}),
+        step_claim({"planner": "vpipe"}),
+    ]
+    assert claims == [
+        "proven optimal",
+        "within 4.2% of optimal (proven bound)",
+        "not proven optimal",
+        None,
+    ]
     candidate = replace(compare.Candidate.of("optimal", tight_result), claim=claims[1])
     assert compare.compare_rows([candidate])[0]["proven"] == claims[1]
 
@@ -173,33 +203,67 @@ def test_compare_rows_say_what_optimal_proved(tight_result):
 def test_compare_counts_plans_that_do_not_fit_apart_and_shows_replicas(tight_result):
     """A plan that does not fit is not a plan found; a planner that trades stages for
     replicas says so in the stages and replicas columns."""
-    rows = [{"algorithm": "uniform", "summary": {
-                "step_time_ms": 9.0, "samples_per_s": 1.0, "bubble_fraction": 0.1,
-                "fits": False, "stage_peak_bytes": [9], "stage_device_memory_bytes": [8]},
-             "plan": {"stages": [{"replicas": 1}, {"replicas": 1}]}},
-            {"algorithm": "optimal", "summary": {
-                "step_time_ms": 5.0, "samples_per_s": 2.0, "bubble_fraction": 0.0,
-                "fits": True, "stage_peak_bytes": [7], "stage_device_memory_bytes": [8]},
-             "plan": {"stages": [{"replicas": 4}], "provenance": {}}},
-            {"algorithm": "vpipe", "summary": None, "plan": None, "error": "none fits"}]
+    rows = [
+        {
+            "algorithm": "uniform",
+            "summary": {
+                "step_time_ms": 9.0,
+                "samples_per_s": 1.0,
+                "bubble_fraction": 0.1,
+                "fits": False,
+                "stage_peak_bytes": [9],
+                "stage_device_memory_bytes": [8],
+            },
+            "plan": {"stages": [{"replicas": 1}, {"replicas": 1}]},
+        },
+        {
+            "algorithm": "optimal",
+            "summary": {
+                "step_time_ms": 5.0,
+                "samples_per_s": 2.0,
+                "bubble_fraction": 0.0,
+                "fits": True,
+                "stage_peak_bytes": [7],
+                "stage_device_memory_bytes": [8],
+            },
+            "plan": {"stages": [{"replicas": 4}], "provenance": {}},
+        },
+        {"algorithm": "vpipe", "summary": None, "plan": None, "error": "none fits"},
+    ]
     notice = planner_callbacks.compare_notice(rows)
-    assert notice.children == ("1 of 3 planners found a plan that fits; 1 found one that "
-                               "does NOT fit; 1 found none.")
+    assert notice.children == (
+        "1 of 3 planners found a plan that fits; 1 found one that does NOT fit; 1 found none."
+    )
     assert "ps-ok" in notice.className
     table_rows = compare.compare_rows([planning.candidate(row) for row in rows])
     assert [(r["stages"], r["replicas"]) for r in table_rows] == [
-        ("2", "1 each"), ("1", "4"), ("—", "—")]
+        ("2", "1 each"),
+        ("1", "4"),
+        ("—", "—"),
+    ]
     assert "ps-error" in planner_callbacks.compare_notice(rows[:1]).className
 
 
 def step_event(stage, step, busy, start, end, **extra):
-    return {"stage": stage, "replica": 0, "step": step, "busy_ms": busy, "start_ms": start,
-            "end_ms": end, "samples_per_s": 8 / (end - start) * 1e3, **extra}
+    return {
+        "stage": stage,
+        "replica": 0,
+        "step": step,
+        "busy_ms": busy,
+        "start_ms": start,
+        "end_ms": end,
+        "samples_per_s": 8 / (end - start) * 1e3,
+        **extra,
+    }
 
 
 def test_run_charts_measure_throughput_and_mark_migrations():
-    steps = [step_event(0, 0, 5, 0, 10), step_event(1, 0, 6, 2, 20, loss=2.0),
-             step_event(0, 1, 5, 20, 30), step_event(1, 1, 6, 22, 40, loss=1.5)]
+    steps = [
+        step_event(0, 0, 5, 0, 10),
+        step_event(1, 0, 6, 2, 20, loss=2.0),
+        step_event(0, 1, 5, 20, 30),
+        step_event(1, 1, 6, 22, 40, loss=1.5),
+    ]
     step_idx, rates = run_charts.step_throughput(steps)
     assert step_idx == [0, 1] and rates == pytest.approx([400.0, 400.0])  # 8 samples / 20 ms
     markers = [run_charts.Marker(1.5, "migrated: layer3 0→1")]
@@ -211,7 +275,8 @@ def test_run_charts_measure_throughput_and_mark_migrations():
     swap = run_charts.swap_recompute_figure(steps, markers)
     assert len(swap["layout"]["shapes"]) == 2  # the marker on both panels
     memory = run_charts.run_memory_figure(
-        [{"stage": 0, "replica": 0, "step": 0, "peak_bytes": 2**30}], {0: 2 * 2**30}, markers)
+        [{"stage": 0, "replica": 0, "step": 0, "peak_bytes": 2**30}], {0: 2 * 2**30}, markers
+    )
     assert memory["data"][0]["y"] == [1.0]
     assert any(a["text"] == "device limit 2.00 GiB" for a in memory["layout"]["annotations"])
 
@@ -220,10 +285,13 @@ def test_plan_view_of_1000_layers_on_16_stages_stays_a_few_traces():
     # its build time is bench/bench_dashboard.py's to measure, not a unit test's
     profile = big_profile(1000)
     plan = plan_template(profile, 16, 32, "1f1b")
-    result = simulate(profile, plan, cluster_template([16], [100.0],
-                                                       device_memory_bytes=2**30))
-    figures = [stage_charts.stage_compute_figure(result), stage_charts.stage_memory_figure(result),
-               gantt.schedule_gantt(result), memory_charts.memory_timeline_figure(result)]
+    result = simulate(profile, plan, cluster_template([16], [100.0], device_memory_bytes=2**30))
+    figures = [
+        stage_charts.stage_compute_figure(result),
+        stage_charts.stage_memory_figure(result),
+        gantt.schedule_gantt(result),
+        memory_charts.memory_timeline_figure(result),
+    ]
     encoded = json.dumps(figures)
     # a shape and a hover trace per op kind, not an element per op
     assert len(figures[2]["data"]) == len(figures[2]["layout"]["shapes"]) <= 10

@@ -15,16 +15,34 @@ BUILTIN_PROFILES = Path(__file__).resolve().parents[2] / "profiles" / "builtin"
 
 
 def form(profile_id, **changes):
-    base = {"profile": profile_id, "cluster": None, "memory": "48GiB", "stages": 4,
-            "microbatches": 8, "microbatch-size": None, "schedule": "1f1b",
-            "optimizer": "adam", "algorithm": "balance-time"}
+    base = {
+        "profile": profile_id,
+        "cluster": None,
+        "memory": "48GiB",
+        "stages": 4,
+        "microbatches": 8,
+        "microbatch-size": None,
+        "schedule": "1f1b",
+        "optimizer": "adam",
+        "algorithm": "balance-time",
+    }
     return {**base, **changes}
 
 
-def act(context, trigger, values, editor=None, boundaries=None, candidates=(), pick=None,
-        layers=None, policy="keep"):
-    return callbacks.editor_action(context, trigger, values, editor, boundaries,
-                                   list(candidates), pick, layers, policy)
+def act(
+    context,
+    trigger,
+    values,
+    editor=None,
+    boundaries=None,
+    candidates=(),
+    pick=None,
+    layers=None,
+    policy="keep",
+):
+    return callbacks.editor_action(
+        context, trigger, values, editor, boundaries, list(candidates), pick, layers, policy
+    )
 
 
 def test_picking_a_profile_gives_equal_stages_and_a_prediction(context, vgg_id):
@@ -34,7 +52,9 @@ def test_picking_a_profile_gives_equal_stages_and_a_prediction(context, vgg_id):
     text, failed, figures = planning.plan_view(context, editor, slider["value"])
     assert not failed and text.startswith("Predicted step ")
     assert [f["layout"]["title"]["text"].split(" (")[0] for f in figures] == [
-        "Compute per stage and step", "Peak memory per stage"]
+        "Compute per stage and step",
+        "Peak memory per stage",
+    ]
     gantt, memory = planning.timeline_view(context, editor, slider["value"])
     assert gantt["layout"]["title"]["text"].startswith("Predicted schedule: step")
     assert memory["data"][0]["name"] == "stage 0"
@@ -51,8 +71,9 @@ def test_moving_a_boundary_changes_the_prediction(context, vgg_id):
 
 def test_reshaping_keeps_the_boundaries_and_no_profile_is_a_hint(context, vgg_id):
     editor, _, _ = act(context, "planner-profile", form(vgg_id))
-    reshaped, slider, _ = act(context, "planner-schedule", form(vgg_id, schedule="gpipe"),
-                              editor, [5, 21, 31])
+    reshaped, slider, _ = act(
+        context, "planner-schedule", form(vgg_id, schedule="gpipe"), editor, [5, 21, 31]
+    )
     assert slider is None and reshaped["schedule"] == "gpipe"
     nothing, slider, notice = act(context, None, form(None))
     assert nothing is None and slider is None and "Pick a profile" in notice.children
@@ -75,14 +96,16 @@ def test_run_one_planner_loads_its_plan(context, vgg_id):
 
 
 def test_infeasible_planner_says_so(context, vgg_id):
-    _editor, slider, notice = act(context, "planner-run", form(vgg_id, memory="1GiB",
-                                                             algorithm="optimal"))
+    _editor, slider, notice = act(
+        context, "planner-run", form(vgg_id, memory="1GiB", algorithm="optimal")
+    )
     assert slider is None and "ps-error" in notice.className
     assert "optimal found no plan" in notice.children
     # with a plan in the editor, the notice says that the plan shown is the earlier one
     editor, _, _ = act(context, "planner-profile", form(vgg_id))
-    kept, slider, notice = act(context, "planner-run", form(vgg_id, memory="1GiB",
-                                                          algorithm="optimal"), editor)
+    kept, slider, notice = act(
+        context, "planner-run", form(vgg_id, memory="1GiB", algorithm="optimal"), editor
+    )
     assert kept == editor and slider is None
     assert "The plan below is the one you had before" in notice.children
     assert "not optimal's" in notice.children
@@ -92,15 +115,29 @@ def test_policies_apply_and_change_memory(context, vgg_id):
     editor, slider, _ = act(context, "planner-profile", form(vgg_id))
     names = [layer.name for layer in context.profile(vgg_id).layers[:11]]
     _, _, kept = planning.editor_documents(context, editor, slider["value"])
-    recomputed, _, notice = act(context, "planner-policy-apply", form(vgg_id), editor,
-                                slider["value"], layers=names, policy="recompute")
+    recomputed, _, notice = act(
+        context,
+        "planner-policy-apply",
+        form(vgg_id),
+        editor,
+        slider["value"],
+        layers=names,
+        policy="recompute",
+    )
     assert "11 layer(s) set to recompute" in notice.children
     assert callbacks.policy_summary(recomputed).startswith("11 layer(s) recompute, 0 swap")
     _, _, result = planning.editor_documents(context, recomputed, slider["value"])
     assert result.stages[0].peak_bytes < kept.stages[0].peak_bytes
     assert result.stages[0].recompute_ms > 0
-    back, _, _ = act(context, "planner-policy-apply", form(vgg_id), recomputed,
-                     slider["value"], layers=names, policy="keep")
+    back, _, _ = act(
+        context,
+        "planner-policy-apply",
+        form(vgg_id),
+        recomputed,
+        slider["value"],
+        layers=names,
+        policy="keep",
+    )
     assert back["policies"] == {}
 
 
@@ -110,8 +147,9 @@ def test_compare_all_then_open_and_side_by_side(context, vgg_id):
     _table, figure, openable = callbacks.compare_view(rows)
     assert {"uniform", "optimal", "pipedream"} <= set(openable)
     assert len(figure["data"][0]["x"]) == len(openable)
-    loaded, slider, _notice = act(context, "planner-compare-open", form(vgg_id), editor,
-                                 candidates=rows, pick="uniform")
+    loaded, slider, _notice = act(
+        context, "planner-compare-open", form(vgg_id), editor, candidates=rows, pick="uniform"
+    )
     assert slider["value"] == equal_boundaries(41, 4) and loaded["source"] == "uniform"
     side = planning.candidate_gantt(context, editor, rows[0])
     assert side["layout"]["title"]["text"].startswith("uniform: Predicted schedule")
@@ -170,8 +208,7 @@ def test_a_drag_says_the_plan_is_edited_by_hand(context, vgg_id):
     assert callbacks.drag_notice(slider["value"], editor) is callbacks.no_update
     moved = [slider["value"][0] + 1, *slider["value"][1:]]
     notice = callbacks.drag_notice(moved, editor)
-    assert notice.children.startswith("Edited by hand from balance-time's plan: stages "
-                                      "begin at")
+    assert notice.children.startswith("Edited by hand from balance-time's plan: stages begin at")
 
 
 def test_one_device_per_stage_keeps_optimal_from_replicating(context, vgg_id):
@@ -182,8 +219,7 @@ def test_one_device_per_stage_keeps_optimal_from_replicating(context, vgg_id):
     rows = planning.run_planners(context, editor, 4, ["optimal", "pipedream"])
     for row in rows:
         assert all(stage.get("replicas", 1) == 1 for stage in row["plan"]["stages"])
-    assert planning.planner_body(callbacks.form_editor(form(vgg_id)), 4, None)[
-        "straight"] is False
+    assert planning.planner_body(callbacks.form_editor(form(vgg_id)), 4, None)["straight"] is False
 
 
 def test_a_save_or_approval_leaves_the_drawn_prediction_alone(context, vgg_id):
@@ -196,8 +232,7 @@ def test_a_save_or_approval_leaves_the_drawn_prediction_alone(context, vgg_id):
     assert callbacks.drawn_key(saved, slider["value"]) == key
     assert callbacks.drawn_key({**saved, "plan_state": "approved"}, slider["value"]) == key
     assert callbacks.drawn_key(editor, [5, 21, 31]) != key
-    assert callbacks.drawn_key({**editor, "policies": {"layer3": "swap"}},
-                               slider["value"]) != key
+    assert callbacks.drawn_key({**editor, "policies": {"layer3": "swap"}}, slider["value"]) != key
     assert callbacks.drawn_key({**editor, "num_microbatches": 16}, slider["value"]) != key
     assert callbacks.drawn_key(None, slider["value"]) is None
 
@@ -209,8 +244,9 @@ def test_the_page_starts_on_the_opened_plans_profile_or_the_newest(context, vgg_
     assert first["profile"] == vgg_id and [o["value"] for o in first["profiles"]] == [vgg_id]
     editor, slider, _ = act(context, "planner-profile", form(vgg_id))
     saved, _ = planning.save_plan(context, editor, slider["value"], None, approve=False)
-    newer = context.client.post("/api/profiles", {"profile": json.loads(
-        (BUILTIN_PROFILES / "gpt24.json").read_text())})["id"]
+    newer = context.client.post(
+        "/api/profiles", {"profile": json.loads((BUILTIN_PROFILES / "gpt24.json").read_text())}
+    )["id"]
     assert callbacks.choices(context, None)["profile"] == newer
     assert callbacks.choices(context, f"?plan={saved['plan_id']}")["profile"] == vgg_id
     assert callbacks.choices(context, "?plan=99999")["profile"] == newer  # a plan gone

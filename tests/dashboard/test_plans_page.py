@@ -17,10 +17,18 @@ def test_the_list_shows_every_plan_with_its_prediction_state_and_runs(context, v
     plan_id = _saved(context, vgg_id)
     listed, options, selected = plans.list_plans(context, None)
     assert selected == plan_id and options[0]["label"] == f"{plan_id}: by hand (draft)"
-    [row] = plans.plan_rows(context.client.plans(), {vgg_id: "vgg16"},
-                            [{"id": 7, "plan_id": plan_id}, {"id": 9, "plan_id": plan_id}])
+    [row] = plans.plan_rows(
+        context.client.plans(),
+        {vgg_id: "vgg16"},
+        [{"id": 7, "plan_id": plan_id}, {"id": 9, "plan_id": plan_id}],
+    )
     assert (row["profile"], row["stages"], row["replicas"], row["state"], row["runs"]) == (
-        "vgg16", "4", "1 each", "draft", "run 7, run 9")
+        "vgg16",
+        "4",
+        "1 each",
+        "draft",
+        "run 7, run 9",
+    )
     assert float(row["predicted step (ms)"]) > 0 and row["fits"] == "yes"
     assert listed.id == "plans-table"
 
@@ -52,8 +60,17 @@ def test_the_planner_opens_a_stored_plan_as_it_was_saved(context, vgg_id):
     assert callbacks.opened_plan(f"?plan={plan_id}") == plan_id
     assert callbacks.opened_plan("?plan=x") is None and callbacks.opened_plan(None) is None
     editor, slider, notice = callbacks.editor_action(
-        context, None, form(vgg_id, stages=2), None, None, [], None, None, "keep",
-        f"?plan={plan_id}")
+        context,
+        None,
+        form(vgg_id, stages=2),
+        None,
+        None,
+        [],
+        None,
+        None,
+        "keep",
+        f"?plan={plan_id}",
+    )
     assert slider["value"] == [5, 21, 31] and editor["plan_id"] == plan_id
     assert editor["plan_state"] == "draft" and f"Opened plan {plan_id}" in notice.children
     # the form then shows the plan's profile: picking it does not reset what was opened

@@ -13,14 +13,22 @@ from tests.dashboard.conftest import big_profile
 
 
 def approved_plan(context, vgg_id):
-    plan = context.client.create_plan({"profile_id": vgg_id, "manual": {
-        "boundaries": [20], "num_microbatches": 2, "schedule": "1f1b"}})
+    plan = context.client.create_plan(
+        {
+            "profile_id": vgg_id,
+            "manual": {"boundaries": [20], "num_microbatches": 2, "schedule": "1f1b"},
+        }
+    )
     return context.client.update_plan(plan["id"], {"state": "approved", "force": True})
 
 
 def test_options_offer_approved_plans_only(context, vgg_id):
-    draft = context.client.create_plan({"profile_id": vgg_id, "manual": {
-        "boundaries": [10], "num_microbatches": 2, "schedule": "gpipe"}})
+    draft = context.client.create_plan(
+        {
+            "profile_id": vgg_id,
+            "manual": {"boundaries": [10], "num_microbatches": 2, "schedule": "gpipe"},
+        }
+    )
     approved = approved_plan(context, vgg_id)
     plans, runs, selected = actions.options(context, None)
     assert [p["value"] for p in plans] == [approved["id"]] != [draft["id"]]
@@ -28,11 +36,19 @@ def test_options_offer_approved_plans_only(context, vgg_id):
 
 
 def test_launch_defaults_come_from_the_profile(context):
-    profile = big_profile(4).model_copy(update={"model": "mlp", "metadata": {
-        "config.layers": 3, "config.width": 64, "torch": "2.13"}})
+    profile = big_profile(4).model_copy(
+        update={
+            "model": "mlp",
+            "metadata": {"config.layers": 3, "config.width": 64, "torch": "2.13"},
+        }
+    )
     created = context.client.create_profile({"profile": profile.model_dump(mode="json")})
-    plan = context.client.create_plan({"profile_id": created["id"], "manual": {
-        "boundaries": [2], "num_microbatches": 2, "schedule": "1f1b"}})
+    plan = context.client.create_plan(
+        {
+            "profile_id": created["id"],
+            "manual": {"boundaries": [2], "num_microbatches": 2, "schedule": "1f1b"},
+        }
+    )
     assert actions.launch_defaults(context, plan["id"]) == ("mlp", "layers=3 width=64")
 
 
@@ -48,84 +64,149 @@ def test_launch_without_workers_explains_why(context, vgg_id):
 
 
 def test_no_run_selected_shows_empty_charts(context):
-    *figures, status, _fidelity, _proposals, stop_polling, run_options = actions.tick(
-        context, None)
+    *figures, status, _fidelity, _proposals, stop_polling, run_options = actions.tick(context, None)
     assert len(figures) == 6 and all(f["data"] == [] for f in figures)
     assert status == "No run selected." and not stop_polling
     assert run_options is no_update
 
 
 def metric(kind, stage, step, received_at, **data):
-    return {"kind": kind, "stage": stage, "replica": 0, "step": step, "time_ms": 0.0,
-            "received_at": received_at, "data": {"type": kind, "stage": stage, "step": step,
-                                                 **data}}
+    return {
+        "kind": kind,
+        "stage": stage,
+        "replica": 0,
+        "step": step,
+        "time_ms": 0.0,
+        "received_at": received_at,
+        "data": {"type": kind, "stage": stage, "step": step, **data},
+    }
 
 
 class RecordedBackend:
     """The read side of the API for one run, answering what a 2-stage run stored."""
 
     def __init__(self) -> None:
-        self.steps = [metric("step", s, k, f"2026-01-01T00:00:0{k}", start_ms=100.0 * k + s,
-                             end_ms=100.0 * k + 50 + s, busy_ms=40.0 + s, recompute_ms=0.0,
-                             swap_bytes=0, samples_per_s=160.0,
-                             **({"loss": 2.0 - k / 10} if s == 1 else {}))
-                      for k in range(4) for s in range(2)]
-        self.memory = [metric("memory", s, k, "x", peak_bytes=2**28) for k in range(4)
-                       for s in range(2)]
-        self.ops = [metric("op", s, 3, "x", op=op, microbatch=0, start_ms=300.0 + i * 10,
-                           end_ms=305.0 + i * 10) for s in range(2)
-                    for i, op in enumerate(("forward", "backward"))]
+        self.steps = [
+            metric(
+                "step",
+                s,
+                k,
+                f"2026-01-01T00:00:0{k}",
+                start_ms=100.0 * k + s,
+                end_ms=100.0 * k + 50 + s,
+                busy_ms=40.0 + s,
+                recompute_ms=0.0,
+                swap_bytes=0,
+                samples_per_s=160.0,
+                **({"loss": 2.0 - k / 10} if s == 1 else {}),
+            )
+            for k in range(4)
+            for s in range(2)
+        ]
+        self.memory = [
+            metric("memory", s, k, "x", peak_bytes=2**28) for k in range(4) for s in range(2)
+        ]
+        self.ops = [
+            metric(
+                "op", s, 3, "x", op=op, microbatch=0, start_ms=300.0 + i * 10, end_ms=305.0 + i * 10
+            )
+            for s in range(2)
+            for i, op in enumerate(("forward", "backward"))
+        ]
 
     def run(self, run_id):
-        return {"id": run_id, "plan_id": 7, "state": "running", "model": "mlp", "steps": 10,
-                "last_step": 3, "ranks": [{}, {}], "message": None}
+        return {
+            "id": run_id,
+            "plan_id": 7,
+            "state": "running",
+            "model": "mlp",
+            "steps": 10,
+            "last_step": 3,
+            "ranks": [{}, {}],
+            "message": None,
+        }
 
     def plan(self, plan_id):
-        return {"id": plan_id, "summary": {"samples_per_s": 200.0,
-                                           "stage_device_memory_bytes": [2**30, 2**30]},
-                "document": {"num_microbatches": 4, "microbatch_size": 2}}
+        return {
+            "id": plan_id,
+            "summary": {"samples_per_s": 200.0, "stage_device_memory_bytes": [2**30, 2**30]},
+            "document": {"num_microbatches": 4, "microbatch_size": 2},
+        }
 
     def calibrated_profile(self, run_id, window=20):
         def compared(measured, predicted, calibrated, **extra):
-            return {**extra, "measured": measured, "predicted": predicted,
-                    "calibrated": calibrated, "predicted_error": measured / predicted - 1,
-                    "calibrated_error": measured / calibrated - 1}
+            return {
+                **extra,
+                "measured": measured,
+                "predicted": predicted,
+                "calibrated": calibrated,
+                "predicted_error": measured / predicted - 1,
+                "calibrated_error": measured / calibrated - 1,
+            }
 
-        return {"steps": [1, 3], "step_ms": compared(50.0, 40.0, 48.0),
-                "stage_busy_ms": [compared(40.0 + s, 30.0, 40.0, stage=s) for s in range(2)]}
+        return {
+            "steps": [1, 3],
+            "step_ms": compared(50.0, 40.0, 48.0),
+            "stage_busy_ms": [compared(40.0 + s, 30.0, 40.0, stage=s) for s in range(2)],
+        }
 
     def metrics(self, run_id, kinds, **_):
         return {"step": self.steps, "memory": self.memory, "op": self.ops}[kinds[0]]
 
     def events(self, run_id, after_id=0):
-        return [{"kind": "migration", "step": None, "created_at": "2026-01-01T00:00:02.5",
-                 "message": "moved", "data": {"ok": True, "payload": {"moves": [
-                     {"layer": "block1", "from_stage": 0, "to_stage": 1}]}}}]
+        return [
+            {
+                "kind": "migration",
+                "step": None,
+                "created_at": "2026-01-01T00:00:02.5",
+                "message": "moved",
+                "data": {
+                    "ok": True,
+                    "payload": {"moves": [{"layer": "block1", "from_stage": 0, "to_stage": 1}]},
+                },
+            }
+        ]
 
     def proposals(self, run_id):
-        return [{"id": 3, "state": "pending", "outcome": None, "document": {
-            "algorithm": "relieve", "moves": [{"layer": "block1", "from_stage": 0,
-                                               "to_stage": 1}], "policy_changes": [],
-            "step_time_now_ms": 50.0, "step_time_after_ms": 40.0, "gain_ms": 10.0,
-            "gain_fraction": 0.2, "migration_bytes": 2**20, "migration_ms": 1.0,
-            "reason": "repays in 1 step"}}]
+        return [
+            {
+                "id": 3,
+                "state": "pending",
+                "outcome": None,
+                "document": {
+                    "algorithm": "relieve",
+                    "moves": [{"layer": "block1", "from_stage": 0, "to_stage": 1}],
+                    "policy_changes": [],
+                    "step_time_now_ms": 50.0,
+                    "step_time_after_ms": 40.0,
+                    "gain_ms": 10.0,
+                    "gain_fraction": 0.2,
+                    "migration_bytes": 2**20,
+                    "migration_ms": 1.0,
+                    "reason": "repays in 1 step",
+                },
+            }
+        ]
 
 
 def test_live_view_draws_measurements_and_the_migration():
     view = monitor.fetch_view(RecordedBackend(), 5)
-    assert view.markers == [monitor.Marker(2.5, "migration scheduled: block1 0→1",
-                                           "⇄ scheduled (step 2)")]
+    assert view.markers == [
+        monitor.Marker(2.5, "migration scheduled: block1 0→1", "⇄ scheduled (step 2)")
+    ]
     assert {op["step"] for op in view.ops} == {3}
     gantt, throughput, _busy, memory, _swap, loss = monitor.figures(view)
     assert gantt["layout"]["title"]["text"] == "Measured schedule of step 3"
-    label = next(a for a in throughput["layout"]["annotations"]
-                 if a["text"] == "⇄ scheduled (step 2)")
+    label = next(
+        a for a in throughput["layout"]["annotations"] if a["text"] == "⇄ scheduled (step 2)"
+    )
     assert label["hovertext"] == "migration scheduled: block1 0→1"  # the whole text on hover
     assert throughput["layout"]["xaxis"]["rangemode"] == "nonnegative"
     assert loss["data"][0]["y"] == pytest.approx([2.0, 1.9, 1.8, 1.7])
     assert memory["data"][0]["y"] == [0.25] * 4  # GiB, the unit of the 1 GiB limit
     assert monitor.status_text(view).startswith(
-        "Run 5 of plan 7 (mlp): running, 4 of 10 steps (40%)")
+        "Run 5 of plan 7 (mlp): running, 4 of 10 steps (40%)"
+    )
     card = actions.proposal_card(view.proposals[0])
     assert "gain 10.00 ms, 20.0%" in card.children[0].children
     assert card.children[-1].children[0].id == {"type": "runs-proposal-approve", "index": 3}
@@ -137,18 +218,26 @@ def test_live_view_draws_measurements_and_the_migration():
     shown = fidelity_view(view.calibration, view.samples_per_step, "waiting")
     assert shown.children[0].children == (
         "Measured 160.0 samples/s · predicted 200.0 (measured -20.0%) · calibrated 166.7 "
-        "(measured -4.0%) · steps 1..3")
-    counted = {**view.calibration, "model_flops": 2 * 10**11, "num_devices": 2,
-               "peak_tflops": 10.0}  # 2e11 FLOP in a 50 ms step: 4 TFLOP/s of 20
+        "(measured -4.0%) · steps 1..3"
+    )
+    counted = {
+        **view.calibration,
+        "model_flops": 2 * 10**11,
+        "num_devices": 2,
+        "peak_tflops": 10.0,
+    }  # 2e11 FLOP in a 50 ms step: 4 TFLOP/s of 20
     assert headline(counted, view.samples_per_step).endswith(
-        " · steps 1..3 · 4 TFLOP/s (MFU 20.0%)")
+        " · steps 1..3 · 4 TFLOP/s (MFU 20.0%)"
+    )
     assert headline({**counted, "peak_tflops": None}, view.samples_per_step).endswith(
-        " · 4 TFLOP/s")
+        " · 4 TFLOP/s"
+    )
     rows = shown.children[1].children.children[1].children
     assert [[cell.children for cell in row.children] for row in rows] == [
         ["step", "50.00", "40.00", "+25.0%", "48.00", "+4.2%"],
         ["stage 0 compute", "40.00", "30.00", "+33.3%", "40.00", "+0.0%"],
-        ["stage 1 compute", "41.00", "30.00", "+36.7%", "40.00", "+2.5%"]]
+        ["stage 1 compute", "41.00", "30.00", "+36.7%", "40.00", "+2.5%"],
+    ]
 
 
 class ResumedBackend(RecordedBackend):
@@ -159,30 +248,66 @@ class ResumedBackend(RecordedBackend):
         super().__init__()
 
         def step(stage, k, attempt, start_ms):
-            return metric("step", stage, k, f"2026-01-01T00:0{attempt}:0{k}", attempt=attempt,
-                          start_ms=start_ms + stage, end_ms=start_ms + 50 + stage,
-                          busy_ms=40.0 + attempt, recompute_ms=0.0, swap_bytes=0,
-                          samples_per_s=160.0,
-                          **({"loss": 2.0 - k / 10 - attempt} if stage == 1 else {}))
+            return metric(
+                "step",
+                stage,
+                k,
+                f"2026-01-01T00:0{attempt}:0{k}",
+                attempt=attempt,
+                start_ms=start_ms + stage,
+                end_ms=start_ms + 50 + stage,
+                busy_ms=40.0 + attempt,
+                recompute_ms=0.0,
+                swap_bytes=0,
+                samples_per_s=160.0,
+                **({"loss": 2.0 - k / 10 - attempt} if stage == 1 else {}),
+            )
 
         first = [step(s, k, 0, 100.0 * k) for k in range(4) for s in range(2)]
         second = [step(s, k, 1, 100.0 * (k - 2)) for k in range(2, 5) for s in range(2)]
         self.steps = sorted(first + second, key=lambda m: m["data"]["start_ms"])  # time order
-        self.memory = [metric("memory", s, k, "x", attempt=a, peak_bytes=2**28 * (1 + a))
-                       for a, ks in ((0, range(4)), (1, range(2, 5))) for k in ks
-                       for s in range(2)]
-        self.ops = [metric("op", s, k, "x", attempt=a, op="forward", microbatch=0,
-                           start_ms=float(k), end_ms=k + 5.0)
-                    for a, k in ((0, 3), (1, 3), (1, 4)) for s in range(2)]
+        self.memory = [
+            metric("memory", s, k, "x", attempt=a, peak_bytes=2**28 * (1 + a))
+            for a, ks in ((0, range(4)), (1, range(2, 5)))
+            for k in ks
+            for s in range(2)
+        ]
+        self.ops = [
+            metric(
+                "op",
+                s,
+                k,
+                "x",
+                attempt=a,
+                op="forward",
+                microbatch=0,
+                start_ms=float(k),
+                end_ms=k + 5.0,
+            )
+            for a, k in ((0, 3), (1, 3), (1, 4))
+            for s in range(2)
+        ]
 
 
 def test_a_resumed_run_shows_each_step_once_from_its_latest_attempt():
     view = monitor.fetch_view(ResumedBackend(), 5)
     assert [(e["step"], e["stage"], e["attempt"]) for e in view.steps] == [
-        (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (2, 0, 1), (2, 1, 1), (3, 0, 1),
-        (3, 1, 1), (4, 0, 1), (4, 1, 1)]
+        (0, 0, 0),
+        (0, 1, 0),
+        (1, 0, 0),
+        (1, 1, 0),
+        (2, 0, 1),
+        (2, 1, 1),
+        (3, 0, 1),
+        (3, 1, 1),
+        (4, 0, 1),
+        (4, 1, 1),
+    ]
     assert {(e["step"], e["attempt"]) for e in view.memory if e["step"] >= 2} == {
-        (2, 1), (3, 1), (4, 1)}
+        (2, 1),
+        (3, 1),
+        (4, 1),
+    }
     assert {(op["step"], op["attempt"]) for op in view.ops} == {(4, 1)}
     _gantt, throughput, busy, _memory, _swap, loss = monitor.figures(view)
     # one point per step, each over a span on one attempt's clock (50 ms + 1 ms offset)
@@ -193,8 +318,10 @@ def test_a_resumed_run_shows_each_step_once_from_its_latest_attempt():
 
 
 def test_the_run_picker_follows_the_watched_runs_state():
-    picked = [{"label": "run 5: plan 7, mlp, starting", "value": 5},
-              {"label": "run 4: plan 7, mlp, finished", "value": 4}]
+    picked = [
+        {"label": "run 5: plan 7, mlp, starting", "value": 5},
+        {"label": "run 4: plan 7, mlp, finished", "value": 4},
+    ]
     *_, stop_polling, run_options = actions.tick(Context(RecordedBackend()), 5, picked)
     assert not stop_polling
     assert run_options == [{"label": "run 5: plan 7, mlp, running", "value": 5}, picked[1]]
@@ -204,20 +331,38 @@ def test_the_run_picker_follows_the_watched_runs_state():
 
 def test_migrations_on_one_step_share_a_marker():
     steps = [{"step": 4, "received_at": "2026-01-01T00:00:04"}]
-    events = [{"kind": kind, "step": None, "created_at": "2026-01-01T00:00:05",
-               "message": "no live migration", "data": {"ok": False, "payload": {"moves": [
-                   {"layer": "b1", "from_stage": 0, "to_stage": 1}]}}}
-              for kind in ("migration_requested", "migration", "migration")]
+    events = [
+        {
+            "kind": kind,
+            "step": None,
+            "created_at": "2026-01-01T00:00:05",
+            "message": "no live migration",
+            "data": {
+                "ok": False,
+                "payload": {"moves": [{"layer": "b1", "from_stage": 0, "to_stage": 1}]},
+            },
+        }
+        for kind in ("migration_requested", "migration", "migration")
+    ]
     events[0]["data"] = {"moves": events[1]["data"]["payload"]["moves"]}
-    assert monitor.migration_markers(events, steps) == [monitor.Marker(
-        4.5, "migration requested: b1 0→1<br>migration failed: b1 0→1",
-        "⇄ requested (step 4), ⇄ failed (step 4)")]
+    assert monitor.migration_markers(events, steps) == [
+        monitor.Marker(
+            4.5,
+            "migration requested: b1 0→1<br>migration failed: b1 0→1",
+            "⇄ requested (step 4), ⇄ failed (step 4)",
+        )
+    ]
     # the engine's report of a migration at a step not measured yet waits for that step
-    later = {"kind": "migration", "step": 9, "created_at": "2026-01-01T00:00:05",
-             "data": {"moves": [{"layer": "b1", "from_stage": 0, "to_stage": 1}]}}
+    later = {
+        "kind": "migration",
+        "step": 9,
+        "created_at": "2026-01-01T00:00:05",
+        "data": {"moves": [{"layer": "b1", "from_stage": 0, "to_stage": 1}]},
+    }
     assert [m.step for m in monitor.migration_markers([later], steps)] == []
     reached = monitor.migration_markers(
-        [later], [*steps, {"step": 9, "received_at": "2026-01-01T00:00:09"}])
+        [later], [*steps, {"step": 9, "received_at": "2026-01-01T00:00:09"}]
+    )
     assert reached == [monitor.Marker(9.5, "migrated: b1 0→1", "⇄ migrated (step 9)")]
 
 
@@ -225,8 +370,9 @@ def test_progress_counts_steps_done_and_the_time_left():
     """Steps count from 0: a run whose last step is 49 of 50 has done all 50; a running
     one says its pace over its latest steps and the time left at that pace."""
     steps = [{"step": k, "stage": 0, "end_ms": 500.0 * (k + 1)} for k in range(20)]
-    running = monitor.RunView(run={"state": "running", "last_step": 19, "steps": 100},
-                              plan={}, steps=steps)
+    running = monitor.RunView(
+        run={"state": "running", "last_step": 19, "steps": 100}, plan={}, steps=steps
+    )
     assert monitor.progress(running) == (20, pytest.approx(2.0))
     assert monitor.progress_text(running) == "20 of 100 steps (20%) · 2 steps/s · about 40 s left"
     done = monitor.RunView(run={"state": "finished", "last_step": 49, "steps": 50}, plan={})
@@ -244,14 +390,24 @@ class DivergedBackend(RecordedBackend):
                 m["data"]["loss"] = "NaN" if m["step"] == 2 else "Infinity"
 
     def run(self, run_id):
-        return {**super().run(run_id), "state": "failed",
-                "message": "loss is NaN at step 2 (stage 1)"}
+        return {
+            **super().run(run_id),
+            "state": "failed",
+            "message": "loss is NaN at step 2 (stage 1)",
+        }
 
     def events(self, run_id, after_id=0):
-        return [*super().events(run_id), {
-            "kind": "rejected", "created_at": "2026-01-01T00:00:03", "step": None,
-            "message": "message 9 (run_state) of worker x was rejected: worker x holds no "
-                       "rank of run 5", "data": {}}]
+        return [
+            *super().events(run_id),
+            {
+                "kind": "rejected",
+                "created_at": "2026-01-01T00:00:03",
+                "step": None,
+                "message": "message 9 (run_state) of worker x was rejected: worker x holds no "
+                "rank of run 5",
+                "data": {},
+            },
+        ]
 
 
 def test_a_diverged_loss_is_a_gap_and_the_reason_is_shown():
@@ -269,16 +425,26 @@ def test_an_applied_proposal_shows_its_measured_gain_beside_the_predicted_one():
     the applied proposal says so, next to its predicted gain."""
     backend = RecordedBackend()
     view = monitor.RunView(backend.run(5), backend.plan(7))
-    view.steps = [{"step": k, "stage": s, "replica": 0, "start_ms": 100.0 * k,
-                   "end_ms": 100.0 * k + (50.0 if k < 5 else 40.0), "busy_ms": 30.0,
-                   "samples_per_s": 8 / (50.0 if k < 5 else 40.0) * 1e3}
-                  for k in range(12) for s in range(2)]
+    view.steps = [
+        {
+            "step": k,
+            "stage": s,
+            "replica": 0,
+            "start_ms": 100.0 * k,
+            "end_ms": 100.0 * k + (50.0 if k < 5 else 40.0),
+            "busy_ms": 30.0,
+            "samples_per_s": 8 / (50.0 if k < 5 else 40.0) * 1e3,
+        }
+        for k in range(12)
+        for s in range(2)
+    ]
     view.events = [{"kind": "migration", "data": {"phase": "done", "step": 5, "moves": []}}]
     view.proposals = [{**backend.proposals(5)[0], "state": "applied"}]
     gains = actions.measured_gains(view)
     assert gains == {3: pytest.approx((50.0, 40.0))}
     card = actions.proposal_card(view.proposals[0], gains[3])
-    assert card.children[-1].children == ("Measured step 50.00 → 40.00 ms (gain 10.00 ms, "
-                                          "20.0%) against the predicted 10.00 ms")
+    assert card.children[-1].children == (
+        "Measured step 50.00 → 40.00 ms (gain 10.00 ms, 20.0%) against the predicted 10.00 ms"
+    )
     view.proposals = [{**backend.proposals(5)[0], "state": "pending"}]
     assert actions.measured_gains(view) == {}

@@ -65,8 +65,12 @@ def compose_cli() -> list[str] | None:
         candidates.append(["docker-compose"])
     for argv in candidates:
         try:
-            done = subprocess.run([*argv, "version"], capture_output=True, timeout=30,
-                                  env={**os.environ, "DOCKER_CLI_HINTS": "false"})
+            done = subprocess.run(
+                [*argv, "version"],
+                capture_output=True,
+                timeout=30,
+                env={**os.environ, "DOCKER_CLI_HINTS": "false"},
+            )
         except (OSError, subprocess.TimeoutExpired):
             continue
         if done.returncode == 0:

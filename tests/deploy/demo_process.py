@@ -22,9 +22,21 @@ class Demo:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIPESTUDIO_")}
         with self.output.open("wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipestudio.demo", "--port", "0", "--state-dir",
-                 str(state_dir), *options], cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"},
-                stdout=out, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "pipestudio.demo",
+                    "--port",
+                    "0",
+                    "--state-dir",
+                    str(state_dir),
+                    *options,
+                ],
+                cwd=ROOT,
+                env={**env, "PYTHONUNBUFFERED": "1"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self.url = self.token = ""
         self.pgid: int | None = None
 
@@ -35,23 +47,25 @@ class Demo:
         """The banner, once the demo printed it; fails with the demo's output otherwise."""
         deadline = time.monotonic() + timeout_s
         while "Press Ctrl-C" not in self.text():
-            assert self.process.poll() is None, f"the demo exited:\n{self.text()}\n" \
-                                                f"{self.logs()}"
-            assert time.monotonic() < deadline, \
+            assert self.process.poll() is None, f"the demo exited:\n{self.text()}\n{self.logs()}"
+            assert time.monotonic() < deadline, (
                 f"the demo was not up within {timeout_s:.0f} s:\n{self.text()}\n{self.logs()}"
+            )
             time.sleep(0.3)
         text = self.text()
         self.url = re.search(r"dashboard\s+(http://\S+)/", text)[1]
         self.token = re.search(r"API token\s+(\S+)", text)[1]
-        serve_pid = int(subprocess.check_output(
-            ["pgrep", "-f", "-P", str(self.process.pid), "pipestudio serve"]).split()[0])
+        serve_pid = int(
+            subprocess.check_output(
+                ["pgrep", "-f", "-P", str(self.process.pid), "pipestudio serve"]
+            ).split()[0]
+        )
         self.pgid = os.getpgid(serve_pid)
         return text
 
     def logs(self) -> str:
         logs = sorted((self.state_dir / "demo").glob("*.log"))
-        return "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in logs)
+        return "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
 
     def group(self) -> list[str]:
         """The processes (not zombies) still in the demo's process group."""
@@ -59,9 +73,9 @@ class Demo:
         for stat in Path("/proc").glob("[0-9]*/stat"):
             with contextlib.suppress(OSError):
                 text = stat.read_text()
-                state, _ppid, pgrp = text[text.rindex(")") + 2:].split()[:3]
+                state, _ppid, pgrp = text[text.rindex(")") + 2 :].split()[:3]
                 if int(pgrp) == self.pgid and state != "Z":
-                    found.append(text[:text.rindex(")") + 1])
+                    found.append(text[: text.rindex(")") + 1])
         return found
 
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30) -> tuple[int, list[str]]:

@@ -21,21 +21,31 @@ def test_a_taken_port_is_refused_clearly() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "pipestudio.demo", "--port", str(port),
-                               "--no-workers"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "pipestudio.demo", "--port", str(port), "--no-workers"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2
     assert f"error: port {port} on 127.0.0.1 is not free" in done.stderr
     assert "--port" in done.stderr and "Traceback" not in done.stderr
-    done = subprocess.run([sys.executable, "-m", "pipestudio.demo", "--port", "70000"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipestudio.demo", "--port", "70000"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "--port must be 0..65535, got 70000" in done.stderr
 
 
 def seeded(url: str, token: str) -> tuple[list[dict], list[dict], list[dict]]:  # type: ignore[type-arg]
     def get(path: str) -> list[dict]:  # type: ignore[type-arg]
-        response = httpx.get(f"{url}/api/{path}?limit=1000", timeout=30,
-                             headers={"Authorization": f"Bearer {token}"})
+        response = httpx.get(
+            f"{url}/api/{path}?limit=1000", timeout=30, headers={"Authorization": f"Bearer {token}"}
+        )
         return response.json()["data"]  # type: ignore[no-any-return]
 
     return get("profiles"), get("clusters"), get("plans")
@@ -48,8 +58,11 @@ def test_demo_seeds_once_and_stops_everything(tmp_path: Path) -> None:
         assert httpx.get(f"{demo.url}/api/profiles", timeout=30).status_code == 401
         profiles, clusters, plans = seeded(demo.url, demo.token)
         gpt_id = next(p["id"] for p in profiles if p["model"] == "gpt")
-        measured = httpx.get(f"{demo.url}/api/profiles/{gpt_id}", timeout=30, headers={
-            "Authorization": f"Bearer {demo.token}"}).json()
+        measured = httpx.get(
+            f"{demo.url}/api/profiles/{gpt_id}",
+            timeout=30,
+            headers={"Authorization": f"Bearer {demo.token}"},
+        ).json()
     finally:
         status, left = demo.stop(signal.SIGTERM)
     assert status == 0 and not left, f"status {status}; left behind: {left}"
@@ -63,7 +76,8 @@ def test_demo_seeds_once_and_stops_everything(tmp_path: Path) -> None:
     # measured here by the runtime's profiler, with the arguments the workers will build
     metadata = measured["document"]["metadata"]
     assert measured["document"]["device"].startswith("cpu") and metadata["profiler"].startswith(
-        "pipestudio.runtime")
+        "pipestudio.runtime"
+    )
     assert {k: str(metadata[f"config.{k}"]) for k in GPT_ARGS} == GPT_ARGS
     assert gpt["num_layers"] == int(GPT_ARGS["layers"]) + 2  # embed, blocks, head
     assert {f"{m} (PipeDream)" for m in PIPEDREAM_BATCH_SIZES} <= set(by_name)
@@ -71,7 +85,9 @@ def test_demo_seeds_once_and_stops_everything(tmp_path: Path) -> None:
     assert [c["name"] for c in clusters] == ["demo: 2 CPU workers"]
     assert clusters[0]["num_devices"] == 2
     assert sorted(p["name"] for p in plans) == [
-        "gpt: 2 stages balanced by time", "gpt: 2 stages, unbalanced (try a repartition)"]
+        "gpt: 2 stages balanced by time",
+        "gpt: 2 stages, unbalanced (try a repartition)",
+    ]
     for plan in plans:
         assert plan["state"] == "approved" and plan["profile_id"] == gpt["id"]
         assert plan["cluster_id"] == clusters[0]["id"] and plan["summary"]["fits"]

@@ -23,16 +23,24 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 SHOTS = ROOT / "test-output" / "deploy"
 PLAN_NAME = "gpt: 2 stages balanced by time"
 OTHER_PLAN = "gpt: 2 stages, unbalanced (try a repartition)"
-HEADLINE = re.compile(r"Measured (?P<measured>[\d.]+) samples/s · predicted "
-                      r"(?P<predicted>[\d.]+) \(.*?\) · calibrated (?P<calibrated>[\d.]+) "
-                      r"\(.*?\) · steps (?P<first>\d+)\.\.(?P<last>\d+)")
-LOSS_POINTS = ("() => { const g = document.querySelector('#runs-loss-graph .js-plotly-plot');"
-               " return g && g.data && g.data.length ? g.data[0].x.length : 0; }")
+HEADLINE = re.compile(
+    r"Measured (?P<measured>[\d.]+) samples/s · predicted "
+    r"(?P<predicted>[\d.]+) \(.*?\) · calibrated (?P<calibrated>[\d.]+) "
+    r"\(.*?\) · steps (?P<first>\d+)\.\.(?P<last>\d+)"
+)
+LOSS_POINTS = (
+    "() => { const g = document.querySelector('#runs-loss-graph .js-plotly-plot');"
+    " return g && g.data && g.data.length ? g.data[0].x.length : 0; }"
+)
 
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not CHROMIUM.exists(),
-                                 reason="Debian's chromium is not installed at /usr/bin/chromium "
-                                        "(apt-get install -y chromium)")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="Debian's chromium is not installed at /usr/bin/chromium "
+        "(apt-get install -y chromium)",
+    ),
+]
 
 
 @pytest.fixture
@@ -64,8 +72,10 @@ def open_dashboard(page: object, demo: Demo) -> None:
         page.wait_for_selector("#nav-runs", timeout=20_000)
     except playwright_api.TimeoutError:
         shot(page, "demo-no-dashboard")
-        raise AssertionError(f"{demo.url}/profiles shows no dashboard: `pipestudio serve` "
-                             "must serve it in the backend's process") from None
+        raise AssertionError(
+            f"{demo.url}/profiles shows no dashboard: `pipestudio serve` "
+            "must serve it in the backend's process"
+        ) from None
 
 
 def launch(page: object, plan_name: str) -> None:
@@ -77,15 +87,20 @@ def launch(page: object, plan_name: str) -> None:
     page.fill("#runs-steps", "100000")
     before = page.inner_text("#runs-launch-status")
     page.click("#runs-launch")
-    page.wait_for_function("before => { const t = document.querySelector("
-                           "'#runs-launch-status').innerText;"
-                           " return t.includes('Launched run') && t !== before; }", arg=before)
+    page.wait_for_function(
+        "before => { const t = document.querySelector("
+        "'#runs-launch-status').innerText;"
+        " return t.includes('Launched run') && t !== before; }",
+        arg=before,
+    )
     run_id = re.search(r"Launched run (\d+)", page.inner_text("#runs-launch-status"))[1]
     # the monitor shows the new run (and its comparison, drawn with it) from here on
-    page.wait_for_function(f"() => document.querySelector('#runs-status').innerText"
-                           f".startsWith('Run {run_id} ') && document.querySelector("
-                           f"'#runs-status').innerText.includes(': running')",
-                           timeout=90_000)
+    page.wait_for_function(
+        f"() => document.querySelector('#runs-status').innerText"
+        f".startsWith('Run {run_id} ') && document.querySelector("
+        f"'#runs-status').innerText.includes(': running')",
+        timeout=90_000,
+    )
 
 
 def read_predictions(page: object) -> tuple[float, float, float]:
@@ -96,8 +111,7 @@ def read_predictions(page: object) -> tuple[float, float, float]:
         text = page.inner_text("#runs-fidelity")
         found = HEADLINE.search(text)
         if found and int(found["first"]) >= 20:
-            return (float(found["measured"]), float(found["predicted"]),
-                    float(found["calibrated"]))
+            return (float(found["measured"]), float(found["predicted"]), float(found["calibrated"]))
         assert time.monotonic() < deadline, f"no comparison over steps 20 on: {text!r}"
         page.wait_for_timeout(1000)
 
@@ -117,8 +131,10 @@ def test_demo_walkthrough(demo: Demo, page: object) -> None:
     shot(page, "demo-runs-live")
     predictions = {PLAN_NAME: read_predictions(page)}
     page.click("#runs-stop")
-    page.wait_for_function("() => document.querySelector('#runs-status').innerText"
-                           ".includes(': stopped')", timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('#runs-status').innerText.includes(': stopped')",
+        timeout=30_000,
+    )
     launch(page, OTHER_PLAN)
     predictions[OTHER_PLAN] = read_predictions(page)
     shot(page, "demo-runs-predictions")

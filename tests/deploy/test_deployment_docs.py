@@ -50,24 +50,71 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_torchrun_across_two_hosts(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
-    model = ["--model-arg", "layers=2", "--model-arg", "width=32", "--model-arg", "heads=2",
-             "--model-arg", "seq_len=16", "--model-arg", "vocab=64"]
-    for argv in (["pipestudio", "profile", "--model", "gpt", *model, "--microbatch-size", "2",
-                  "--repeats", "1", "--warmup", "0", "-o", "profile.json"],
-                 ["pipestudio", "plan-template", "profile.json", "--stages", "2",
-                  "--microbatches", "2", "--schedule", "1f1b", "-o", "plan.json"]):
-        subprocess.run(argv, cwd=tmp_path, env=env, check=True, capture_output=True,
-                       timeout=120)
+    model = [
+        "--model-arg",
+        "layers=2",
+        "--model-arg",
+        "width=32",
+        "--model-arg",
+        "heads=2",
+        "--model-arg",
+        "seq_len=16",
+        "--model-arg",
+        "vocab=64",
+    ]
+    for argv in (
+        [
+            "pipestudio",
+            "profile",
+            "--model",
+            "gpt",
+            *model,
+            "--microbatch-size",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "-o",
+            "profile.json",
+        ],
+        [
+            "pipestudio",
+            "plan-template",
+            "profile.json",
+            "--stages",
+            "2",
+            "--microbatches",
+            "2",
+            "--schedule",
+            "1f1b",
+            "-o",
+            "plan.json",
+        ],
+    ):
+        subprocess.run(argv, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=120)
     commands = torchrun_commands()
     assert [re.search(r"--node-rank (\d)", c)[1] for c in commands] == ["0", "1"]
     port = str(free_port())
     hosts = []
     for idx, command in enumerate(commands):
         command = command.replace("HOST0", "127.0.0.1").replace("29400", port)
-        command = command.replace("--steps 100", "--steps 3").replace(
-            "metrics.jsonl", f"metrics{idx}.jsonl") + " " + " ".join(model)
-        hosts.append(subprocess.Popen(["bash", "-c", command], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        command = (
+            command.replace("--steps 100", "--steps 3").replace(
+                "metrics.jsonl", f"metrics{idx}.jsonl"
+            )
+            + " "
+            + " ".join(model)
+        )
+        hosts.append(
+            subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
     outputs = [host.communicate(timeout=240)[0].decode(errors="replace") for host in hosts]
     for host, output in zip(hosts, outputs, strict=True):
         assert host.returncode == 0, output

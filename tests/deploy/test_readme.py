@@ -48,15 +48,27 @@ def options_of(line: str) -> set[str]:
 
 @cache
 def help_text(command: str) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, "-m", "pipestudio", command, "--help"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipestudio", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
 def test_the_readme_shows_commands() -> None:
     names = {line.split()[1] for line in commands()}
-    assert {"import-pipedream", "simulate", "plan", "profile", "train", "serve",
-            "worker"} <= names, names
+    assert {
+        "import-pipedream",
+        "simulate",
+        "plan",
+        "profile",
+        "train",
+        "serve",
+        "worker",
+    } <= names, names
 
 
 @pytest.mark.parametrize("line", commands(), ids=lambda line: " ".join(line.split()[:2]))
@@ -84,7 +96,12 @@ def runnable_sessions() -> list[str]:
 @pytest.mark.parametrize("script", runnable_sessions(), ids=lambda s: s.split()[1])
 def test_shell_session_runs_verbatim(script: str, tmp_path: Path) -> None:
     (tmp_path / "profiles").symlink_to(ROOT / "profiles")
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"})
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"},
+    )
     assert done.returncode == 0, f"{script}\n{done.stdout}\n{done.stderr}"

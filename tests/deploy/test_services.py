@@ -32,23 +32,24 @@ BIN = str(Path(sys.executable).parent)
 COMPOSE_URL = "http://backend:8000"
 
 
-
-
 def service(name: str, database_url: str) -> tuple[list[str], dict[str, str]]:
     """The service's command and environment as this machine runs them."""
     spec = load(TOKENS)["services"][name]
-    env = {key: value for key, value in spec.get("environment", {}).items()
-           if value is not None}
+    env = {key: value for key, value in spec.get("environment", {}).items() if value is not None}
     if "PIPESTUDIO_DATABASE_URL" in env:
         env["PIPESTUDIO_DATABASE_URL"] = database_url
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PIPESTUDIO_")}
-    return list(spec["command"]), {**clean, **env, "PATH": f"{BIN}:{os.environ['PATH']}",
-                                   "PYTHONUNBUFFERED": "1"}
+    return list(spec["command"]), {
+        **clean,
+        **env,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def replace_option(argv: list[str], option: str, value: str) -> list[str]:
     idx = argv.index(option)
-    return [*argv[:idx + 1], value, *argv[idx + 2:]]
+    return [*argv[: idx + 1], value, *argv[idx + 2 :]]
 
 
 @pytest.fixture
@@ -62,8 +63,7 @@ def backend(database_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     argv = replace_option(replace_option(argv, "--host", "127.0.0.1"), "--port", "0")
     log = tmp_path / "backend.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         yield {"url": wait_for_url(process, log), "log": log, "database_url": database_url}
     finally:
@@ -104,13 +104,18 @@ def test_migrate_then_serve(backend: dict[str, Any]) -> None:
     # the API token from the environment guards writes; the schema the migration made works
     body = {"cluster": cluster_template([2], [10.0]).model_dump(mode="json")}
     assert httpx.post(f"{url}/api/clusters", json=body, timeout=10).status_code == 401
-    created = httpx.post(f"{url}/api/clusters", json=body, timeout=10, headers={
-        "Authorization": f"Bearer {TOKENS['PIPESTUDIO_API_TOKEN']}"})
+    created = httpx.post(
+        f"{url}/api/clusters",
+        json=body,
+        timeout=10,
+        headers={"Authorization": f"Bearer {TOKENS['PIPESTUDIO_API_TOKEN']}"},
+    )
     assert created.status_code == 201, created.text
     assert "API token:" not in backend["log"].read_text(), "the token came from the env"
     page = httpx.get(f"{url}/", timeout=30)
-    assert page.status_code == 302 and page.headers["location"].startswith("/login"), \
+    assert page.status_code == 302 and page.headers["location"].startswith("/login"), (
         "the dashboard is at /, behind its sign-in page"
+    )
     assert "Sign in" in httpx.get(f"{url}/login", timeout=30).text
 
 
@@ -148,8 +153,10 @@ def test_healthcheck_and_workers(backend: dict[str, Any], tmp_path: Path) -> Non
     if not gpu_here():
         gpu = start_service("worker-gpu", url, tmp_path)
         assert gpu.wait(120) == 2, (tmp_path / "worker-gpu.log").read_text()
-        assert "error: --device cuda: no usable CUDA device" in (
-            tmp_path / "worker-gpu.log").read_text()
+        assert (
+            "error: --device cuda: no usable CUDA device"
+            in (tmp_path / "worker-gpu.log").read_text()
+        )
         names.remove("worker-gpu")
     workers = {name: start_service(name, url, tmp_path) for name in names}
     try:
@@ -159,10 +166,12 @@ def test_healthcheck_and_workers(backend: dict[str, Any], tmp_path: Path) -> Non
                 assert worker.poll() is None, (tmp_path / f"{name}.log").read_text()
             assert time.monotonic() < deadline, f"{online} of {len(workers)} workers registered"
             time.sleep(0.5)
-        listed = httpx.get(f"{url}/api/workers", timeout=10, headers={
-            "Authorization": f"Bearer {TOKENS['PIPESTUDIO_API_TOKEN']}"}).json()["data"]
-        expected = {"cpu-0", "cpu-1", "gpu-0"} if "worker-gpu" in workers else {"cpu-0",
-                                                                                 "cpu-1"}
+        listed = httpx.get(
+            f"{url}/api/workers",
+            timeout=10,
+            headers={"Authorization": f"Bearer {TOKENS['PIPESTUDIO_API_TOKEN']}"},
+        ).json()["data"]
+        expected = {"cpu-0", "cpu-1", "gpu-0"} if "worker-gpu" in workers else {"cpu-0", "cpu-1"}
         assert {w["name"] for w in listed} == expected
         kinds = {w["name"]: {d["kind"] for d in w["devices"]} for w in listed}
         assert kinds.get("gpu-0", {"cuda"}) == {"cuda"} and kinds["cpu-0"] == {"cpu"}
@@ -173,6 +182,10 @@ def test_healthcheck_and_workers(backend: dict[str, Any], tmp_path: Path) -> Non
 
 def gpu_here() -> bool:
     """Whether torch sees a CUDA device here (asked in a child: the tests import no torch)."""
-    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return done.stdout.strip() == "True"

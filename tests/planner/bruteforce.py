@@ -61,9 +61,15 @@ def compositions(total: int, parts: list[int]) -> Iterator[tuple[int, ...]]:
 
 
 def context(request: PlanRequest, first_device: int, replicas: int) -> StageContext:
-    return stage_context(request.schedule, request.num_microbatches, request.optimizer,
-                         request.cluster, first_worker=first_device, replicas=replicas,
-                         num_workers=request.num_stages or 1)
+    return stage_context(
+        request.schedule,
+        request.num_microbatches,
+        request.optimizer,
+        request.cluster,
+        first_worker=first_device,
+        replicas=replicas,
+        num_workers=request.num_stages or 1,
+    )
 
 
 def best_stage_ms(request: PlanRequest, start: int, end: int, ctx: StageContext) -> float:
@@ -73,8 +79,9 @@ def best_stage_ms(request: PlanRequest, start: int, end: int, ctx: StageContext)
     docstring."""
     profile = request.scaled
     indices = list(range(start, end))
-    whole = layer_set_costs(profile, indices, dict.fromkeys(indices, "keep"),
-                            request.optimizer_factor)
+    whole = layer_set_costs(
+        profile, indices, dict.fromkeys(indices, "keep"), request.optimizer_factor
+    )
     if ctx.memory_bytes is None or stage_memory_bytes(whole, ctx) <= ctx.memory_bytes:
         return stage_time_ms(whole, ctx)
     layers = profile.layers
@@ -84,9 +91,11 @@ def best_stage_ms(request: PlanRequest, start: int, end: int, ctx: StageContext)
 
     def hopeless(costs: StageCosts) -> bool:
         out_ms, _ = swap_times_ms(costs.swap_bytes, ctx)
-        return (stage_memory_bytes(costs, ctx) > ctx.memory_bytes  # type: ignore[operator]
-                or out_ms > min(costs.fwd_ms, costs.bwd_ms)  # memopt.py's swap limit
-                or stage_time_ms(costs, ctx) >= best)
+        return (
+            stage_memory_bytes(costs, ctx) > ctx.memory_bytes  # type: ignore[operator]
+            or out_ms > min(costs.fwd_ms, costs.bwd_ms)  # memopt.py's swap limit
+            or stage_time_ms(costs, ctx) >= best
+        )
 
     def visit(pos: int, costs: StageCosts, last_recompute: bool) -> None:
         nonlocal best
@@ -100,9 +109,16 @@ def best_stage_ms(request: PlanRequest, start: int, end: int, ctx: StageContext)
         visit(pos + 1, replace(costs, keep_bytes=costs.keep_bytes + saved), False)
         visit(pos + 1, replace(costs, swap_bytes=costs.swap_bytes + saved), False)
         checkpoint = 0 if last_recompute else inputs[pos]
-        visit(pos + 1, replace(costs, recompute_bytes=costs.recompute_bytes + saved,
-                               checkpoint_bytes=costs.checkpoint_bytes + checkpoint,
-                               recompute_ms=costs.recompute_ms + layer.fwd_ms), True)
+        visit(
+            pos + 1,
+            replace(
+                costs,
+                recompute_bytes=costs.recompute_bytes + saved,
+                checkpoint_bytes=costs.checkpoint_bytes + checkpoint,
+                recompute_ms=costs.recompute_ms + layer.fwd_ms,
+            ),
+            True,
+        )
 
     visit(0, none, False)
     return best
@@ -120,18 +136,20 @@ def brute_force_bottleneck(request: PlanRequest) -> float:
         for cuts in itertools.combinations(range(1, num_layers), len(replicas) - 1):
             bounds = [0, *cuts, num_layers]
             value = 0.0
-            for (start, end), first, count in zip(itertools.pairwise(bounds), firsts,
-                                                  replicas, strict=True):
+            for (start, end), first, count in zip(
+                itertools.pairwise(bounds), firsts, replicas, strict=True
+            ):
                 key = (start, end, first, count)
                 if key not in memo:
-                    memo[key] = best_stage_ms(request, start, end,
-                                              context(request, first, count))
+                    memo[key] = best_stage_ms(request, start, end, context(request, first, count))
                 value = max(value, memo[key])
                 if first > 0:
-                    bandwidth = None if cluster is None else cluster.bandwidth_gbps(first - 1,
-                                                                                   first)
-                    value = max(value, link_time_ms(profile.layers[start - 1].output_bytes,
-                                                    bandwidth))
+                    bandwidth = (
+                        None if cluster is None else cluster.bandwidth_gbps(first - 1, first)
+                    )
+                    value = max(
+                        value, link_time_ms(profile.layers[start - 1].output_bytes, bandwidth)
+                    )
             best = min(best, value)
     return best
 
@@ -147,11 +165,22 @@ def candidate_plans(request: PlanRequest) -> Iterator[Plan]:
     for replicas in compositions(layout.num_devices, list(layout.replica_counts)):
         firsts = [0, *itertools.accumulate(replicas)][:-1]
         for cuts in itertools.combinations(range(1, chain.num_layers), len(replicas) - 1):
-            stages = [PlannedStage(start, end, first, count) for (start, end), first, count
-                      in zip(itertools.pairwise([0, *cuts, chain.num_layers]), firsts,
-                             replicas, strict=True)]
-            chosen = [choice for s in stages if (choice := choices.get(
-                s.start, s.end, layout.context(s.first_device, s.replicas))) is not None]
+            stages = [
+                PlannedStage(start, end, first, count)
+                for (start, end), first, count in zip(
+                    itertools.pairwise([0, *cuts, chain.num_layers]), firsts, replicas, strict=True
+                )
+            ]
+            chosen = [
+                choice
+                for s in stages
+                if (
+                    choice := choices.get(
+                        s.start, s.end, layout.context(s.first_device, s.replicas)
+                    )
+                )
+                is not None
+            ]
             if len(chosen) == len(stages):
                 yield build(request, Candidate(stages, chosen))
 
@@ -178,8 +207,9 @@ def every_straight_plan(request: PlanRequest) -> Iterator[Plan]:
         stages = [list(range(start, end)) for start, end in itertools.pairwise(bounds)]
         for policies in itertools.product(("keep", "recompute", "swap"), repeat=num_layers):
             chosen = {layer: p for layer, p in enumerate(policies) if p != "keep"}
-            yield request.build_plan(stages, chosen, replicas=[1] * num_devices,
-                                     planner="bruteforce")
+            yield request.build_plan(
+                stages, chosen, replicas=[1] * num_devices, planner="bruteforce"
+            )
 
 
 def simulate_every_straight_plan(request: PlanRequest) -> list[tuple[float, int]]:

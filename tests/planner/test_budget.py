@@ -51,8 +51,7 @@ def workload(profile: Profile, plan: Plan, num_steps: int = 1) -> Workload:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
-def test_the_count_is_what_the_simulator_builds(case: tuple[Profile, Plan, Cluster | None]
-                                                ) -> None:
+def test_the_count_is_what_the_simulator_builds(case: tuple[Profile, Plan, Cluster | None]) -> None:
     """Exact when every layer is kept; otherwise an upper bound (a swap right before its
     own backward, or a recompute or swap of nothing, builds no op)."""
     profile, plan, cluster = case
@@ -76,9 +75,13 @@ def test_a_million_microbatches_are_refused_at_once() -> None:
     assert str(info.value) == (
         "num_microbatches=1000000: simulating 2 steps of 1000000 micro-batches on 4 workers "
         "is 28000000 operations, more than the limit of 2000000; use fewer micro-batches or "
-        "steps")
+        "steps"
+    )
     assert (info.value.field, info.value.limit, info.value.num_ops) == (
-        "num_microbatches", 2_000_000, 28_000_000)
+        "num_microbatches",
+        2_000_000,
+        28_000_000,
+    )
 
 
 def test_the_largest_valid_plan_is_refused_by_the_default_budget() -> None:
@@ -102,13 +105,17 @@ def test_a_plan_at_the_limit_runs_and_one_op_more_is_refused() -> None:
     simulate(profile, plan, num_steps=2, max_ops=None)
 
 
-@pytest.mark.parametrize(("num_stages", "num_microbatches", "num_steps", "field"), [
-    (4, 1000, 2, "num_microbatches"),
-    (4, 4, 100_000, "num_steps"),
-    (400, 1, 1, "stages"),
-])
+@pytest.mark.parametrize(
+    ("num_stages", "num_microbatches", "num_steps", "field"),
+    [
+        (4, 1000, 2, "num_microbatches"),
+        (4, 4, 100_000, "num_steps"),
+        (400, 1, 1, "stages"),
+    ],
+)
 def test_the_error_names_the_field_that_multiplies_the_work_most(
-        num_stages: int, num_microbatches: int, num_steps: int, field: str) -> None:
+    num_stages: int, num_microbatches: int, num_steps: int, field: str
+) -> None:
     profile = chain_profile(400)
     plan = even_plan(profile, num_stages, num_microbatches, "gpipe")
     with pytest.raises(WorkBudgetError) as info:
@@ -120,8 +127,9 @@ def test_the_error_names_the_field_that_multiplies_the_work_most(
 def test_pipedream_counts_its_warm_up_and_drain_steps() -> None:
     profile = chain_profile(8)
     plan = even_plan(profile, 8, 2, "pipedream")
-    with pytest.raises(WorkBudgetError,
-                       match=r"simulating 1 step \(and 9 warm-up and drain steps\) of 2 "):
+    with pytest.raises(
+        WorkBudgetError, match=r"simulating 1 step \(and 9 warm-up and drain steps\) of 2 "
+    ):
         simulate(profile, plan, max_ops=10)
 
 
@@ -129,8 +137,18 @@ def shared_device_plan(num_workers: int) -> Plan:
     """One stage on ``num_workers`` replicas, two on each device."""
     profile = chain_profile(2)
     plan = even_plan(profile, 1, num_workers, "gpipe")
-    return plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={
-        "replicas": num_workers, "devices": [idx // 2 for idx in range(num_workers)]})]})
+    return plan.model_copy(
+        update={
+            "stages": [
+                plan.stages[0].model_copy(
+                    update={
+                        "replicas": num_workers,
+                        "devices": [idx // 2 for idx in range(num_workers)],
+                    }
+                )
+            ]
+        }
+    )
 
 
 def test_devices_shared_by_thousands_of_workers_count_their_memory_checks() -> None:
@@ -151,8 +169,12 @@ def test_the_slowest_link_among_replicas_is_found_without_pairing_them() -> None
         sizes = [rng.randint(1, 4) for _ in range(rng.randint(1, 3))]
         cluster = cluster_template(sizes, [rng.choice([None, 0.5, 5.0, 50.0]) for _ in sizes])
         devices = [rng.randrange(cluster.num_devices) for _ in range(rng.randint(1, 6))]
-        pairwise = [bandwidth for a in devices for b in devices
-                    if (bandwidth := cluster.bandwidth_gbps(a, b)) is not None]
+        pairwise = [
+            bandwidth
+            for a in devices
+            for b in devices
+            if (bandwidth := cluster.bandwidth_gbps(a, b)) is not None
+        ]
         assert cluster.slowest_bandwidth_gbps(devices) == min(pairwise, default=None)
 
 
@@ -164,22 +186,28 @@ def never_called(request: PlanRequest) -> PlannerOutput:
 
 
 def test_a_request_over_the_budget_is_refused_before_the_planner_runs() -> None:
-    request = PlanRequest(profile=chain_profile(64), num_microbatches=100_000, schedule="1f1b",
-                          num_stages=4)
+    request = PlanRequest(
+        profile=chain_profile(64), num_microbatches=100_000, schedule="1f1b", num_stages=4
+    )
     started = time.perf_counter()
     with pytest.raises(WorkBudgetError) as info:
         run_planner("uniform", never_called, request, max_ops=DEFAULT_MAX_SIMULATED_OPS)
     assert time.perf_counter() - started < 0.1
     assert info.value.field == "num_microbatches"
     assert info.value.limit == DEFAULT_MAX_SIMULATED_OPS
-    assert "num_microbatches=100000: simulating 1 step of 100000 micro-batches on 4 workers" \
-        in str(info.value)
+    assert "num_microbatches=100000: simulating 1 step of 100000 micro-batches on 4 workers" in str(
+        info.value
+    )
 
 
 def test_a_request_counts_every_device_of_its_cluster() -> None:
-    request = PlanRequest(profile=chain_profile(4000), num_microbatches=64,
-                          schedule="pipedream", num_stages=2,
-                          cluster=cluster_template([1000, 4], [100.0, 10.0]))
+    request = PlanRequest(
+        profile=chain_profile(4000),
+        num_microbatches=64,
+        schedule="pipedream",
+        num_stages=2,
+        cluster=cluster_template([1000, 4], [100.0, 10.0]),
+    )
     with pytest.raises(WorkBudgetError) as info:
         check_request_budget(request, DEFAULT_MAX_SIMULATED_OPS)
     assert info.value.field == "cluster.devices"
@@ -191,9 +219,13 @@ def test_the_request_bound_holds_for_what_the_planners_return() -> None:
     graph = import_pipedream(PIPEDREAM_DIR / "resnet18" / "graph.txt", batch_size=32)
     for profile in (chain, graph):
         for algorithm in ("uniform", "balance-time", "optimal", "pipedream"):
-            request = PlanRequest(profile=profile, num_microbatches=12, schedule="pipedream",
-                                  num_stages=4, cluster=single_level_cluster(4, memory=2**40,
-                                                                             host_gbps=10.0))
+            request = PlanRequest(
+                profile=profile,
+                num_microbatches=12,
+                schedule="pipedream",
+                num_stages=4,
+                cluster=single_level_cluster(4, memory=2**40, host_gbps=10.0),
+            )
             bound = workload_of_request(request)
             with counting_ops() as counts:
                 outcome = run_planner(algorithm, PLANNERS[algorithm], request, max_ops=bound)
@@ -212,12 +244,14 @@ def workload_of_request(request: PlanRequest) -> int:
     raise AssertionError("a limit of 0 ops refuses every request")
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"num_microbatches": 100_001}, "--microbatches must be <= 100000 (a plan's limit), got"),
-    ({"microbatch_size": 2**24 + 1}, "--microbatch-size must be <= 16777216"),
-])
-def test_requests_past_the_plan_limits_are_refused(changes: dict[str, int], message: str
-                                                   ) -> None:
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_microbatches": 100_001}, "--microbatches must be <= 100000 (a plan's limit), got"),
+        ({"microbatch_size": 2**24 + 1}, "--microbatch-size must be <= 16777216"),
+    ],
+)
+def test_requests_past_the_plan_limits_are_refused(changes: dict[str, int], message: str) -> None:
     fields: dict[str, object] = {"num_microbatches": 8, **changes}
     with pytest.raises(PlanError, match=re.escape(message)):
         PlanRequest(profile=chain_profile(4), schedule="gpipe", **fields)  # type: ignore[arg-type]
@@ -234,17 +268,25 @@ def test_a_simulation_at_the_default_limit_takes_seconds_not_minutes() -> None:
     assert len(result.timeline) == workload(profile, plan, 2).num_ops()
 
 
-@pytest.mark.parametrize(("num_layers", "num_stages", "words"), [
-    (100, 65, "at most 64 workers"),
-    (20_000, 64, "1280000 layer-worker pairs, more than the limit of 1000000"),
-])
-def test_a_planners_own_search_is_bounded(num_layers: int, num_stages: int, words: str,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("num_layers", "num_stages", "words"),
+    [
+        (100, 65, "at most 64 workers"),
+        (20_000, 64, "1280000 layer-worker pairs, more than the limit of 1000000"),
+    ],
+)
+def test_a_planners_own_search_is_bounded(
+    num_layers: int, num_stages: int, words: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Planners whose work grows with layers x workers (and pipedream's and vpipe's with
     the workers squared) are not started on more than the budget allows, and the refusal
     comes before any work: no planner runs and no simulation bound is built."""
-    request = PlanRequest(profile=chain_profile(num_layers), num_microbatches=4,
-                          schedule="1f1b", num_stages=num_stages)
+    request = PlanRequest(
+        profile=chain_profile(num_layers),
+        num_microbatches=4,
+        schedule="1f1b",
+        num_stages=num_stages,
+    )
 
     def no_work(*_args: object, **_kwargs: object) -> NoReturn:
         raise AssertionError("work was done before the request was refused")
@@ -257,11 +299,17 @@ def test_a_planners_own_search_is_bounded(num_layers: int, num_stages: int, word
 
 
 def test_a_request_at_the_search_limit_plans_within_seconds() -> None:
-    request = PlanRequest(profile=chain_profile(15_600), num_microbatches=4,
-                          schedule="1f1b", num_stages=64)
+    request = PlanRequest(
+        profile=chain_profile(15_600), num_microbatches=4, schedule="1f1b", num_stages=64
+    )
     for algorithm in ("optimal", "vpipe", "dawnpiper"):
         started = time.perf_counter()
-        outcome = run_planner(algorithm, PLANNERS[algorithm], request,
-                              max_ops=DEFAULT_MAX_SIMULATED_OPS, with_timeline=False)
+        outcome = run_planner(
+            algorithm,
+            PLANNERS[algorithm],
+            request,
+            max_ops=DEFAULT_MAX_SIMULATED_OPS,
+            with_timeline=False,
+        )
         assert outcome.plan is not None, outcome.error
         assert time.perf_counter() - started < 10, algorithm

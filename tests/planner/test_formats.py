@@ -32,23 +32,35 @@ def test_round_trip_through_json() -> None:
     assert parse_document(Profile, profile.to_json()) == profile
 
 
-@pytest.mark.parametrize("mutate,message", [
-    (lambda d: d["layers"][1].update(fwd_ms=-1.0),
-     "layers[1] ('layer1').fwd_ms = -1.0: Input should be greater than or equal to 0"),
-    (lambda d: d["layers"][2].update(saved_bytes=-5), "layers[2] ('layer2').saved_bytes = -5"),
-    (lambda d: d["layers"][2].update(name="layer0"), "duplicate layer name 'layer0'"),
-    (lambda d: d.update(edges=[{"src": "layer0", "dst": "nope"}]),
-     "names unknown layer 'nope'"),
-    (lambda d: d.update(edges=[{"src": "layer0", "dst": "layer1"},
-                               {"src": "layer1", "dst": "layer0"}]),
-     "cycle: layer0 -> layer1 -> layer0"),
-    (lambda d: d.update(edges=[{"src": "layer2", "dst": "layer1"}]),
-     "not in topological order: 'layer1' (layer 1) is listed before its input 'layer2'"),
-    (lambda d: d.update(microbatch_size=0), "microbatch_size = 0"),
-    (lambda d: d.update(version=2), "version = 2"),
-    (lambda d: d.update(colour="red"), "colour: Extra inputs are not permitted"),
-    (lambda d: d["layers"][0].pop("fwd_ms"), "layers[0] ('layer0').fwd_ms: Field required"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (
+            lambda d: d["layers"][1].update(fwd_ms=-1.0),
+            "layers[1] ('layer1').fwd_ms = -1.0: Input should be greater than or equal to 0",
+        ),
+        (lambda d: d["layers"][2].update(saved_bytes=-5), "layers[2] ('layer2').saved_bytes = -5"),
+        (lambda d: d["layers"][2].update(name="layer0"), "duplicate layer name 'layer0'"),
+        (
+            lambda d: d.update(edges=[{"src": "layer0", "dst": "nope"}]),
+            "names unknown layer 'nope'",
+        ),
+        (
+            lambda d: d.update(
+                edges=[{"src": "layer0", "dst": "layer1"}, {"src": "layer1", "dst": "layer0"}]
+            ),
+            "cycle: layer0 -> layer1 -> layer0",
+        ),
+        (
+            lambda d: d.update(edges=[{"src": "layer2", "dst": "layer1"}]),
+            "not in topological order: 'layer1' (layer 1) is listed before its input 'layer2'",
+        ),
+        (lambda d: d.update(microbatch_size=0), "microbatch_size = 0"),
+        (lambda d: d.update(version=2), "version = 2"),
+        (lambda d: d.update(colour="red"), "colour: Extra inputs are not permitted"),
+        (lambda d: d["layers"][0].pop("fwd_ms"), "layers[0] ('layer0').fwd_ms: Field required"),
+    ],
+)
 def test_profile_errors_name_the_bad_value(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
     data = profile_dict()
     mutate(data)
@@ -69,15 +81,24 @@ def plan_dict(profile: Profile, **changes: object) -> dict[str, object]:
     return data
 
 
-@pytest.mark.parametrize("stages,message", [
-    ([["layer0", "layer1"], ["layer1", "layer2"]],
-     "overlapping stages: layer 'layer1' is in stage 0 and in stage 1"),
-    ([["layer0", "ghost"], ["layer1", "layer2"]],
-     "stage 0 names layer 'ghost', which the profile of 'uniform' does not have"),
-    ([["layer0"], ["layer1"]], "1 layers are in no stage: 'layer2'"),
-    ([["layer1"], ["layer0", "layer2"]],
-     "layer 'layer1' in stage 0 takes input from 'layer0' in the later stage 1"),
-])
+@pytest.mark.parametrize(
+    "stages,message",
+    [
+        (
+            [["layer0", "layer1"], ["layer1", "layer2"]],
+            "overlapping stages: layer 'layer1' is in stage 0 and in stage 1",
+        ),
+        (
+            [["layer0", "ghost"], ["layer1", "layer2"]],
+            "stage 0 names layer 'ghost', which the profile of 'uniform' does not have",
+        ),
+        ([["layer0"], ["layer1"]], "1 layers are in no stage: 'layer2'"),
+        (
+            [["layer1"], ["layer0", "layer2"]],
+            "layer 'layer1' in stage 0 takes input from 'layer0' in the later stage 1",
+        ),
+    ],
+)
 def test_plan_against_profile_errors(stages: list[list[str]], message: str) -> None:
     profile = chain_profile(3)
     plan = parse_document(Plan, plan_dict(profile, stages=[{"layers": s} for s in stages]))
@@ -85,15 +106,22 @@ def test_plan_against_profile_errors(stages: list[list[str]], message: str) -> N
         resolve_plan(plan, profile)
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"schedule": "zigzag"}, "schedule = 'zigzag': Input should be 'gpipe', '1f1b' or"),
-    ({"vertical_sync": True}, "vertical_sync applies to the pipedream schedule only"),
-    ({"num_microbatches": 3, "stages": [{"layers": ["layer0"], "replicas": 2},
-                                        {"layers": ["layer1", "layer2"]}]},
-     "stage 0 has 2 replicas, which do not divide num_microbatches=3"),
-    ({"policies": {"layer0": "forget"}}, "policies.layer0 = 'forget'"),
-    ({"stages": []}, "stages = []: List should have at least 1 item"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"schedule": "zigzag"}, "schedule = 'zigzag': Input should be 'gpipe', '1f1b' or"),
+        ({"vertical_sync": True}, "vertical_sync applies to the pipedream schedule only"),
+        (
+            {
+                "num_microbatches": 3,
+                "stages": [{"layers": ["layer0"], "replicas": 2}, {"layers": ["layer1", "layer2"]}],
+            },
+            "stage 0 has 2 replicas, which do not divide num_microbatches=3",
+        ),
+        ({"policies": {"layer0": "forget"}}, "policies.layer0 = 'forget'"),
+        ({"stages": []}, "stages = []: List should have at least 1 item"),
+    ],
+)
 def test_plan_document_errors(changes: dict[str, object], message: str) -> None:
     with pytest.raises(DocumentError, match=re.escape(message)):
         parse_document(Plan, plan_dict(chain_profile(3), **changes))
@@ -123,8 +151,9 @@ def test_plan_template_splits_evenly() -> None:
 
 
 def test_cluster_template_and_errors() -> None:
-    cluster = cluster_template([8, 2], [400.0, 100.0], device_memory_bytes=parse_size("16GiB"),
-                               host_bandwidth_gbps=200.0)
+    cluster = cluster_template(
+        [8, 2], [400.0, 100.0], device_memory_bytes=parse_size("16GiB"), host_bandwidth_gbps=200.0
+    )
     assert cluster.num_devices == 16
     assert cluster.devices[5].memory_bytes == 16 * 2**30
     assert cluster.bandwidth_gbps(0, 7) == 400.0
@@ -147,9 +176,17 @@ def test_plan_on_too_small_cluster() -> None:
         simulate(profile, plan_template(profile, 4, 4, "gpipe"), cluster_template([2], [10.0]))
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("16GiB", 16 * 2**30), ("1.5GB", 1_500_000_000), ("512 MiB", 512 * 2**20), ("1000", 1000),
-    ("2tib", 2 * 2**40), ("80GB", 80 * 10**9)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("16GiB", 16 * 2**30),
+        ("1.5GB", 1_500_000_000),
+        ("512 MiB", 512 * 2**20),
+        ("1000", 1000),
+        ("2tib", 2 * 2**40),
+        ("80GB", 80 * 10**9),
+    ],
+)
 def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 

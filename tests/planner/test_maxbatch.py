@@ -23,20 +23,42 @@ PARAM_BYTES, SAVED_PER_SAMPLE, NUM_MICROBATCHES = 1000, 100, 4
 MEMORY_BYTES = 2 * PARAM_BYTES + SAVED_PER_SAMPLE * 37 + 50
 
 
-def one_layer_request(memory_bytes: int | None = MEMORY_BYTES, *,
-                      microbatch_size: int | None = None) -> PlanRequest:
-    profile = Profile.model_validate({"model": "one", "microbatch_size": 1, "layers": [
-        {"name": "only", "fwd_ms": 1.0, "bwd_ms": 2.0, "param_bytes": PARAM_BYTES,
-         "saved_bytes": SAVED_PER_SAMPLE}]})
-    return PlanRequest(profile=profile, num_microbatches=NUM_MICROBATCHES, schedule="gpipe",
-                       num_stages=1, optimizer="sgd", microbatch_size=microbatch_size,
-                       cluster=memory_only_cluster(1, memory_bytes))
+def one_layer_request(
+    memory_bytes: int | None = MEMORY_BYTES, *, microbatch_size: int | None = None
+) -> PlanRequest:
+    profile = Profile.model_validate(
+        {
+            "model": "one",
+            "microbatch_size": 1,
+            "layers": [
+                {
+                    "name": "only",
+                    "fwd_ms": 1.0,
+                    "bwd_ms": 2.0,
+                    "param_bytes": PARAM_BYTES,
+                    "saved_bytes": SAVED_PER_SAMPLE,
+                }
+            ],
+        }
+    )
+    return PlanRequest(
+        profile=profile,
+        num_microbatches=NUM_MICROBATCHES,
+        schedule="gpipe",
+        num_stages=1,
+        optimizer="sgd",
+        microbatch_size=microbatch_size,
+        cluster=memory_only_cluster(1, memory_bytes),
+    )
 
 
-@pytest.mark.parametrize("algorithm,expected", [
-    ("uniform", (MEMORY_BYTES - 2 * PARAM_BYTES) // (NUM_MICROBATCHES * SAVED_PER_SAMPLE)),
-    ("optimal", (MEMORY_BYTES - 2 * PARAM_BYTES) // SAVED_PER_SAMPLE),
-])
+@pytest.mark.parametrize(
+    "algorithm,expected",
+    [
+        ("uniform", (MEMORY_BYTES - 2 * PARAM_BYTES) // (NUM_MICROBATCHES * SAVED_PER_SAMPLE)),
+        ("optimal", (MEMORY_BYTES - 2 * PARAM_BYTES) // SAVED_PER_SAMPLE),
+    ],
+)
 def test_one_stage_by_hand(algorithm: str, expected: int) -> None:
     assert expected in (9, 37)  # the arithmetic above, spelled out
     answer = max_microbatch_size(PLANNERS[algorithm], one_layer_request())
@@ -53,8 +75,7 @@ def test_one_stage_by_hand(algorithm: str, expected: int) -> None:
 
 def test_starting_above_or_below_gives_the_same_answer() -> None:
     for start in (1, 5, 37, 38, 1000):
-        answer = max_microbatch_size(PLANNERS["optimal"],
-                                     one_layer_request(microbatch_size=start))
+        answer = max_microbatch_size(PLANNERS["optimal"], one_layer_request(microbatch_size=start))
         assert answer.microbatch_size == 37, start
 
 
@@ -83,8 +104,11 @@ def test_nothing_fits_names_the_memory_for_one_sample() -> None:
     memory = caught.value.min_memory_bytes
     precision = caught.value.precision_bytes
     assert memory is not None and precision is not None
-    assert 2 * PARAM_BYTES + SAVED_PER_SAMPLE <= memory <= 2 * PARAM_BYTES + SAVED_PER_SAMPLE \
-        + precision
+    assert (
+        2 * PARAM_BYTES + SAVED_PER_SAMPLE
+        <= memory
+        <= 2 * PARAM_BYTES + SAVED_PER_SAMPLE + precision
+    )
     assert f"({memory} bytes)" in str(caught.value)
 
 
@@ -99,8 +123,13 @@ def fits_at(algorithm: str, request: PlanRequest, size: int) -> bool:
 
 @pytest.mark.parametrize("algorithm", MEMORY_AWARE)
 def test_vgg16_answer_fits_and_one_more_does_not(algorithm: str) -> None:
-    request = PlanRequest(profile=vgg16(), num_microbatches=8, schedule="1f1b", num_stages=4,
-                          cluster=memory_only_cluster(4, 4 * 2**30))
+    request = PlanRequest(
+        profile=vgg16(),
+        num_microbatches=8,
+        schedule="1f1b",
+        num_stages=4,
+        cluster=memory_only_cluster(4, 4 * 2**30),
+    )
     answer = max_microbatch_size(PLANNERS[algorithm], request)
     size = answer.microbatch_size
     assert size >= 1 and not answer.limit_reached
@@ -111,8 +140,13 @@ def test_vgg16_answer_fits_and_one_more_does_not(algorithm: str) -> None:
 
 
 def test_vgg16_more_memory_fits_more() -> None:
-    request = PlanRequest(profile=vgg16(), num_microbatches=8, schedule="1f1b", num_stages=4,
-                          cluster=memory_only_cluster(4, 4 * 2**30))
+    request = PlanRequest(
+        profile=vgg16(),
+        num_microbatches=8,
+        schedule="1f1b",
+        num_stages=4,
+        cluster=memory_only_cluster(4, 4 * 2**30),
+    )
     larger = with_device_memory(request, 8 * 2**30)
     assert larger is not None
     small = max_microbatch_size(PLANNERS["optimal"], request).microbatch_size

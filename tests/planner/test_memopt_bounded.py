@@ -16,12 +16,18 @@ def random_problem(rng: random.Random, num_layers: int) -> StageProblem:
     inflight = rng.randint(1, 8)
     keep_all = inflight * sum(saved)
     return StageProblem(
-        fwd_ms=fwd, saved_bytes=saved, input_bytes=inputs, forward_ms=sum(fwd),
-        backward_ms=bwd, inflight=inflight, swap_buffers=2 if inflight >= 2 else 1,
+        fwd_ms=fwd,
+        saved_bytes=saved,
+        input_bytes=inputs,
+        forward_ms=sum(fwd),
+        backward_ms=bwd,
+        inflight=inflight,
+        swap_buffers=2 if inflight >= 2 else 1,
         need_bytes=int(keep_all * rng.uniform(-0.1, 0.9)),
         swap_mode=rng.choice(["warm", "gpipe", "last"]),
         host_in_bytes_per_ms=rng.choice([None, rng.uniform(1e3, 1e6)]),
-        host_out_bytes_per_ms=rng.choice([None, rng.uniform(1e3, 1e6)]))
+        host_out_bytes_per_ms=rng.choice([None, rng.uniform(1e3, 1e6)]),
+    )
 
 
 def check_choice(problem: StageProblem, policies: tuple[str, ...], time_ms: float) -> None:

@@ -20,15 +20,34 @@ KEEP_BYTES, RECOMPUTE_BYTES = 2400, 2100
 
 
 def one_layer(memory_bytes: int | None) -> PlanRequest:
-    profile = Profile.model_validate({"model": "one", "microbatch_size": 1, "layers": [
-        {"name": "only", "fwd_ms": 1.0, "bwd_ms": 2.0, "param_bytes": 1000,
-         "saved_bytes": 100}]})
-    return PlanRequest(profile=profile, num_microbatches=4, schedule="gpipe", num_stages=1,
-                       optimizer="sgd", cluster=memory_only_cluster(1, memory_bytes))
+    profile = Profile.model_validate(
+        {
+            "model": "one",
+            "microbatch_size": 1,
+            "layers": [
+                {
+                    "name": "only",
+                    "fwd_ms": 1.0,
+                    "bwd_ms": 2.0,
+                    "param_bytes": 1000,
+                    "saved_bytes": 100,
+                }
+            ],
+        }
+    )
+    return PlanRequest(
+        profile=profile,
+        num_microbatches=4,
+        schedule="gpipe",
+        num_stages=1,
+        optimizer="sgd",
+        cluster=memory_only_cluster(1, memory_bytes),
+    )
 
 
-@pytest.mark.parametrize("algorithm,expected", [("uniform", KEEP_BYTES),
-                                                ("optimal", RECOMPUTE_BYTES)])
+@pytest.mark.parametrize(
+    "algorithm,expected", [("uniform", KEEP_BYTES), ("optimal", RECOMPUTE_BYTES)]
+)
 def test_search_by_hand(algorithm: str, expected: int) -> None:
     search = search_min_memory(PLANNERS[algorithm], one_layer(1000))
     assert search.min_memory_bytes is not None and search.precision_bytes is not None
@@ -52,14 +71,34 @@ def test_run_planner_names_the_smallest_memory() -> None:
 
 def test_pipedream_memory_check_gets_the_same_treatment() -> None:
     # PipeDream's own check: a straight pipeline stashes activations and parameters.
-    profile = Profile.model_validate({"model": "chain3", "microbatch_size": 1, "layers": [
-        {"name": n, "fwd_ms": f, "bwd_ms": b, "output_bytes": out, "saved_bytes": out,
-         "param_bytes": par}
-        for n, f, b, out, par in [("a", 4, 6, 1_250_000, 0), ("b", 8, 12, 2_500_000, 0),
-                                  ("c", 12, 18, 1_000_000, 12_500_000)]]})
-    request = PlanRequest(profile=profile, num_microbatches=6, schedule="pipedream",
-                          straight=True, cluster=cluster_template(
-                              [3], [10.0], device_memory_bytes=2_499_999))
+    profile = Profile.model_validate(
+        {
+            "model": "chain3",
+            "microbatch_size": 1,
+            "layers": [
+                {
+                    "name": n,
+                    "fwd_ms": f,
+                    "bwd_ms": b,
+                    "output_bytes": out,
+                    "saved_bytes": out,
+                    "param_bytes": par,
+                }
+                for n, f, b, out, par in [
+                    ("a", 4, 6, 1_250_000, 0),
+                    ("b", 8, 12, 2_500_000, 0),
+                    ("c", 12, 18, 1_000_000, 12_500_000),
+                ]
+            ],
+        }
+    )
+    request = PlanRequest(
+        profile=profile,
+        num_microbatches=6,
+        schedule="pipedream",
+        straight=True,
+        cluster=cluster_template([3], [10.0], device_memory_bytes=2_499_999),
+    )
     with pytest.raises(InfeasibleError, match="2499999 bytes per device"):
         PLANNERS["pipedream"](request)
     outcome = run_planner("pipedream", PLANNERS["pipedream"], request)
@@ -76,8 +115,9 @@ def test_no_memory_is_enough() -> None:
 
     outcome = run_planner("never", never, one_layer(2000))
     assert outcome.min_memory_bytes is None
-    assert outcome.error == ("nothing fits; no device memory is enough: with unlimited memory "
-                             "it fails too: nothing fits")
+    assert outcome.error == (
+        "nothing fits; no device memory is enough: with unlimited memory it fails too: nothing fits"
+    )
 
 
 def test_out_of_time_reports_the_precision_reached() -> None:

@@ -16,39 +16,61 @@ from pipestudio.planner.request import InfeasibleError, PlanRequest, plan_cost
 from tests.planner.bruteforce import brute_force_bottleneck, brute_force_step
 
 
-def random_request(rng: random.Random, *, capped: bool, straight: bool | None = None,
-                   schedule: str | None = None, num_layers: int | None = None,
-                   num_devices: int | None = None) -> PlanRequest:
+def random_request(
+    rng: random.Random,
+    *,
+    capped: bool,
+    straight: bool | None = None,
+    schedule: str | None = None,
+    num_layers: int | None = None,
+    num_devices: int | None = None,
+) -> PlanRequest:
     """A chain of up to 12 layers on up to 4 devices (one level, or two servers of two);
     ``capped`` gives the devices a memory that the keep-all uniform split exceeds or nearly
     does."""
     num_layers = num_layers or rng.randint(1, 12)
     num_devices = num_devices or rng.randint(1, min(4, num_layers))
-    layers = [{"name": f"l{i}", "fwd_ms": rng.uniform(0.1, 5), "bwd_ms": rng.uniform(0.1, 8),
-               "param_bytes": rng.randrange(10**6), "saved_bytes": rng.randrange(1, 10**6),
-               "output_bytes": rng.randrange(1, 10**6), "workspace_bytes": rng.randrange(10**5),
-               "update_ms": rng.choice([0.0, 0.1])}
-              for i in range(num_layers)]
-    profile = Profile.model_validate({"model": "r", "microbatch_size": 1, "input_bytes": 5000,
-                                      "layers": layers})
+    layers = [
+        {
+            "name": f"l{i}",
+            "fwd_ms": rng.uniform(0.1, 5),
+            "bwd_ms": rng.uniform(0.1, 8),
+            "param_bytes": rng.randrange(10**6),
+            "saved_bytes": rng.randrange(1, 10**6),
+            "output_bytes": rng.randrange(1, 10**6),
+            "workspace_bytes": rng.randrange(10**5),
+            "update_ms": rng.choice([0.0, 0.1]),
+        }
+        for i in range(num_layers)
+    ]
+    profile = Profile.model_validate(
+        {"model": "r", "microbatch_size": 1, "input_bytes": 5000, "layers": layers}
+    )
     schedule = schedule or rng.choice(["gpipe", "1f1b", "pipedream"])
     num_mb = rng.choice([1, 2, 3, 4, 6, 8])
     host = rng.choice([None, rng.uniform(0.5, 20)])
     link = rng.choice([None, 10 ** rng.uniform(-1.3, 1.7)])  # 0.05 to 50 Gbit/s
     memory = None
     if capped:
-        loose = PlanRequest(profile=profile, num_microbatches=num_mb, schedule=schedule,
-                            num_stages=num_devices)
+        loose = PlanRequest(
+            profile=profile, num_microbatches=num_mb, schedule=schedule, num_stages=num_devices
+        )
         keep_all = max(plan_cost(loose, PLANNERS["uniform"](loose).plan).memory_bytes)
         memory = int(keep_all * rng.uniform(0.6, 1.0))
     sizes, bandwidths = [num_devices], [link]
     if num_devices == 4 and rng.random() < 0.5:  # two servers: links differ by device pair
         sizes, bandwidths = [2, 2], [rng.choice([None, 50.0]), link]
-    cluster = cluster_template(sizes, bandwidths, device_memory_bytes=memory,
-                               host_bandwidth_gbps=host)
-    return PlanRequest(profile=profile, num_microbatches=num_mb, schedule=schedule,
-                       num_stages=num_devices, cluster=cluster,
-                       straight=rng.random() < 0.3 if straight is None else straight)
+    cluster = cluster_template(
+        sizes, bandwidths, device_memory_bytes=memory, host_bandwidth_gbps=host
+    )
+    return PlanRequest(
+        profile=profile,
+        num_microbatches=num_mb,
+        schedule=schedule,
+        num_stages=num_devices,
+        cluster=cluster,
+        straight=rng.random() < 0.3 if straight is None else straight,
+    )
 
 
 @pytest.mark.parametrize(("capped", "count"), [(False, 400), (True, 700)])
@@ -176,8 +198,9 @@ def test_gap_is_a_proven_bound() -> None:
     unproven = compared = cut = beaten = 0
     for _ in range(100):
         num_layers = rng.randint(20, 60)
-        request = random_request(rng, capped=True, num_layers=num_layers,
-                                 num_devices=rng.randint(2, 4))
+        request = random_request(
+            rng, capped=True, num_layers=num_layers, num_devices=rng.randint(2, 4)
+        )
         try:
             output = optimal(request)
         except InfeasibleError:
@@ -216,14 +239,24 @@ def test_tightened_bound_brackets_the_exact_optimum(monkeypatch: pytest.MonkeyPa
     (exact up to 100 layers, unbounded states); and solving the bound's large stages
     exactly (``_tighten``) proves all but at most one of these requests optimal (without
     it, 24 of 29)."""
-    modules = [sys.modules[name] for name in (
-        "pipestudio.planner.planners.optimal", "pipestudio.planner.planners.optimal_program",
-        "pipestudio.planner.planners.optimal_refine")]
+    modules = [
+        sys.modules[name]
+        for name in (
+            "pipestudio.planner.planners.optimal",
+            "pipestudio.planner.planners.optimal_program",
+            "pipestudio.planner.planners.optimal_refine",
+        )
+    ]
     rng = random.Random(7)
     compared = proven = 0
     for _ in range(80):  # about half fit
-        request = random_request(rng, capped=True, num_layers=rng.randint(20, 36),
-                                 num_devices=rng.randint(2, 3), schedule="1f1b")
+        request = random_request(
+            rng,
+            capped=True,
+            num_layers=rng.randint(20, 36),
+            num_devices=rng.randint(2, 3),
+            schedule="1f1b",
+        )
         try:
             output = optimal(request)
         except InfeasibleError:

@@ -32,20 +32,26 @@ def test_simulated_step_is_at_least_the_bound() -> None:
         layout = DeviceLayout.of(request, request.num_stages or 1)
         evaluator = StageEvaluator(chain, layout.contexts)
         choices, bound = StageChoices(evaluator), StepBound(request, chain, layout)
-        replicas = rng.choice(list(compositions(layout.num_devices,
-                                                list(layout.replica_counts))))
+        replicas = rng.choice(list(compositions(layout.num_devices, list(layout.replica_counts))))
         if len(replicas) > chain.num_layers:
             continue
         cuts = sorted(rng.sample(range(1, chain.num_layers), len(replicas) - 1))
         prefix, first, stages, chosen = Prefix(), 0, [], []
-        for (start, end), count in zip(itertools.pairwise([0, *cuts, chain.num_layers]),
-                                       replicas, strict=True):
+        for (start, end), count in zip(
+            itertools.pairwise([0, *cuts, chain.num_layers]), replicas, strict=True
+        ):
             c = layout.context(first, count)
             choice = choices.get(start, end, c)
             if choice is None:
                 break
-            prefix = bound.extend(prefix, start, end, first, evaluator.contexts[c],
-                                  choices.recompute_ms(start, choice))
+            prefix = bound.extend(
+                prefix,
+                start,
+                end,
+                first,
+                evaluator.contexts[c],
+                choices.recompute_ms(start, choice),
+            )
             stages.append(PlannedStage(start, end, first, count))
             chosen.append(choice)
             first += count
@@ -64,7 +70,9 @@ def test_count_plans_counts_every_replication_and_partition() -> None:
         request = random_request(rng, capped=False)
         layout = DeviceLayout.of(request, request.num_stages or 1)
         num_layers = request.profile.num_layers
-        expected = sum(math.comb(num_layers - 1, len(replicas) - 1) for replicas in
-                       compositions(layout.num_devices, list(layout.replica_counts))
-                       if len(replicas) <= num_layers)
+        expected = sum(
+            math.comb(num_layers - 1, len(replicas) - 1)
+            for replicas in compositions(layout.num_devices, list(layout.replica_counts))
+            if len(replicas) <= num_layers
+        )
         assert count_plans(layout, num_layers) == expected

@@ -25,29 +25,48 @@ def random_chain(rng: random.Random) -> tuple[Profile, dict[str, object]]:
     """Up to 6 layers on up to 3 devices, gpipe or 1f1b, links and host links of several
     speeds (None: instantaneous)."""
     num_layers = rng.randint(1, 6)
-    layers = [{"name": f"l{i}", "fwd_ms": rng.uniform(0.1, 5), "bwd_ms": rng.uniform(0.1, 8),
-               "param_bytes": rng.randrange(10**6), "saved_bytes": rng.randrange(1, 10**7),
-               "output_bytes": rng.randrange(1, 10**6), "workspace_bytes": rng.randrange(10**5),
-               "update_ms": rng.choice([0.0, 0.1])}
-              for i in range(num_layers)]
-    profile = Profile.model_validate({"model": "r", "microbatch_size": 1, "input_bytes": 5000,
-                                      "layers": layers})
-    setting = {"num_devices": rng.randint(1, min(3, num_layers)),
-               "schedule": rng.choice(["gpipe", "1f1b"]),
-               "num_microbatches": rng.choice([2, 4, 8]),
-               "link": rng.choice([None, 0.5, 5.0, 50.0]),
-               "host": rng.choice([None, 1.0, 16.0])}
+    layers = [
+        {
+            "name": f"l{i}",
+            "fwd_ms": rng.uniform(0.1, 5),
+            "bwd_ms": rng.uniform(0.1, 8),
+            "param_bytes": rng.randrange(10**6),
+            "saved_bytes": rng.randrange(1, 10**7),
+            "output_bytes": rng.randrange(1, 10**6),
+            "workspace_bytes": rng.randrange(10**5),
+            "update_ms": rng.choice([0.0, 0.1]),
+        }
+        for i in range(num_layers)
+    ]
+    profile = Profile.model_validate(
+        {"model": "r", "microbatch_size": 1, "input_bytes": 5000, "layers": layers}
+    )
+    setting = {
+        "num_devices": rng.randint(1, min(3, num_layers)),
+        "schedule": rng.choice(["gpipe", "1f1b"]),
+        "num_microbatches": rng.choice([2, 4, 8]),
+        "link": rng.choice([None, 0.5, 5.0, 50.0]),
+        "host": rng.choice([None, 1.0, 16.0]),
+    }
     return profile, setting
 
 
 def request_of(profile: Profile, setting: dict[str, object], memory: int | None) -> PlanRequest:
     devices = int(setting["num_devices"])  # type: ignore[call-overload]
-    cluster = cluster_template([devices], [setting["link"]],  # type: ignore[list-item]
-                               device_memory_bytes=memory,
-                               host_bandwidth_gbps=setting["host"])  # type: ignore[arg-type]
-    return PlanRequest(profile=profile, num_microbatches=setting["num_microbatches"],
-                       schedule=setting["schedule"], num_stages=devices, cluster=cluster,
-                       straight=True)
+    cluster = cluster_template(
+        [devices],
+        [setting["link"]],  # type: ignore[list-item]
+        device_memory_bytes=memory,
+        host_bandwidth_gbps=setting["host"],
+    )  # type: ignore[arg-type]
+    return PlanRequest(
+        profile=profile,
+        num_microbatches=setting["num_microbatches"],
+        schedule=setting["schedule"],
+        num_stages=devices,
+        cluster=cluster,
+        straight=True,
+    )
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
@@ -57,8 +76,9 @@ def test_optimal_is_the_fastest_plan_that_fits(chunk: int) -> None:
     caps = [rng.random() for _ in range(CHAINS)]
     binding = 0
     size = CHAINS // CHUNKS
-    for (profile, setting), u in list(zip(chains, caps, strict=True))[chunk * size:
-                                                                      (chunk + 1) * size]:
+    for (profile, setting), u in list(zip(chains, caps, strict=True))[
+        chunk * size : (chunk + 1) * size
+    ]:
         scored = simulate_every_straight_plan(request_of(profile, setting, None))
         least = min(peak for _, peak in scored)
         fastest_peak = min(scored)[1]
@@ -70,7 +90,11 @@ def test_optimal_is_the_fastest_plan_that_fits(chunk: int) -> None:
         result = simulate(request.scaled, output.plan, request.cluster, with_timeline=False)
         assert result.fits, (setting, memory)
         assert math.isclose(result.step_time_ms, best, rel_tol=1e-9), (
-            setting, memory, result.step_time_ms, best)
+            setting,
+            memory,
+            result.step_time_ms,
+            best,
+        )
         assert math.isclose(output.details["step_ms"], best, rel_tol=1e-9)
         assert output.details["step_optimal"] is True
         assert output.details["step_gap"] == 0.0

@@ -43,6 +43,11 @@ def test_memory_caps_are_the_best_cut(machines: int) -> None:
                 if straight and max(stages) > 1:
                     continue
                 ends = itertools.accumulate(stages)
-                best = max(best, sum(memory / math.ceil((machines - end) / replicas)
-                                     for end, replicas in zip(ends, stages, strict=True)))
+                best = max(
+                    best,
+                    sum(
+                        memory / math.ceil((machines - end) / replicas)
+                        for end, replicas in zip(ends, stages, strict=True)
+                    ),
+                )
             assert caps[used] == pytest.approx(best, rel=1e-12)

@@ -9,10 +9,22 @@ from pipestudio.planner import ImportFormatError, import_pipedream, parse_pipedr
 from tests.conftest import PIPEDREAM_DIR, PIPEDREAM_MODELS
 
 # Batch sizes the files were profiled at (SOURCE.md).
-BATCH = {"alexnet": 256, "densenet121": 64, "gnmt": 32, "gnmt_large": 128,
-         "inception_v3": 128, "nasnetalarge": 16, "nasnetamobile": 128, "resnet101": 64,
-         "resnet18": 256, "resnet50": 128, "resnext101": 64, "resnext50": 128,
-         "squeezenet1_0": 256, "vgg16": 128}
+BATCH = {
+    "alexnet": 256,
+    "densenet121": 64,
+    "gnmt": 32,
+    "gnmt_large": 128,
+    "inception_v3": 128,
+    "nasnetalarge": 16,
+    "nasnetamobile": 128,
+    "resnet101": 64,
+    "resnet18": 256,
+    "resnet50": 128,
+    "resnext101": 64,
+    "resnext50": 128,
+    "squeezenet1_0": 256,
+    "vgg16": 128,
+}
 
 
 def file_totals(path: Path) -> dict[str, float]:
@@ -52,9 +64,11 @@ def test_import_keeps_every_node_edge_time_and_size(model: str) -> None:
     assert sum(layer.fwd_ms for layer in profile.layers) == pytest.approx(totals["fwd"], 1e-12)
     assert sum(layer.bwd_ms for layer in profile.layers) == pytest.approx(totals["bwd"], 1e-12)
     assert sum(layer.param_bytes for layer in profile.layers) == pytest.approx(
-        totals["params"], abs=profile.num_layers)
+        totals["params"], abs=profile.num_layers
+    )
     assert sum(layer.output_bytes for layer in profile.layers) == pytest.approx(
-        totals["acts"], abs=profile.num_layers)
+        totals["acts"], abs=profile.num_layers
+    )
     # Topological order: every edge points forward in the layer list.
     index = profile.layer_index
     assert all(index[e.src] < index[e.dst] for e in profile.edges)
@@ -92,13 +106,15 @@ def test_rescaling_to_another_batch() -> None:
         assert small.param_bytes == big.param_bytes
 
 
-GOOD = ("node1 -- Input -- forward_compute_time=5.0, backward_compute_time=0.0, "
-        "activation_size=8.0, parameter_size=0.0\n"
-        "node3 -- ReLU() -- forward_compute_time=1.0, backward_compute_time=1.0, "
-        "activation_size=8.0, parameter_size=0.0\n"
-        "node2 -- Linear(2, 2) -- forward_compute_time=1.0, backward_compute_time=2.0, "
-        "activation_size=8.0, parameter_size=24.0\n"
-        "\tnode1 -- node2\n\tnode2 -- node3\n")
+GOOD = (
+    "node1 -- Input -- forward_compute_time=5.0, backward_compute_time=0.0, "
+    "activation_size=8.0, parameter_size=0.0\n"
+    "node3 -- ReLU() -- forward_compute_time=1.0, backward_compute_time=1.0, "
+    "activation_size=8.0, parameter_size=0.0\n"
+    "node2 -- Linear(2, 2) -- forward_compute_time=1.0, backward_compute_time=2.0, "
+    "activation_size=8.0, parameter_size=24.0\n"
+    "\tnode1 -- node2\n\tnode2 -- node3\n"
+)
 
 
 def test_nodes_are_sorted_topologically() -> None:
@@ -106,36 +122,58 @@ def test_nodes_are_sorted_topologically() -> None:
     assert [layer.name for layer in profile.layers] == ["node1", "node2", "node3"]
 
 
-@pytest.mark.parametrize("text,message", [
-    ("", "no node lines"),
-    (GOOD + "\tnode3 -- node1\n", "cycle: node"),
-    (GOOD + "\tnode3 -- node9\n", "unknown node 'node9'"),
-    (GOOD.replace("activation_size=8.0, parameter_size=24.0", "activation_size=8.0"),
-     "lacks parameter_size"),
-    (GOOD.replace("forward_compute_time=1.0, backward_compute_time=2.0",
-                  "forward_compute_time=-1.0, backward_compute_time=2.0"),
-     "negative forward_compute_time=-1.0"),
-    (GOOD.replace("parameter_size=24.0", "parameter_size=abc"), "not a number"),
-    ("just some text\n", "a node line must read"),
-    (GOOD.replace("forward_compute_time=1.0, backward_compute_time=2.0",
-                  "forward_compute_time=inf, backward_compute_time=2.0"),
-     "node node2 has forward_compute_time=inf; expected a finite number"),
-    (GOOD.replace("forward_compute_time=1.0, backward_compute_time=2.0",
-                  "forward_compute_time=2e9, backward_compute_time=2.0"),
-     "layers[1] ('node2').fwd_ms = 2000000000.0: Input should be less than or equal to "
-     "1000000000"),
-    (GOOD.replace("node3", "n" * 201),
-     "name = 'nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn'... (201 characters): String should "
-     "have at most 200 characters"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", "no node lines"),
+        (GOOD + "\tnode3 -- node1\n", "cycle: node"),
+        (GOOD + "\tnode3 -- node9\n", "unknown node 'node9'"),
+        (
+            GOOD.replace("activation_size=8.0, parameter_size=24.0", "activation_size=8.0"),
+            "lacks parameter_size",
+        ),
+        (
+            GOOD.replace(
+                "forward_compute_time=1.0, backward_compute_time=2.0",
+                "forward_compute_time=-1.0, backward_compute_time=2.0",
+            ),
+            "negative forward_compute_time=-1.0",
+        ),
+        (GOOD.replace("parameter_size=24.0", "parameter_size=abc"), "not a number"),
+        ("just some text\n", "a node line must read"),
+        (
+            GOOD.replace(
+                "forward_compute_time=1.0, backward_compute_time=2.0",
+                "forward_compute_time=inf, backward_compute_time=2.0",
+            ),
+            "node node2 has forward_compute_time=inf; expected a finite number",
+        ),
+        (
+            GOOD.replace(
+                "forward_compute_time=1.0, backward_compute_time=2.0",
+                "forward_compute_time=2e9, backward_compute_time=2.0",
+            ),
+            "layers[1] ('node2').fwd_ms = 2000000000.0: Input should be less than or equal to "
+            "1000000000",
+        ),
+        (
+            GOOD.replace("node3", "n" * 201),
+            "name = 'nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn'... (201 characters): String should "
+            "have at most 200 characters",
+        ),
+    ],
+)
 def test_bad_files_get_clear_errors(text: str, message: str) -> None:
     with pytest.raises(ImportFormatError, match=re.escape(message)):
         parse_pipedream(text, model="tiny")
 
 
 def test_a_batch_size_past_the_profile_limit_is_refused_by_name() -> None:
-    with pytest.raises(ImportFormatError, match=re.escape(
-            "--batch-size must be <= 16777216 (a profile's largest microbatch_size), got "
-            "16777217")):
+    with pytest.raises(
+        ImportFormatError,
+        match=re.escape(
+            "--batch-size must be <= 16777216 (a profile's largest microbatch_size), got 16777217"
+        ),
+    ):
         parse_pipedream(GOOD, model="tiny", batch_size=2**24 + 1)
     assert parse_pipedream(GOOD, model="tiny", batch_size=2**24).microbatch_size == 2**24

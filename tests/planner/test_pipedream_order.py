@@ -29,8 +29,9 @@ def chain_costs(rng: random.Random, num_states: int, *, flat: float = 0.2) -> St
 
 
 def orders(costs: StateCosts) -> AncestorOrders:
-    return AncestorOrders(costs.compute_s, costs.activation_bytes, costs.parameter_bytes,
-                          costs.ancestors)
+    return AncestorOrders(
+        costs.compute_s, costs.activation_bytes, costs.parameter_bytes, costs.ancestors
+    )
 
 
 def assert_same(ours: AncestorOrder, sorted_order: AncestorOrder) -> None:
@@ -39,8 +40,12 @@ def assert_same(ours: AncestorOrder, sorted_order: AncestorOrder) -> None:
     for field in ("states", "compute_s", "peak_par_bytes", "peak_held_bytes"):
         assert list(getattr(ours, field)[:size]) == list(getattr(sorted_order, field)), field
     # A shared table's minima also cover later states: never above the column's own.
-    assert all(a <= b for a, b in zip(ours.rest_min_held_bytes[:size],
-                                      sorted_order.rest_min_held_bytes, strict=True))
+    assert all(
+        a <= b
+        for a, b in zip(
+            ours.rest_min_held_bytes[:size], sorted_order.rest_min_held_bytes, strict=True
+        )
+    )
 
 
 def test_chain_columns_share_one_table_equal_to_sorting() -> None:
@@ -58,8 +63,13 @@ def test_a_drop_in_compute_falls_back_to_sorting() -> None:
     costs = chain_costs(random.Random(4), 30, flat=0.0)
     compute = list(costs.compute_s)
     compute[12] = compute[3]  # below states 4..11: their order by C changes after state 12
-    dropped = StateCosts(compute, costs.activation_bytes, costs.parameter_bytes,
-                         costs.boundary_bytes, costs.ancestors)
+    dropped = StateCosts(
+        compute,
+        costs.activation_bytes,
+        costs.parameter_bytes,
+        costs.boundary_bytes,
+        costs.ancestors,
+    )
     table = orders(dropped)
     for col in range(30):
         ours = table.of(col)

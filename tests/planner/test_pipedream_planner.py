@@ -51,39 +51,81 @@ MICROBATCHES = 10080  # 2**5 * 3**2 * 5 * 7: divisible by every replica count of
 GBPS_10 = 10.0  # 1.25e9 bytes/s
 
 
-def layer(name: str, fwd_ms: float, bwd_ms: float, *, output_bytes: int = 0,
-          param_bytes: int = 0, kind: str = "Linear") -> dict[str, Any]:
-    return {"name": name, "kind": kind, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms,
-            "output_bytes": output_bytes, "saved_bytes": output_bytes, "param_bytes": param_bytes}
+def layer(
+    name: str,
+    fwd_ms: float,
+    bwd_ms: float,
+    *,
+    output_bytes: int = 0,
+    param_bytes: int = 0,
+    kind: str = "Linear",
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kind": kind,
+        "fwd_ms": fwd_ms,
+        "bwd_ms": bwd_ms,
+        "output_bytes": output_bytes,
+        "saved_bytes": output_bytes,
+        "param_bytes": param_bytes,
+    }
 
 
 def chain3() -> Profile:
     """a, b, c: 10, 20, 30 ms; outputs 1.25, 2.5, 1 MB; only c has parameters (12.5 MB)."""
-    return Profile.model_validate({"model": "chain3", "microbatch_size": 1, "layers": [
-        layer("a", 4, 6, output_bytes=1_250_000),
-        layer("b", 8, 12, output_bytes=2_500_000),
-        layer("c", 12, 18, output_bytes=1_000_000, param_bytes=12_500_000)]})
+    return Profile.model_validate(
+        {
+            "model": "chain3",
+            "microbatch_size": 1,
+            "layers": [
+                layer("a", 4, 6, output_bytes=1_250_000),
+                layer("b", 8, 12, output_bytes=2_500_000),
+                layer("c", 12, 18, output_bytes=1_000_000, param_bytes=12_500_000),
+            ],
+        }
+    )
 
 
 def diamond() -> Profile:
     """in -> x -> (y, z) -> w, and y -> g (a ``__getitem__`` sink)."""
-    layers = [layer("in", 0, 0, output_bytes=9_999, kind="Input"),
-              layer("x", 4, 6, output_bytes=25_000_000),
-              layer("y", 8, 12, output_bytes=2_500_000),
-              layer("g", 0, 0, output_bytes=7, kind="__getitem__"),
-              layer("z", 10, 15, output_bytes=1_250_000),
-              layer("w", 8, 12, output_bytes=1_000_000)]
+    layers = [
+        layer("in", 0, 0, output_bytes=9_999, kind="Input"),
+        layer("x", 4, 6, output_bytes=25_000_000),
+        layer("y", 8, 12, output_bytes=2_500_000),
+        layer("g", 0, 0, output_bytes=7, kind="__getitem__"),
+        layer("z", 10, 15, output_bytes=1_250_000),
+        layer("w", 8, 12, output_bytes=1_000_000),
+    ]
     edges = [("in", "x"), ("x", "y"), ("x", "z"), ("y", "w"), ("z", "w"), ("y", "g")]
-    return Profile.model_validate({"model": "diamond", "microbatch_size": 1, "layers": layers,
-                                   "edges": [{"src": s, "dst": d} for s, d in edges]})
+    return Profile.model_validate(
+        {
+            "model": "diamond",
+            "microbatch_size": 1,
+            "layers": layers,
+            "edges": [{"src": s, "dst": d} for s, d in edges],
+        }
+    )
 
 
-def request(profile: Profile, devices: list[int], gbps: list[float | None], *,
-            straight: bool = False, memory: int | None = None, microbatches: int = 12,
-            microbatch_size: int | None = None) -> PlanRequest:
+def request(
+    profile: Profile,
+    devices: list[int],
+    gbps: list[float | None],
+    *,
+    straight: bool = False,
+    memory: int | None = None,
+    microbatches: int = 12,
+    microbatch_size: int | None = None,
+) -> PlanRequest:
     cluster = cluster_template(devices, gbps, device_memory_bytes=memory)
-    return PlanRequest(profile=profile, num_microbatches=microbatches, schedule="pipedream",
-                       cluster=cluster, straight=straight, microbatch_size=microbatch_size)
+    return PlanRequest(
+        profile=profile,
+        num_microbatches=microbatches,
+        schedule="pipedream",
+        cluster=cluster,
+        straight=straight,
+        microbatch_size=microbatch_size,
+    )
 
 
 def shape(output: PlannerOutput) -> list[tuple[list[str], int]]:
@@ -140,7 +182,12 @@ def test_diamond_antichain_states_by_hand() -> None:
     dag = antichain_dag(graph.succs, graph.preds)
     # Discovered [x], [y], [z], [z,y], [w]; depth-first reverse post-order puts [z] first.
     assert [sorted(bits(down)) for down in dag.down_sets] == [
-        [0], [0, 2], [0, 1], [0, 1, 2], [0, 1, 2, 3]]
+        [0],
+        [0, 2],
+        [0, 1],
+        [0, 1, 2],
+        [0, 1, 2, 3],
+    ]
     # x's output is still needed by y after [z] and by z after [y]; PipeDream tests each
     # member's own cone, so x also joins [y, z]'s boundary although both its consumers are in.
     assert dag.augmented == ((0,), (0, 2), (0, 1), (0, 2, 1), (3,))
@@ -162,9 +209,16 @@ def test_two_levels_by_hand() -> None:
     # Inner: [a] on 2 = 5 ms, [b] on 2 = (30 + 4 * 125 MB / (12.5 GB/s * 2)) / 2 = 25 ms,
     # [a,b] on 2 = 30 ms. Outer: both on 2 servers = (30 + 200 / 2) / 2 = 65 ms;
     # [a] then [b], one server each = max(5, 25, 2 ms transfer) = 25 ms.
-    profile = Profile.model_validate({"model": "two", "microbatch_size": 1, "layers": [
-        layer("a", 4, 6, output_bytes=1_250_000),
-        layer("b", 12, 18, param_bytes=125_000_000)]})
+    profile = Profile.model_validate(
+        {
+            "model": "two",
+            "microbatch_size": 1,
+            "layers": [
+                layer("a", 4, 6, output_bytes=1_250_000),
+                layer("b", 12, 18, param_bytes=125_000_000),
+            ],
+        }
+    )
     output = pipedream(request(profile, [2, 2], [100.0, GBPS_10]))
     assert output.objective_ms == pytest.approx(25.0, rel=1e-12)
     assert shape(output) == [(["a"], 2), (["b"], 2)]
@@ -180,12 +234,21 @@ def test_plan_simulates() -> None:
 # --- the fast search against the optimizer's full tables --------------------------------------
 
 
-def naive_optimum(costs: StateCosts, levels: list[Level], memory: float | None, straight: bool,
-                  ratio: float | None) -> float:
+def naive_optimum(
+    costs: StateCosts,
+    levels: list[Level],
+    memory: float | None,
+    straight: bool,
+    ratio: float | None,
+) -> float:
     """``compute_partitioning`` as published: every entry of every table, every row below the
     top level (so irregular stages included), in its loop order; INF when no plan exists."""
-    comp, act, par, out = (list(costs.compute_s), list(costs.activation_bytes),
-                           list(costs.parameter_bytes), list(costs.boundary_bytes))
+    comp, act, par, out = (
+        list(costs.compute_s),
+        list(costs.activation_bytes),
+        list(costs.parameter_bytes),
+        list(costs.boundary_bytes),
+    )
     n = len(comp)
     anc = [list(bits(mask)) for mask in costs.ancestors]
 
@@ -203,15 +266,19 @@ def naive_optimum(costs: StateCosts, levels: list[Level], memory: float | None, 
                 for m in range(machines):
                     best = math.inf
                     held = diff(act, i, j) + diff(par, i, j)
-                    if ((m == 0 or not straight) and (memory is None or math.ceil(
-                            (machines - m - 1) / (m + 1)) * held <= memory)):
+                    if (m == 0 or not straight) and (
+                        memory is None or math.ceil((machines - m - 1) / (m + 1)) * held <= memory
+                    ):
                         all_reduce = 4 * m * diff(par, i, j) / (bandwidth * (m + 1))
                         best = (segment[i, j] + all_reduce / width) / (m + 1)
                     for k in (k for k in anc[j] if k >= i):
                         for r in range(1, min(m, 1 if straight else m) + 1):
                             cum_par = par[j] - par[k]
-                            if memory is not None and (act[j] - act[k] + cum_par) * math.ceil(
-                                    (machines - m - 1) / r) > memory:
+                            if (
+                                memory is not None
+                                and (act[j] - act[k] + cum_par) * math.ceil((machines - m - 1) / r)
+                                > memory
+                            ):
                                 continue
                             last = (segment[k + 1, j] + 4 * (r - 1) * cum_par / (bandwidth * r)) / r
                             value = max(table[i, k, m - r], last)
@@ -233,10 +300,16 @@ def random_graph(rng: random.Random) -> Profile:
 
     def add(kind: str = "Conv") -> int:
         idle = rng.random() < 0.2
-        layers.append(layer(f"n{len(layers)}", 0 if idle else rng.uniform(0, 5),
-                            0 if idle else rng.uniform(0, 8), kind=kind,
-                            output_bytes=rng.randrange(10**8),
-                            param_bytes=rng.choice([0, rng.randrange(10**9)])))
+        layers.append(
+            layer(
+                f"n{len(layers)}",
+                0 if idle else rng.uniform(0, 5),
+                0 if idle else rng.uniform(0, 8),
+                kind=kind,
+                output_bytes=rng.randrange(10**8),
+                param_bytes=rng.choice([0, rng.randrange(10**9)]),
+            )
+        )
         return len(layers) - 1
 
     head = add()
@@ -255,8 +328,14 @@ def random_graph(rng: random.Random) -> Profile:
         join = add("Add")
         edges.extend((end, join) for end in dict.fromkeys(ends))
         head = join
-    return Profile.model_validate({"model": "random", "microbatch_size": 1, "layers": layers,
-                                   "edges": [{"src": f"n{s}", "dst": f"n{d}"} for s, d in edges]})
+    return Profile.model_validate(
+        {
+            "model": "random",
+            "microbatch_size": 1,
+            "layers": layers,
+            "edges": [{"src": f"n{s}", "dst": f"n{d}"} for s, d in edges],
+        }
+    )
 
 
 def test_search_equals_the_full_tables() -> None:
@@ -271,8 +350,13 @@ def test_search_equals_the_full_tables() -> None:
         memory = rng.choice([None, None, float(rng.randrange(10**7, 3 * 10**9))])
         straight, ratio = rng.random() < 0.25, rng.choice([None, 1.0])
         expected = naive_optimum(costs, levels, memory, straight, ratio)
-        solver = HierarchicalDP(costs, levels, memory_bytes=memory, straight=straight,
-                                activation_compression_ratio=ratio)
+        solver = HierarchicalDP(
+            costs,
+            levels,
+            memory_bytes=memory,
+            straight=straight,
+            activation_compression_ratio=ratio,
+        )
         optimum = solver.optimum_s()
         if math.isinf(expected):
             assert optimum is None
@@ -281,8 +365,16 @@ def test_search_equals_the_full_tables() -> None:
         assert optimum is not None
         assert math.isclose(optimum, expected, rel_tol=1e-9, abs_tol=1e-15)
         splits = [[list(split) for split in level] for level in solver.level_splits()]
-        cost = chain_cost_s(costs, levels, splits, memory, ratio is not None, len(levels) - 1,
-                            0, len(costs.compute_s))
+        cost = chain_cost_s(
+            costs,
+            levels,
+            splits,
+            memory,
+            ratio is not None,
+            len(levels) - 1,
+            0,
+            len(costs.compute_s),
+        )
         assert math.isclose(cost, optimum, rel_tol=1e-9, abs_tol=1e-15)
     assert solved >= 200
 
@@ -336,17 +428,34 @@ def costs_of(model: str) -> tuple[StateCosts, int]:
 def record_request(record: dict[str, Any]) -> PlanRequest:
     gbps: list[float | None] = [b * 8 / 1e9 for b in record["bandwidths_bytes_per_s"]]
     memory = record["memory_bytes"]
-    return request(profile_of(record["model"]), record["levels"], gbps,
-                   straight=record["straight"], microbatches=MICROBATCHES,
-                   memory=None if memory is None else int(memory))
+    return request(
+        profile_of(record["model"]),
+        record["levels"],
+        gbps,
+        straight=record["straight"],
+        microbatches=MICROBATCHES,
+        memory=None if memory is None else int(memory),
+    )
 
 
-def chain_cost_s(costs: StateCosts, levels: list[Level], splits: list[list[list[int]]],
-                 memory: float | None, comm: bool, lv: int, start: int, end: int) -> float:
+def chain_cost_s(
+    costs: StateCosts,
+    levels: list[Level],
+    splits: list[list[list[int]]],
+    memory: float | None,
+    comm: bool,
+    lv: int,
+    start: int,
+    end: int,
+) -> float:
     """The optimizer's time for the decoded stages of level ``lv`` within states [start, end):
     PipeDream's stage formulas applied stage by stage (no search)."""
-    comp, act, par, out = (costs.compute_s, costs.activation_bytes, costs.parameter_bytes,
-                           costs.boundary_bytes)
+    comp, act, par, out = (
+        costs.compute_s,
+        costs.activation_bytes,
+        costs.parameter_bytes,
+        costs.boundary_bytes,
+    )
     machines, bandwidth = levels[lv].num_machines, levels[lv].bandwidth_bytes_per_s
     width = levels[lv - 1].num_machines if lv else 1
     stages = [s for s in splits[lv] if start <= s[0] and s[1] <= end]
@@ -357,8 +466,11 @@ def chain_cost_s(costs: StateCosts, levels: list[Level], splits: list[list[list[
         cum_act = act[b - 1] - (act[a - 1] if a else 0.0)
         if memory is not None:
             assert (cum_act + cum_par) * math.ceil((machines - used) / r) <= memory
-        compute = (comp[b - 1] - (comp[a - 1] if a else 0.0) if lv == 0 else
-                   chain_cost_s(costs, levels, splits, memory, comm, lv - 1, a, b))
+        compute = (
+            comp[b - 1] - (comp[a - 1] if a else 0.0)
+            if lv == 0
+            else chain_cost_s(costs, levels, splits, memory, comm, lv - 1, a, b)
+        )
         all_reduce = 4 * (r - 1) * cum_par / (bandwidth * r)
         time_s = (compute + all_reduce / (width if idx == 0 else 1)) / r
         if idx > 0 and comm:
@@ -383,22 +495,35 @@ def test_parity_with_optimizer(record: dict[str, Any]) -> None:
         return
     output = pipedream(plan_request)
     assert output.details["num_states"] == record["num_states"]
-    assert math.isclose(output.objective_ms, record["time_per_minibatch_s"] * 1000,
-                        rel_tol=1e-9)
+    assert math.isclose(output.objective_ms, record["time_per_minibatch_s"] * 1000, rel_tol=1e-9)
     resolve_plan(output.plan, plan_request.scaled)  # every layer in exactly one stage
-    ours = [[per_level[0], per_level[1] if len(per_level) > 1 else None]
-            for per_level in output.details["replicas_per_level"]]
+    ours = [
+        [per_level[0], per_level[1] if len(per_level) > 1 else None]
+        for per_level in output.details["replicas_per_level"]
+    ]
     dropped = output.details["empty_stages_dropped"]
     assert [stage.replicas for stage in output.plan.stages] == [
-        math.prod(per_level) for idx, per_level in enumerate(output.details["replicas_per_level"])
-        if idx not in dropped]
+        math.prod(per_level)
+        for idx, per_level in enumerate(output.details["replicas_per_level"])
+        if idx not in dropped
+    ]
     if ours not in record["replica_patterns"]:  # another plan as fast (see the docstring)
         costs, num_states = costs_of(record["model"])
-        levels = [Level(n, b) for n, b in zip(record["levels"], record["bandwidths_bytes_per_s"],
-                                               strict=True)]
+        levels = [
+            Level(n, b)
+            for n, b in zip(record["levels"], record["bandwidths_bytes_per_s"], strict=True)
+        ]
         top = len(levels) - 1
-        cost = chain_cost_s(costs, levels, output.details["level_splits"],
-                            record["memory_bytes"], True, top, 0, num_states)
+        cost = chain_cost_s(
+            costs,
+            levels,
+            output.details["level_splits"],
+            record["memory_bytes"],
+            True,
+            top,
+            0,
+            num_states,
+        )
         assert math.isclose(cost, record["time_per_minibatch_s"], rel_tol=1e-9)
 
 
@@ -409,8 +534,7 @@ def test_irregular_and_empty_stages_as_in_pipedream() -> None:
     record = next(r for r in WITH_COMM if r["id"] == "l/gnmt/8x4/straight")
     plan_request = record_request(record)
     output = pipedream(plan_request)
-    assert math.isclose(output.objective_ms, record["time_per_minibatch_s"] * 1000,
-                        rel_tol=1e-9)
+    assert math.isclose(output.objective_ms, record["time_per_minibatch_s"] * 1000, rel_tol=1e-9)
     assert output.details["irregular_stages"]
     dropped = output.details["empty_stages_dropped"]
     assert dropped
@@ -422,19 +546,28 @@ def test_irregular_and_empty_stages_as_in_pipedream() -> None:
 def test_dp_matches_optimizer_without_communication(record: dict[str, Any]) -> None:
     costs, num_states = costs_of(record["model"])
     assert num_states == record["num_states"]
-    levels = [Level(n, b) for n, b in zip(record["levels"], record["bandwidths_bytes_per_s"],
-                                          strict=True)]
-    solver = HierarchicalDP(costs, levels, memory_bytes=record["memory_bytes"],
-                            straight=record["straight"], activation_compression_ratio=None)
+    levels = [
+        Level(n, b) for n, b in zip(record["levels"], record["bandwidths_bytes_per_s"], strict=True)
+    ]
+    solver = HierarchicalDP(
+        costs,
+        levels,
+        memory_bytes=record["memory_bytes"],
+        straight=record["straight"],
+        activation_compression_ratio=None,
+    )
     optimum = solver.optimum_s()
     assert optimum is not None
     assert math.isclose(optimum, record["time_per_minibatch_s"], rel_tol=1e-9)
-    ours = [[span.replicas[0], span.replicas[1] if len(span.replicas) > 1 else None]
-            for span in solver.stages()]
+    ours = [
+        [span.replicas[0], span.replicas[1] if len(span.replicas) > 1 else None]
+        for span in solver.stages()
+    ]
     if ours not in record["replica_patterns"]:
         splits = [[list(split) for split in level] for level in solver.level_splits()]
-        cost = chain_cost_s(costs, levels, splits, record["memory_bytes"], False,
-                            len(levels) - 1, 0, num_states)
+        cost = chain_cost_s(
+            costs, levels, splits, record["memory_bytes"], False, len(levels) - 1, 0, num_states
+        )
         assert math.isclose(cost, optimum, rel_tol=1e-9)
 
 
@@ -446,10 +579,15 @@ def random_chain(rng: random.Random, num_layers: int) -> Profile:
     layers = []
     for idx in range(num_layers):
         idle = rng.random() < 0.15
-        layers.append(layer(f"n{idx}", 0 if idle else rng.uniform(0.1, 5),
-                            0 if idle else rng.uniform(0.1, 8),
-                            output_bytes=rng.randrange(10**8),
-                            param_bytes=rng.choice([0, rng.randrange(10**9)])))
+        layers.append(
+            layer(
+                f"n{idx}",
+                0 if idle else rng.uniform(0.1, 5),
+                0 if idle else rng.uniform(0.1, 8),
+                output_bytes=rng.randrange(10**8),
+                param_bytes=rng.choice([0, rng.randrange(10**9)]),
+            )
+        )
     return Profile.model_validate({"model": "chain", "microbatch_size": 1, "layers": layers})
 
 
@@ -468,8 +606,13 @@ def test_search_equals_the_full_tables_on_chains() -> None:
         memory = rng.choice([None, held * rng.uniform(0.05, 0.8)])
         straight, ratio = rng.random() < 0.25, rng.choice([None, 1.0])
         expected = naive_optimum(costs, levels, memory, straight, ratio)
-        solver = HierarchicalDP(costs, levels, memory_bytes=memory, straight=straight,
-                                activation_compression_ratio=ratio)
+        solver = HierarchicalDP(
+            costs,
+            levels,
+            memory_bytes=memory,
+            straight=straight,
+            activation_compression_ratio=ratio,
+        )
         optimum = solver.optimum_s()
         if math.isinf(expected):
             assert optimum is None
@@ -479,8 +622,16 @@ def test_search_equals_the_full_tables_on_chains() -> None:
         assert optimum is not None
         assert math.isclose(optimum, expected, rel_tol=1e-9, abs_tol=1e-15)
         splits = [[list(split) for split in level] for level in solver.level_splits()]
-        cost = chain_cost_s(costs, levels, splits, memory, ratio is not None, len(levels) - 1,
-                            0, len(costs.compute_s))
+        cost = chain_cost_s(
+            costs,
+            levels,
+            splits,
+            memory,
+            ratio is not None,
+            len(levels) - 1,
+            0,
+            len(costs.compute_s),
+        )
         assert math.isclose(cost, optimum, rel_tol=1e-9, abs_tol=1e-15)
     assert solved >= 60 and refused >= 10
 
@@ -514,14 +665,26 @@ def full_cone_augment(self: Any, antichain: list[int]) -> list[int]:
 
 def shortcut_profiles() -> list[Profile]:
     rng = random.Random(5)
-    models = ["alexnet", "vgg16", "resnet18", "resnet50", "resnet101", "resnext101",
-              "densenet121", "squeezenet1_0", "gnmt", "gnmt_large"]
-    return ([profile_of(model) for model in models] + [random_graph(rng) for _ in range(40)]
-            + [random_chain(rng, rng.randint(1, 300)) for _ in range(10)])
+    models = [
+        "alexnet",
+        "vgg16",
+        "resnet18",
+        "resnet50",
+        "resnet101",
+        "resnext101",
+        "densenet121",
+        "squeezenet1_0",
+        "gnmt",
+        "gnmt_large",
+    ]
+    return (
+        [profile_of(model) for model in models]
+        + [random_graph(rng) for _ in range(40)]
+        + [random_chain(rng, rng.randint(1, 300)) for _ in range(10)]
+    )
 
 
-def test_antichain_states_equal_the_full_cone_enumeration(monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def test_antichain_states_equal_the_full_cone_enumeration(monkeypatch: pytest.MonkeyPatch) -> None:
     # Only a layer feeding two or more layers is scanned when augmenting (antichains.py).
     graphs = [dp_graph(profile) for profile in shortcut_profiles()]
     fast = [antichain_dag(graph.succs, graph.preds) for graph in graphs]
@@ -535,8 +698,12 @@ def test_state_costs_equal_layer_by_layer_sums() -> None:
         graph = dp_graph(profile)
         dag = antichain_dag(graph.succs, graph.preds)
         costs = state_costs(profile, graph, dag)
-        ours = [list(row) for row in zip(costs.compute_s, costs.activation_bytes,
-                                          costs.parameter_bytes, strict=True)]
+        ours = [
+            list(row)
+            for row in zip(
+                costs.compute_s, costs.activation_bytes, costs.parameter_bytes, strict=True
+            )
+        ]
         assert ours == layer_by_layer_costs(profile, dag.down_sets)
 
 
@@ -544,15 +711,20 @@ def bench_chain(num_layers: int = 2000, seed: int = 3) -> Profile:
     """A chain drawn like bench/bench_planners.py's (same ranges, same seed)."""
     rng = random.Random(seed)
     layers = [
-        {"name": f"layer{idx}", "kind": "Block", "fwd_ms": rng.uniform(0.2, 1.0),
-         "bwd_ms": rng.uniform(0.4, 2.0), "param_bytes": rng.randrange(2 * 10**6, 4 * 10**7),
-         "saved_bytes": rng.randrange(10**6, 6 * 10**7),
-         "output_bytes": rng.randrange(10**6, 8 * 10**6),
-         "workspace_bytes": rng.randrange(0, 10**7), "update_ms": 0.01}
+        {
+            "name": f"layer{idx}",
+            "kind": "Block",
+            "fwd_ms": rng.uniform(0.2, 1.0),
+            "bwd_ms": rng.uniform(0.4, 2.0),
+            "param_bytes": rng.randrange(2 * 10**6, 4 * 10**7),
+            "saved_bytes": rng.randrange(10**6, 6 * 10**7),
+            "output_bytes": rng.randrange(10**6, 8 * 10**6),
+            "workspace_bytes": rng.randrange(0, 10**7),
+            "update_ms": 0.01,
+        }
         for idx in range(num_layers)
     ]
-    return Profile.model_validate({"model": "bench-chain", "microbatch_size": 1,
-                                   "layers": layers})
+    return Profile.model_validate({"model": "bench-chain", "microbatch_size": 1, "layers": layers})
 
 
 @pytest.mark.parametrize("num_layers", [2000, 4000])
@@ -561,18 +733,21 @@ def test_long_chain_is_planned_with_the_fast_paths(num_layers: int) -> None:
     # first stages (and with 4,000 layers on the first top-level stage, which holds at most
     # the memory); the plan costs its optimum under PipeDream's model, stage by stage.
     profile = bench_chain(num_layers)
-    cluster = cluster_template([8, 2], [400.0, 100.0], device_memory_bytes=40 * 2**30,
-                               host_bandwidth_gbps=200.0)
-    plan_request = PlanRequest(profile=profile, num_microbatches=32, schedule="1f1b",
-                               cluster=cluster)
+    cluster = cluster_template(
+        [8, 2], [400.0, 100.0], device_memory_bytes=40 * 2**30, host_bandwidth_gbps=200.0
+    )
+    plan_request = PlanRequest(
+        profile=profile, num_microbatches=32, schedule="1f1b", cluster=cluster
+    )
     output = pipedream(plan_request)
     assert output.details["num_states"] == profile.num_layers
     resolve_plan(output.plan, plan_request.scaled)
     graph = dp_graph(plan_request.scaled)
     costs = state_costs(plan_request.scaled, graph, antichain_dag(graph.succs, graph.preds))
     levels = [Level(8, 400e9 / 8), Level(2, 100e9 / 8)]
-    cost = chain_cost_s(costs, levels, output.details["level_splits"], 40 * 2**30, True, 1, 0,
-                        profile.num_layers)
+    cost = chain_cost_s(
+        costs, levels, output.details["level_splits"], 40 * 2**30, True, 1, 0, profile.num_layers
+    )
     assert math.isclose(cost, output.details["time_per_minibatch_s"], rel_tol=1e-12)
 
 
@@ -598,8 +773,9 @@ def test_ties_keep_the_one_stage_plan() -> None:
     # Two 10 ms layers on 2 servers of 2 devices, free links: every plan takes 5 ms. The
     # optimizer keeps a split only when strictly faster than the one stage tried first, at
     # each level; so: one stage on all 4 devices.
-    profile = Profile.model_validate({"model": "twins", "microbatch_size": 1, "layers": [
-        layer("a", 4, 6), layer("b", 4, 6)]})
+    profile = Profile.model_validate(
+        {"model": "twins", "microbatch_size": 1, "layers": [layer("a", 4, 6), layer("b", 4, 6)]}
+    )
     output = pipedream(request(profile, [2, 2], [None, None]))
     assert output.objective_ms == pytest.approx(5.0, rel=1e-12)
     assert shape(output) == [(["a", "b"], 4)]
@@ -616,8 +792,9 @@ class PlainSearch(HierarchicalDP):
         self.bounds.reach = None
         self.bounds.memory_bytes = None  # the bounds' memory tests; the DP keeps its own
 
-    def _known_not_below(self, lv: int, row: int, col: int, m: int, best: float,
-                         limit: float) -> bool:
+    def _known_not_below(
+        self, lv: int, row: int, col: int, m: int, best: float, limit: float
+    ) -> bool:
         return False
 
 
@@ -643,9 +820,13 @@ def test_shortcuts_change_no_answer_on_chains() -> None:
         levels = [Level(size, rng.choice([1e8, 1e9, 1e10, math.inf])) for size in sizes]
         held = costs.activation_bytes[-1] + costs.parameter_bytes[-1]
         memory = rng.choice([None, held * rng.uniform(0.05, 0.8)])
-        solved += assert_same_answer(costs, levels, memory_bytes=memory,
-                                     straight=rng.random() < 0.25,
-                                     activation_compression_ratio=rng.choice([None, 1.0]))
+        solved += assert_same_answer(
+            costs,
+            levels,
+            memory_bytes=memory,
+            straight=rng.random() < 0.25,
+            activation_compression_ratio=rng.choice([None, 1.0]),
+        )
     assert solved >= 20
 
 
@@ -653,10 +834,16 @@ def test_shortcuts_change_no_answer_on_chains() -> None:
 def test_shortcuts_change_no_answer_on_real_graphs(model: str) -> None:
     costs, _ = costs_of(model)
     held = costs.activation_bytes[-1] + costs.parameter_bytes[-1]
-    for sizes, memory in (([8, 2], None), ([8, 2], held * 0.3), ([4, 4], held * 0.1),
-                          ([16], held * 0.1)):
-        levels = [Level(size, bandwidth)
-                  for size, bandwidth in zip(sizes, [1.25e10, 1.25e9][:len(sizes)], strict=True)]
+    for sizes, memory in (
+        ([8, 2], None),
+        ([8, 2], held * 0.3),
+        ([4, 4], held * 0.1),
+        ([16], held * 0.1),
+    ):
+        levels = [
+            Level(size, bandwidth)
+            for size, bandwidth in zip(sizes, [1.25e10, 1.25e9][: len(sizes)], strict=True)
+        ]
         assert_same_answer(costs, levels, memory_bytes=memory)
 
 

@@ -31,8 +31,9 @@ def test_never_refuses_an_entry_at_its_value() -> None:
         levels = [Level(size, rng.choice([1e9, 1e10, math.inf])) for size in sizes]
         held = costs.activation_bytes[-1] + costs.parameter_bytes[-1]
         straight = rng.random() < 0.25
-        solver = HierarchicalDP(costs, levels, memory_bytes=held * rng.uniform(0.1, 0.6),
-                                straight=straight)
+        solver = HierarchicalDP(
+            costs, levels, memory_bytes=held * rng.uniform(0.1, 0.6), straight=straight
+        )
         reach = solver.bounds.reach
         assert isinstance(reach, ChainReach)
         num_states = len(costs.compute_s)
@@ -55,8 +56,9 @@ def test_applies_only_where_nothing_drops() -> None:
     costs = chain_costs(random.Random(1), 10)
     parameters = list(costs.parameter_bytes)
     parameters[6] = parameters[5] - 1.0  # an irregular stage's parameters can drop
-    dropped = StateCosts(costs.compute_s, costs.activation_bytes, parameters,
-                         costs.boundary_bytes, costs.ancestors)
+    dropped = StateCosts(
+        costs.compute_s, costs.activation_bytes, parameters, costs.boundary_bytes, costs.ancestors
+    )
     reach = HierarchicalDP(dropped, [Level(4, 1e9)], memory_bytes=1e9).bounds.reach
     assert reach is not None
     # Row i starts after state i-1: rows up to 6 see the drop from state 5 to state 6.

@@ -20,8 +20,9 @@ from pipestudio.planner.request import PlanRequest, call_planner
 MEMORY_AWARE = ("optimal", "vpipe", "dawnpiper")
 #: Planners whose InfeasibleError is checked (pipedream raises it from its own memory check).
 RAISE_INFEASIBLE = (*MEMORY_AWARE, "pipedream")
-PROPERTY_SETTINGS = settings(max_examples=200, deadline=None,
-                             suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @st.composite
@@ -29,33 +30,57 @@ def requests(draw: st.DrawFn) -> PlanRequest:
     num_layers = draw(st.integers(1, 8))
     sizes = st.integers(0, 10**6)
     layers = [
-        {"name": f"l{idx}", "fwd_ms": draw(st.floats(0.01, 10)),
-         "bwd_ms": draw(st.floats(0.01, 10)), "param_bytes": draw(sizes),
-         "saved_bytes": draw(sizes), "output_bytes": draw(sizes),
-         "workspace_bytes": draw(st.sampled_from([0, 0, 10**4, 10**5])),
-         "update_ms": draw(st.sampled_from([0.0, 0.5]))}
+        {
+            "name": f"l{idx}",
+            "fwd_ms": draw(st.floats(0.01, 10)),
+            "bwd_ms": draw(st.floats(0.01, 10)),
+            "param_bytes": draw(sizes),
+            "saved_bytes": draw(sizes),
+            "output_bytes": draw(sizes),
+            "workspace_bytes": draw(st.sampled_from([0, 0, 10**4, 10**5])),
+            "update_ms": draw(st.sampled_from([0.0, 0.5])),
+        }
         for idx in range(num_layers)
     ]
     edges = None
     if num_layers > 1 and draw(st.booleans()):
         pairs = {(i, i + 1) for i in range(num_layers - 1)}
-        pairs |= set(draw(st.lists(
-            st.tuples(st.integers(0, num_layers - 1), st.integers(0, num_layers - 1))
-            .filter(lambda pair: pair[0] < pair[1]), max_size=4)))
+        pairs |= set(
+            draw(
+                st.lists(
+                    st.tuples(
+                        st.integers(0, num_layers - 1), st.integers(0, num_layers - 1)
+                    ).filter(lambda pair: pair[0] < pair[1]),
+                    max_size=4,
+                )
+            )
+        )
         edges = [{"src": f"l{a}", "dst": f"l{b}"} for a, b in sorted(pairs)]
-    profile = Profile.model_validate({
-        "model": "random", "microbatch_size": draw(st.sampled_from([1, 2])), "layers": layers,
-        "input_bytes": draw(sizes), "edges": edges})
+    profile = Profile.model_validate(
+        {
+            "model": "random",
+            "microbatch_size": draw(st.sampled_from([1, 2])),
+            "layers": layers,
+            "input_bytes": draw(sizes),
+            "edges": edges,
+        }
+    )
     num_stages = draw(st.integers(1, min(4, num_layers)))
     cluster = cluster_template(
-        [num_stages], [draw(st.one_of(st.none(), st.floats(1, 400)))],
-        host_bandwidth_gbps=draw(st.one_of(st.none(), st.floats(0.5, 100))))
+        [num_stages],
+        [draw(st.one_of(st.none(), st.floats(1, 400)))],
+        host_bandwidth_gbps=draw(st.one_of(st.none(), st.floats(0.5, 100))),
+    )
     request = PlanRequest(
-        profile=profile, num_microbatches=draw(st.sampled_from([1, 2, 3, 4, 6, 8])),
-        schedule=draw(st.sampled_from(SCHEDULES)), num_stages=num_stages,
+        profile=profile,
+        num_microbatches=draw(st.sampled_from([1, 2, 3, 4, 6, 8])),
+        schedule=draw(st.sampled_from(SCHEDULES)),
+        num_stages=num_stages,
         microbatch_size=draw(st.one_of(st.none(), st.integers(1, 4))),
-        optimizer=draw(st.sampled_from(["sgd", "momentum", "adam"])), cluster=cluster,
-        straight=draw(st.booleans()))
+        optimizer=draw(st.sampled_from(["sgd", "momentum", "adam"])),
+        cluster=cluster,
+        straight=draw(st.booleans()),
+    )
     # Memory around what keeping every layer of an equal split takes, where planners differ.
     fraction = draw(st.one_of(st.none(), st.floats(0.2, 1.3)))
     if fraction is None:
@@ -81,9 +106,10 @@ def test_every_plan_is_valid_and_fits_means_fits(request: PlanRequest) -> None:
         assert placed == list(range(scaled.num_layers)), name
         assert all(plan.num_microbatches % stage.replicas == 0 for stage in plan.stages), name
         assert plan.microbatch_size == scaled.microbatch_size, name
-        by_stage = all(stage.device_memory_bytes is None
-                       or stage.peak_bytes <= stage.device_memory_bytes
-                       for stage in result.stages)
+        by_stage = all(
+            stage.device_memory_bytes is None or stage.peak_bytes <= stage.device_memory_bytes
+            for stage in result.stages
+        )
         assert result.fits == by_stage, name
         if name in MEMORY_AWARE:
             assert result.fits, f"{name} returned a plan that does not fit"

@@ -34,9 +34,15 @@ ADAM_STATE = 1 + 1 + 2  # weights, gradients, Adam's two moments, per parameter 
 
 def scaled(profile: Profile, factors: dict[int, float]) -> Profile:
     """``profile`` with the forward and backward times of some layers multiplied."""
-    layers = [layer.model_copy(update={"fwd_ms": layer.fwd_ms * factors.get(idx, 1.0),
-                                       "bwd_ms": layer.bwd_ms * factors.get(idx, 1.0)})
-              for idx, layer in enumerate(profile.layers)]
+    layers = [
+        layer.model_copy(
+            update={
+                "fwd_ms": layer.fwd_ms * factors.get(idx, 1.0),
+                "bwd_ms": layer.bwd_ms * factors.get(idx, 1.0),
+            }
+        )
+        for idx, layer in enumerate(profile.layers)
+    ]
     return profile.model_copy(update={"layers": layers})
 
 
@@ -67,8 +73,12 @@ def test_grown_layer_pushes_exactly_the_boundary_layer_over() -> None:
     assert proposal.gain_fraction == pytest.approx(9 / 54)
     assert proposal.migration_bytes == ADAM_STATE * PARAM_BYTES == 40_000
     breakdown = proposal.migration_breakdown
-    assert (breakdown.parameter_bytes, breakdown.gradient_bytes, breakdown.optimizer_bytes,
-            breakdown.weight_version_bytes) == (10_000, 10_000, 20_000, 0)
+    assert (
+        breakdown.parameter_bytes,
+        breakdown.gradient_bytes,
+        breakdown.optimizer_bytes,
+        breakdown.weight_version_bytes,
+    ) == (10_000, 10_000, 20_000, 0)
     assert proposal.migration_ms == 0.0 and proposal.payback_steps == 0.0  # no cluster
     assert proposal.policy_changes == []
 
@@ -79,7 +89,8 @@ def test_migration_time_is_bytes_over_the_link_between_the_stages() -> None:
     # 40,000 bytes at 100 Gbit/s = 12,500,000 bytes/ms
     assert proposal.migration_ms == pytest.approx(40_000 / 12.5e6)
     assert [(t.from_device, t.to_device, t.transfer_bytes) for t in proposal.transfers] == [
-        (0, 1, 40_000)]
+        (0, 1, 40_000)
+    ]
     assert proposal.payback_steps == pytest.approx(40_000 / 12.5e6 / 9.0)
     assert proposal.worthwhile
 
@@ -145,7 +156,9 @@ def test_moves_in_both_directions_at_two_boundaries() -> None:
     proposal = replan(plan, scaled(profile, {5: 3.0, 6: 3.0}))
     assert proposal is not None
     assert [(m.layer, m.from_stage, m.to_stage) for m in proposal.moves] == [
-        ("layer4", 1, 0), ("layer7", 1, 2)]
+        ("layer4", 1, 0),
+        ("layer7", 1, 2),
+    ]
     assert proposal.migration_bytes == 2 * ADAM_STATE * PARAM_BYTES
     assert sorted((t.from_stage, t.to_stage) for t in proposal.transfers) == [(1, 0), (1, 2)]
 
@@ -153,8 +166,9 @@ def test_moves_in_both_directions_at_two_boundaries() -> None:
 def test_transfers_between_different_pairs_run_in_parallel() -> None:
     profile = chain_profile(12, output_bytes=0, input_bytes=0)
     plan = even_plan(profile, 3, 6, "1f1b")
-    proposal = evaluate_replan(plan, scaled(profile, {5: 3.0, 6: 3.0}),
-                               single_level_cluster(3, bandwidth_gbps=1.0))
+    proposal = evaluate_replan(
+        plan, scaled(profile, {5: 3.0, 6: 3.0}), single_level_cluster(3, bandwidth_gbps=1.0)
+    )
     one_layer_ms = ADAM_STATE * PARAM_BYTES / 125_000  # 1 Gbit/s = 125,000 bytes/ms
     assert [t.transfer_ms for t in proposal.transfers] == pytest.approx([one_layer_ms] * 2)
     assert proposal.migration_ms == pytest.approx(one_layer_ms)
@@ -186,15 +200,20 @@ def test_policy_changes_are_listed_apart_from_moves() -> None:
     assert [m.layer for m in proposal.moves] == ["layer1"]
     assert proposal.migration_bytes == 2 * PARAM_BYTES  # sgd: weights and gradients only
     assert {(c.layer, c.from_policy, c.to_policy) for c in proposal.policy_changes} == {
-        (f"layer{i}", "recompute", "keep") for i in range(4)}  # unlimited memory: keep all
+        (f"layer{i}", "recompute", "keep") for i in range(4)
+    }  # unlimited memory: keep all
 
 
 def pipedream_case(model: str = "resnet50") -> tuple[Plan, Profile, Profile]:
     profile = import_pipedream(PIPEDREAM_DIR / model / "graph.txt", batch_size=128)
     plan = plan_template(profile, 4, 8, "1f1b")
     # Triple the three slowest layers of stage 1.
-    names = set(sorted(plan.stages[1].layers, key=lambda name: -(
-        profile.layers[profile.layer_index[name]].fwd_ms))[:3])
+    names = set(
+        sorted(
+            plan.stages[1].layers,
+            key=lambda name: -(profile.layers[profile.layer_index[name]].fwd_ms),
+        )[:3]
+    )
     factors = {idx: 3.0 for idx, layer in enumerate(profile.layers) if layer.name in names}
     return plan, profile, scaled(profile, factors)
 
@@ -209,25 +228,35 @@ def test_real_graph_profile_new_plan_runs_and_its_prediction_is_simulate() -> No
     assert cut_points(new_plan, observed) is not None  # cuts of the topological order
     assert proposal.step_time_after_ms == simulate(observed, new_plan, cluster).step_time_ms
     assert proposal.step_time_now_ms == simulate(observed, plan, cluster).step_time_ms
-    assert (new_plan.schedule, new_plan.num_microbatches, new_plan.microbatch_size,
-            new_plan.optimizer) == (plan.schedule, plan.num_microbatches,
-                                    plan.microbatch_size, plan.optimizer)
+    assert (
+        new_plan.schedule,
+        new_plan.num_microbatches,
+        new_plan.microbatch_size,
+        new_plan.optimizer,
+    ) == (plan.schedule, plan.num_microbatches, plan.microbatch_size, plan.optimizer)
     assert {c.name for c in proposal.candidates} == {"relieve", "kernighan-lin", "optimal"}
 
 
 def test_replicated_plans_are_refined_with_their_replicas() -> None:
     profile = chain_profile(12, output_bytes=0, input_bytes=0)
     base = even_plan(profile, 3, 6, "1f1b", replicas=[2, 1, 1])
-    plan = Plan.model_validate({**base.model_dump(), "stages": [
-        {**stage.model_dump(), "devices": devices}
-        for stage, devices in zip(base.stages, [[3, 2], [1], [0]], strict=True)]})
+    plan = Plan.model_validate(
+        {
+            **base.model_dump(),
+            "stages": [
+                {**stage.model_dump(), "devices": devices}
+                for stage, devices in zip(base.stages, [[3, 2], [1], [0]], strict=True)
+            ],
+        }
+    )
     observed = scaled(profile, {8: 4.0, 9: 4.0})
     proposal = evaluate_replan(plan, observed, single_level_cluster(4), min_gain_fraction=0.0)
     assert proposal.worthwhile and proposal.algorithm in ("relieve", "kernighan-lin")
     assert proposal.new_plan.stages[0].replicas == 2
     assert [s.devices for s in proposal.new_plan.stages] == [[3, 2], [1], [0]]
     assert {c.name: c.note for c in proposal.candidates}["optimal"] == (
-        "the plan has replicated stages")
+        "the plan has replicated stages"
+    )
     with pytest.raises(ReplanError, match="'optimal' plans one replica per stage"):
         evaluate_replan(plan, observed, algorithm="optimal")
 
@@ -243,18 +272,30 @@ def test_placed_partition_costs_time_stages_as_the_stage_model() -> None:
     expected = plan_cost(request, plan)
     links = [0.0, *expected.link_ms]
     assert costs.values(bounds) == pytest.approx(
-        [max(stage, link) for stage, link in zip(expected.stage_ms, links, strict=True)])
+        [max(stage, link) for stage, link in zip(expected.stage_ms, links, strict=True)]
+    )
 
 
 def test_refinement_needs_contiguous_stages() -> None:
     layers = [{"name": name, "fwd_ms": 1.0, "bwd_ms": 1.0} for name in "abcd"]
-    edges = [{"src": "a", "dst": "b"}, {"src": "a", "dst": "c"}, {"src": "b", "dst": "d"},
-             {"src": "c", "dst": "d"}]
-    profile = Profile.model_validate({"model": "diamond", "microbatch_size": 1,
-                                      "layers": layers, "edges": edges})
-    plan = Plan.model_validate({"model": "diamond", "schedule": "1f1b", "num_microbatches": 2,
-                                "microbatch_size": 1,
-                                "stages": [{"layers": ["a", "c"]}, {"layers": ["b", "d"]}]})
+    edges = [
+        {"src": "a", "dst": "b"},
+        {"src": "a", "dst": "c"},
+        {"src": "b", "dst": "d"},
+        {"src": "c", "dst": "d"},
+    ]
+    profile = Profile.model_validate(
+        {"model": "diamond", "microbatch_size": 1, "layers": layers, "edges": edges}
+    )
+    plan = Plan.model_validate(
+        {
+            "model": "diamond",
+            "schedule": "1f1b",
+            "num_microbatches": 2,
+            "microbatch_size": 1,
+            "stages": [{"layers": ["a", "c"]}, {"layers": ["b", "d"]}],
+        }
+    )
     proposal = evaluate_replan(plan, profile)
     notes = {c.name: c.note for c in proposal.candidates}
     assert "not contiguous" in notes["relieve"]
@@ -262,28 +303,35 @@ def test_refinement_needs_contiguous_stages() -> None:
         evaluate_replan(plan, profile, algorithm="refine")
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"model": "other"}, "observed profile is of model 'other' but the plan is for 'uniform'"),
-    ({"drop": "layer2"}, "lacks 1 layer ('layer2') that the plan places"),
-    ({"add": "extra"}, "has 1 layer ('extra') that no stage of the plan holds"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model": "other"}, "observed profile is of model 'other' but the plan is for 'uniform'"),
+        ({"drop": "layer2"}, "lacks 1 layer ('layer2') that the plan places"),
+        ({"add": "extra"}, "has 1 layer ('extra') that no stage of the plan holds"),
+    ],
+)
 def test_mismatched_profiles_are_refused(change: dict[str, str], message: str) -> None:
     plan, observed = hand_case()
     layers = [layer for layer in observed.layers if layer.name != change.get("drop")]
     if "add" in change:
         layers.append(layers[-1].model_copy(update={"name": change["add"]}))
-    observed = observed.model_copy(update={"layers": layers,
-                                           "model": change.get("model", observed.model)})
+    observed = observed.model_copy(
+        update={"layers": layers, "model": change.get("model", observed.model)}
+    )
     with pytest.raises(ReplanError, match=message.replace("(", r"\(").replace(")", r"\)")):
         replan(plan, observed)
     assert issubclass(ReplanError, PlannerError)
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    ({"payback_steps": 0}, "payback steps must be a positive number, got 0"),
-    ({"min_gain_fraction": 1.5}, r"minimum gain must be a fraction in \[0, 1\), got 1.5"),
-    ({"algorithm": "magic"}, "replan algorithm 'magic' is unknown"),
-])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"payback_steps": 0}, "payback steps must be a positive number, got 0"),
+        ({"min_gain_fraction": 1.5}, r"minimum gain must be a fraction in \[0, 1\), got 1.5"),
+        ({"algorithm": "magic"}, "replan algorithm 'magic' is unknown"),
+    ],
+)
 def test_bad_settings_are_refused(settings: dict[str, object], message: str) -> None:
     plan, observed = hand_case()
     with pytest.raises(ReplanError, match=message):
@@ -292,8 +340,9 @@ def test_bad_settings_are_refused(settings: dict[str, object], message: str) -> 
 
 def proposal_json() -> dict[str, object]:
     plan, observed = hand_case()
-    data: dict[str, object] = json.loads(evaluate_replan(
-        plan, observed, single_level_cluster(2)).to_json())
+    data: dict[str, object] = json.loads(
+        evaluate_replan(plan, observed, single_level_cluster(2)).to_json()
+    )
     return data
 
 
@@ -308,14 +357,19 @@ def test_proposal_round_trips_and_matches_its_published_schema() -> None:
             jsonschema.validate({**data, field: bad}, schema)
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda d: d.update(moves=[]), "moves must list exactly the layers whose stage changes"),
-    (lambda d: d.update(migration_bytes=1), "migration_bytes = 1 but its breakdown sums"),
-    (lambda d: d.update(gain_ms=1.0), "gain_ms = 1.0 but step_time_now_ms - step_time_after"),
-    (lambda d: d["new_plan"]["stages"][0].update(replicas=2, devices=[0, 2]),
-     "stage 0 runs 1 replicas on None now but 2 on \\[0, 2\\] in new_plan"),
-    (lambda d: d["new_plan"].update(schedule="1f1b"), "new_plan is for 'uniform' under '1f1b'"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(moves=[]), "moves must list exactly the layers whose stage changes"),
+        (lambda d: d.update(migration_bytes=1), "migration_bytes = 1 but its breakdown sums"),
+        (lambda d: d.update(gain_ms=1.0), "gain_ms = 1.0 but step_time_now_ms - step_time_after"),
+        (
+            lambda d: d["new_plan"]["stages"][0].update(replicas=2, devices=[0, 2]),
+            "stage 0 runs 1 replicas on None now but 2 on \\[0, 2\\] in new_plan",
+        ),
+        (lambda d: d["new_plan"].update(schedule="1f1b"), "new_plan is for 'uniform' under '1f1b'"),
+    ],
+)
 def test_inconsistent_proposals_get_clear_errors(edit: object, message: str) -> None:
     data = json.loads(json.dumps(proposal_json()))
     edit(data)  # type: ignore[operator]
@@ -326,8 +380,15 @@ def test_inconsistent_proposals_get_clear_errors(edit: object, message: str) -> 
 def test_stages_sharing_a_device_are_weighed() -> None:
     profile = chain_profile(8, output_bytes=0, input_bytes=0)
     base = even_plan(profile, 4, 4, "1f1b")
-    plan = Plan.model_validate({**base.model_dump(), "stages": [
-        {**stage.model_dump(), "devices": [idx // 2]} for idx, stage in enumerate(base.stages)]})
+    plan = Plan.model_validate(
+        {
+            **base.model_dump(),
+            "stages": [
+                {**stage.model_dump(), "devices": [idx // 2]}
+                for idx, stage in enumerate(base.stages)
+            ],
+        }
+    )
     proposal = evaluate_replan(plan, scaled(profile, {0: 3.0}), single_level_cluster(2))
     candidates = {c.name: c for c in proposal.candidates}
     assert "needs 4 devices but the cluster has 2" in candidates["optimal"].note

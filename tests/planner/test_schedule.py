@@ -21,7 +21,7 @@ def render(schedule_name: str, num_stages: int = 4, num_mb: int = 8) -> list[str
 def docstring_block(title: str) -> list[str]:
     lines = [line.strip() for line in (schedule.__doc__ or "").splitlines()]
     start = next(idx for idx, line in enumerate(lines) if line.startswith(title))
-    return lines[start + 1:start + 5]
+    return lines[start + 1 : start + 5]
 
 
 @pytest.mark.parametrize("name,title", [("gpipe", "gpipe"), ("1f1b", "1f1b (and pipedream")])
@@ -31,10 +31,24 @@ def test_docstring_diagram_matches_simulation(name: str, title: str) -> None:
 
 def test_1f1b_order_warmup_steady_drain() -> None:
     assert worker_order("1f1b", [0, 1, 2, 3], 2) == [
-        ("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+        ("F", 0),
+        ("F", 1),
+        ("F", 2),
+        ("B", 0),
+        ("F", 3),
+        ("B", 1),
+        ("B", 2),
+        ("B", 3),
+    ]
     assert worker_order("1f1b", [0, 1], 5) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
     assert worker_order("gpipe", [0, 1, 2], 0) == [
-        ("F", 0), ("F", 1), ("F", 2), ("B", 2), ("B", 1), ("B", 0)]
+        ("F", 0),
+        ("F", 1),
+        ("F", 2),
+        ("B", 2),
+        ("B", 1),
+        ("B", 0),
+    ]
 
 
 def test_warmup_counts_follow_pipedream_runtime() -> None:

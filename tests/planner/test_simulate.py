@@ -23,8 +23,9 @@ def test_sync_step_time_and_bubble_closed_forms(schedule: str) -> None:
     for num_stages in range(1, 9):
         profile = chain_profile(2 * num_stages, fwd_ms=TF / 2, bwd_ms=TB / 2)
         for num_mb in range(1, 65):
-            result = simulate(profile, even_plan(profile, num_stages, num_mb, schedule),
-                              with_timeline=False)
+            result = simulate(
+                profile, even_plan(profile, num_stages, num_mb, schedule), with_timeline=False
+            )
             expected = (num_mb + num_stages - 1) * (TF + TB)
             assert close(result.step_time_ms, expected), (num_stages, num_mb)
             bubble = (num_stages - 1) / (num_mb + num_stages - 1)
@@ -37,8 +38,9 @@ def test_in_flight_activations_1f1b_and_gpipe() -> None:
         profile = chain_profile(2 * num_stages)
         for num_mb in range(1, 65):
             for schedule in ("1f1b", "gpipe"):
-                result = simulate(profile, even_plan(profile, num_stages, num_mb, schedule),
-                                  with_timeline=False)
+                result = simulate(
+                    profile, even_plan(profile, num_stages, num_mb, schedule), with_timeline=False
+                )
                 for stage in result.stages:
                     kept = min(num_stages - stage.index, num_mb) if schedule == "1f1b" else num_mb
                     assert stage.max_inflight_microbatches == kept
@@ -51,8 +53,9 @@ def test_pipedream_stashes_p_minus_s_weight_versions() -> None:
     for num_stages in range(1, 9):
         profile = chain_profile(2 * num_stages, fwd_ms=TF / 2, bwd_ms=TB / 2)
         for num_mb in (1, 2, 3, 8, 64):
-            result = simulate(profile, even_plan(profile, num_stages, num_mb, "pipedream"),
-                              with_timeline=False)
+            result = simulate(
+                profile, even_plan(profile, num_stages, num_mb, "pipedream"), with_timeline=False
+            )
             for stage in result.stages:
                 versions = num_stages - stage.index
                 assert stage.num_weight_versions == versions
@@ -97,8 +100,9 @@ def test_swap_with_free_host_link_costs_nothing_and_frees_activations(schedule: 
         profile = chain_profile(2 * num_stages)
         for num_mb in (1, 4, 16):
             keep = simulate(profile, even_plan(profile, num_stages, num_mb, schedule))
-            swap = simulate(profile, even_plan(profile, num_stages, num_mb, schedule,
-                                               policy="swap"))
+            swap = simulate(
+                profile, even_plan(profile, num_stages, num_mb, schedule, policy="swap")
+            )
             assert close(swap.step_time_ms, keep.step_time_ms)
             for stage_keep, stage_swap in zip(keep.stages, swap.stages, strict=True):
                 # At most the micro-batch being computed and the one fetched ahead of its
@@ -111,15 +115,16 @@ def test_swap_with_free_host_link_costs_nothing_and_frees_activations(schedule: 
 def _host_cluster(out_gbps: float, in_gbps: float) -> Cluster:
     cluster = single_level_cluster(1)
     device = cluster.devices[0].model_copy(
-        update={"device_to_host_gbps": out_gbps, "host_to_device_gbps": in_gbps})
+        update={"device_to_host_gbps": out_gbps, "host_to_device_gbps": in_gbps}
+    )
     return cluster.model_copy(update={"devices": [device]})
 
 
-@pytest.mark.parametrize("out_gbps,in_gbps", [(0.02, 0.01), (0.004, 0.05), (0.01, 0.0005),
-                                              (1.0, 1.0), (0.001, 0.001)])
+@pytest.mark.parametrize(
+    "out_gbps,in_gbps", [(0.02, 0.01), (0.004, 0.05), (0.01, 0.0005), (1.0, 1.0), (0.001, 0.001)]
+)
 @pytest.mark.parametrize("num_mb", [1, 2, 3, 7, 16])
-def test_swap_stall_is_the_unhidden_transfer(out_gbps: float, in_gbps: float,
-                                              num_mb: int) -> None:
+def test_swap_stall_is_the_unhidden_transfer(out_gbps: float, in_gbps: float, num_mb: int) -> None:
     """One stage, GPipe: swap-outs queue behind the forwards, except the last micro-batch's,
     whose backward comes next; each fetch starts when the op before its backward starts and
     the swap-outs before it have ended. With O the end of the last swap-out, the second
@@ -139,7 +144,7 @@ def test_swap_stall_is_the_unhidden_transfer(out_gbps: float, in_gbps: float,
     expected = TF + TB
     if m >= 2:
         last_out = max((m - 1) * TF + x, TF + (m - 1) * x)
-        expected = (max(m * TF + TB, max(m * TF, last_out) + y) + (m - 2) * max(TB, y) + TB)
+        expected = max(m * TF + TB, max(m * TF, last_out) + y) + (m - 2) * max(TB, y) + TB
     assert close(result.step_time_ms, expected), (x, y, result.step_time_ms, expected)
 
 
@@ -152,7 +157,9 @@ def test_transfers_over_links() -> None:
     assert close(result.step_time_ms, 2 * 1.0 + 2 * 2.0 + 2 * transfer)
     sends = [op for op in result.timeline if op.op.startswith("send_")]
     assert [(op.op, op.stage, op.peer_stage, op.bytes) for op in sends] == [
-        ("send_activation", 0, 1, 25_000), ("send_gradient", 1, 0, 25_000)]
+        ("send_activation", 0, 1, 25_000),
+        ("send_gradient", 1, 0, 25_000),
+    ]
 
 
 def test_hierarchy_picks_the_innermost_shared_level() -> None:
@@ -213,7 +220,8 @@ def test_memory_over_limit_does_not_fit() -> None:
     tight = simulate(profile, plan, single_level_cluster(2, memory=peak - 1))
     assert not tight.fits
     assert [stage.fits for stage in tight.stages] == [
-        stage.peak_bytes <= peak - 1 for stage in unlimited.stages]
+        stage.peak_bytes <= peak - 1 for stage in unlimited.stages
+    ]
 
 
 def test_shared_device_serializes_compute() -> None:
@@ -225,7 +233,6 @@ def test_shared_device_serializes_compute() -> None:
     shared = simulate(profile, plan, single_level_cluster(2))
     # One device runs both stages' work back to back: 2 stages x 4 micro-batches x 3 ms.
     assert close(shared.step_time_ms, 2 * 4 * (1.0 + 2.0))
-
 
 
 def test_stages_sharing_a_device_exchange_through_host_memory() -> None:
@@ -252,25 +259,34 @@ def test_stages_sharing_a_device_exchange_through_host_memory() -> None:
     hopped = simulate(profile, plan, cluster.model_copy(update={"devices": [device]}))
     assert close(hopped.step_time_ms, 1 + 7 + 1 + 2 + 7 + 2)
 
+
 def test_flops_per_step_and_achieved_tflops() -> None:
     """Four layers of 3 GFLOP forward and 6 backward per micro-batch, 4 micro-batches, two
     stages, the second of two replicas recomputing its layers: stage 0 does 4 x 2 x 9 = 72
     GFLOP a step, a replica of stage 1 2 x 2 x (9 + 3) = 48; the model 4 x 4 x 9 = 144
     (recomputes are not the model's work); each over the simulated step."""
     base = chain_profile(4)
-    profile = base.model_copy(update={"layers": [
-        layer.model_copy(update={"fwd_flops": 3 * 10**9, "bwd_flops": 6 * 10**9})
-        for layer in base.layers]})
+    profile = base.model_copy(
+        update={
+            "layers": [
+                layer.model_copy(update={"fwd_flops": 3 * 10**9, "bwd_flops": 6 * 10**9})
+                for layer in base.layers
+            ]
+        }
+    )
     plan = even_plan(profile, 2, 4, "1f1b", replicas=[1, 2])
-    plan = plan.model_copy(update={"policies": {**plan.policies, "layer2": "recompute",
-                                                "layer3": "recompute"}})
+    plan = plan.model_copy(
+        update={"policies": {**plan.policies, "layer2": "recompute", "layer3": "recompute"}}
+    )
     result = simulate(profile, plan)
     step = result.step_time_ms
     assert [stage.flops for stage in result.stages] == [72 * 10**9, 48 * 10**9]
     assert close(result.stages[1].tflops, 48 / step)  # 48e9 / (step / 1e3) / 1e12
     assert result.model_flops == 144 * 10**9 and close(result.model_tflops, 144 / step)
-    assert simulate(profile.rescaled(8), plan.model_copy(
-        update={"microbatch_size": 8})).model_flops == 288 * 10**9
+    assert (
+        simulate(profile.rescaled(8), plan.model_copy(update={"microbatch_size": 8})).model_flops
+        == 288 * 10**9
+    )
     assert simulate(base, even_plan(base, 2, 4, "1f1b")).model_tflops == 0.0
 
 
@@ -279,10 +295,13 @@ def test_model_flop_utilisation_against_the_devices_peak() -> None:
     found by the profile's device name (more specific names first); unknown devices and
     precisions give none."""
     base = chain_profile(4)
-    layers = [layer.model_copy(update={"fwd_flops": 10**12, "bwd_flops": 2 * 10**12})
-              for layer in base.layers]
-    profile = base.model_copy(update={"layers": layers, "precision": "bf16",
-                                      "device": "NVIDIA H100 80GB HBM3 (cuda:0)"})
+    layers = [
+        layer.model_copy(update={"fwd_flops": 10**12, "bwd_flops": 2 * 10**12})
+        for layer in base.layers
+    ]
+    profile = base.model_copy(
+        update={"layers": layers, "precision": "bf16", "device": "NVIDIA H100 80GB HBM3 (cuda:0)"}
+    )
     plan = even_plan(profile, 2, 4, "gpipe")
     result = simulate(profile, plan)
     assert result.mfu is not None

@@ -19,46 +19,83 @@ def cases(draw: st.DrawFn) -> tuple[Profile, Plan, Cluster | None]:
     times = st.one_of(st.just(0.0), st.floats(1e-6, 10))  # real times, not 1e-308 ms
     sizes = st.integers(0, 10**6)
     layers = [
-        {"name": f"l{idx}", "fwd_ms": draw(times), "bwd_ms": draw(times),
-         "param_bytes": draw(sizes), "saved_bytes": draw(sizes), "output_bytes": draw(sizes),
-         "workspace_bytes": draw(sizes), "update_ms": draw(st.sampled_from([0.0, 0.5]))}
+        {
+            "name": f"l{idx}",
+            "fwd_ms": draw(times),
+            "bwd_ms": draw(times),
+            "param_bytes": draw(sizes),
+            "saved_bytes": draw(sizes),
+            "output_bytes": draw(sizes),
+            "workspace_bytes": draw(sizes),
+            "update_ms": draw(st.sampled_from([0.0, 0.5])),
+        }
         for idx in range(num_layers)
     ]
     edges = None
     if num_layers > 1 and draw(st.booleans()):
         pairs = {(i, i + 1) for i in range(num_layers - 1)}
-        pairs |= set(draw(st.lists(
-            st.tuples(st.integers(0, num_layers - 1), st.integers(0, num_layers - 1))
-            .filter(lambda pair: pair[0] < pair[1]), max_size=6)))
+        pairs |= set(
+            draw(
+                st.lists(
+                    st.tuples(
+                        st.integers(0, num_layers - 1), st.integers(0, num_layers - 1)
+                    ).filter(lambda pair: pair[0] < pair[1]),
+                    max_size=6,
+                )
+            )
+        )
         edges = [{"src": f"l{a}", "dst": f"l{b}"} for a, b in sorted(pairs)]
-    profile = Profile.model_validate({"model": "random", "microbatch_size": 2, "layers": layers,
-                                      "input_bytes": draw(sizes), "edges": edges})
+    profile = Profile.model_validate(
+        {
+            "model": "random",
+            "microbatch_size": 2,
+            "layers": layers,
+            "input_bytes": draw(sizes),
+            "edges": edges,
+        }
+    )
     num_stages = draw(st.integers(1, min(4, num_layers)))
-    cuts = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=num_stages - 1,
-                               max_size=num_stages - 1))) if num_stages > 1 else []
+    cuts = (
+        sorted(
+            draw(
+                st.sets(
+                    st.integers(1, num_layers - 1), min_size=num_stages - 1, max_size=num_stages - 1
+                )
+            )
+        )
+        if num_stages > 1
+        else []
+    )
     bounds = [0, *cuts, num_layers]
     replicas = [draw(st.sampled_from([1, 1, 2])) for _ in range(num_stages)]
     num_mb = draw(st.integers(1, 6)) * (2 if 2 in replicas else 1)
     names = [layer["name"] for layer in layers]
-    plan = Plan.model_validate({
-        "model": "random",
-        "schedule": draw(st.sampled_from(["gpipe", "1f1b", "pipedream"])),
-        "num_microbatches": num_mb,
-        "microbatch_size": draw(st.sampled_from([1, 2, 3])),
-        "optimizer": draw(st.sampled_from(["sgd", "momentum", "adam"])),
-        "stages": [{"layers": names[a:b], "replicas": r}
-                   for a, b, r in zip(bounds, bounds[1:], replicas, strict=False)],
-        "policies": {name: draw(st.sampled_from(["keep", "recompute", "swap"]))
-                     for name in names},
-    })
+    plan = Plan.model_validate(
+        {
+            "model": "random",
+            "schedule": draw(st.sampled_from(["gpipe", "1f1b", "pipedream"])),
+            "num_microbatches": num_mb,
+            "microbatch_size": draw(st.sampled_from([1, 2, 3])),
+            "optimizer": draw(st.sampled_from(["sgd", "momentum", "adam"])),
+            "stages": [
+                {"layers": names[a:b], "replicas": r}
+                for a, b, r in zip(bounds, bounds[1:], replicas, strict=False)
+            ],
+            "policies": {
+                name: draw(st.sampled_from(["keep", "recompute", "swap"])) for name in names
+            },
+        }
+    )
     cluster = None
     if draw(st.booleans()):
         inner = draw(st.integers(1, 4))
         outer = -(-sum(replicas) // inner)
         cluster = cluster_template(
-            [inner, outer], [draw(st.floats(0.5, 400)), draw(st.floats(0.5, 400))],
+            [inner, outer],
+            [draw(st.floats(0.5, 400)), draw(st.floats(0.5, 400))],
             device_memory_bytes=draw(st.one_of(st.none(), st.integers(10**5, 10**8))),
-            host_bandwidth_gbps=draw(st.one_of(st.none(), st.floats(0.1, 100))))
+            host_bandwidth_gbps=draw(st.one_of(st.none(), st.floats(0.1, 100))),
+        )
     return profile, plan, cluster
 
 
@@ -67,9 +104,12 @@ def _work_per_step(profile: Profile, plan: Plan, stage_idx: int) -> float:
     scaled = profile.rescaled(plan.microbatch_size)
     layers = {layer.name: layer for layer in scaled.layers}
     stage = plan.stages[stage_idx]
-    per_mb = sum(layers[n].fwd_ms + layers[n].bwd_ms
-                 + (layers[n].fwd_ms if plan.policy(n) == "recompute" else 0.0)
-                 for n in stage.layers)
+    per_mb = sum(
+        layers[n].fwd_ms
+        + layers[n].bwd_ms
+        + (layers[n].fwd_ms if plan.policy(n) == "recompute" else 0.0)
+        for n in stage.layers
+    )
     update = sum(layers[n].update_ms for n in stage.layers)
     mbs = plan.num_microbatches // stage.replicas
     updates = mbs if plan.schedule == "pipedream" else 1
@@ -101,6 +141,7 @@ def _check_dependencies(result: SimResult) -> None:
             after(span, ("swap_out", stage, mb))
         elif kind == "swap_out":
             after(span, ("forward", stage, mb))
+
     def before(span: tuple[float, float], key: tuple[str, int, int | None]) -> None:
         later = ops.get(key)
         if later is None:
@@ -160,12 +201,20 @@ def test_simulation_properties(case: tuple[Profile, Plan, Cluster | None]) -> No
     if busiest > 0:  # some compute: some of the step is busy
         assert result.bubble_fraction < 1.0
         stage_busy = sum(stage.busy_ms for stage in result.stages)
-        assert math.isclose(result.bubble_fraction,
-                            1 - stage_busy / (plan.num_stages * result.step_time_ms),
-                            rel_tol=1e-9, abs_tol=1e-12)
-    assert math.isclose(result.samples_per_s * result.step_time_ms,
-                        plan.num_microbatches * plan.microbatch_size * 1e3, rel_tol=1e-9) \
+        assert math.isclose(
+            result.bubble_fraction,
+            1 - stage_busy / (plan.num_stages * result.step_time_ms),
+            rel_tol=1e-9,
+            abs_tol=1e-12,
+        )
+    assert (
+        math.isclose(
+            result.samples_per_s * result.step_time_ms,
+            plan.num_microbatches * plan.microbatch_size * 1e3,
+            rel_tol=1e-9,
+        )
         or result.step_time_ms == 0
+    )
 
     _check_dependencies(result)
     _check_no_overlap(result)
@@ -173,8 +222,9 @@ def test_simulation_properties(case: tuple[Profile, Plan, Cluster | None]) -> No
     for track in result.memory_timeline:
         assert min(track.bytes) >= 0
         stage = result.stages[track.stage]
-        static = stage.memory.weights_bytes + stage.memory.gradients_bytes \
-            + stage.memory.optimizer_bytes
+        static = (
+            stage.memory.weights_bytes + stage.memory.gradients_bytes + stage.memory.optimizer_bytes
+        )
         assert min(track.bytes) >= static
         assert max(track.bytes) <= stage.peak_bytes
     for stage in result.stages:
@@ -185,7 +235,8 @@ def test_simulation_properties(case: tuple[Profile, Plan, Cluster | None]) -> No
             assert stage.peak_bytes == max(max(t.bytes) for t in tracks)
         assert stage.peak_bytes == stage.memory.total_bytes
         shared = len({d for s in result.stages for d in s.devices}) < sum(
-            s.replicas for s in result.stages)
+            s.replicas for s in result.stages
+        )
         if stage.device_memory_bytes is not None and not shared:
             assert stage.fits == (stage.peak_bytes <= stage.device_memory_bytes)
     assert result.fits == all(stage.fits for stage in result.stages)

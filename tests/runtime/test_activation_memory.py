@@ -48,5 +48,9 @@ def test_views_of_one_storage_count_once() -> None:
 
 
 def test_workspace_is_zero_on_cpu() -> None:
-    assert measure_workspace_bytes(lambda: torch.ones(1000), torch.device("cpu"),
-                                   output_bytes=0, saved_bytes=0) == 0
+    assert (
+        measure_workspace_bytes(
+            lambda: torch.ones(1000), torch.device("cpu"), output_bytes=0, saved_bytes=0
+        )
+        == 0
+    )

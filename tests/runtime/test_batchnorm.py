@@ -17,8 +17,7 @@ def _microbatches(seed: int, chunks: int = 4) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("momentum", [0.1, None])
-def test_running_statistics_equal_batchnorm_on_the_whole_minibatch(momentum: float | None
-                                                                   ) -> None:
+def test_running_statistics_equal_batchnorm_on_the_whole_minibatch(momentum: float | None) -> None:
     whole = nn.BatchNorm2d(3, momentum=momentum)
     deferred = defer_batchnorm(copy.deepcopy(whole), chunks=4)
     assert isinstance(deferred, DeferredBatchNorm)
@@ -35,8 +34,7 @@ def test_running_statistics_equal_batchnorm_on_the_whole_minibatch(momentum: flo
     assert int(deferred.num_batches_tracked) == int(whole.num_batches_tracked) == 3
 
 
-def test_nothing_is_committed_before_the_last_microbatch_and_recomputation_is_not_tracked(
-        ) -> None:
+def test_nothing_is_committed_before_the_last_microbatch_and_recomputation_is_not_tracked() -> None:
     deferred = DeferredBatchNorm(3, chunks=4)
     parts = _microbatches(0)
     for part in parts[:3]:
@@ -55,14 +53,25 @@ def test_evaluation_uses_the_running_statistics() -> None:
     deferred(_microbatches(0)[0])
     deferred.eval()
     x = _microbatches(1)[0]
-    expected = F.batch_norm(x, deferred.running_mean, deferred.running_var, deferred.weight,
-                            deferred.bias, False, 0.0, deferred.eps)
+    expected = F.batch_norm(
+        x,
+        deferred.running_mean,
+        deferred.running_var,
+        deferred.weight,
+        deferred.bias,
+        False,
+        0.0,
+        deferred.eps,
+    )
     torch.testing.assert_close(deferred(x), expected)
 
 
 def test_conversion_keeps_parameters_buffers_and_state_dict_keys() -> None:
-    model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3),
-                          nn.Sequential(nn.BatchNorm1d(3, track_running_stats=False)))
+    model = nn.Sequential(
+        nn.Conv2d(3, 3, 1),
+        nn.BatchNorm2d(3),
+        nn.Sequential(nn.BatchNorm1d(3, track_running_stats=False)),
+    )
     norm = model[1]
     keys = set(model.state_dict())
     converted = defer_batchnorm(model, chunks=2)

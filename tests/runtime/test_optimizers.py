@@ -15,8 +15,11 @@ def test_state_per_parameter_matches_the_planner(name: str) -> None:
     optimizer = make_optimizer(name, [param])
     optimizer.step()
     state = optimizer.state[param]
-    per_element = [value for value in state.values()
-                   if isinstance(value, torch.Tensor) and value.shape == param.shape]
+    per_element = [
+        value
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.shape == param.shape
+    ]
     assert len(per_element) == OPTIMIZER_STATE_FACTOR[name]
 
 

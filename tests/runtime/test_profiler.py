@@ -37,7 +37,8 @@ def test_layers_and_edges_follow_the_spec(profiled: tuple[ModelSpec, Profile]) -
     spec, profile = profiled
     assert [layer.name for layer in profile.layers] == spec.layer_names
     assert [layer.kind for layer in profile.layers] == [
-        type(module).__name__ for _, module in spec.layers]
+        type(module).__name__ for _, module in spec.layers
+    ]
     edges = spec.edges()
     if edges is None:
         assert profile.edges is None
@@ -51,8 +52,9 @@ def test_sizes_are_exact(profiled: tuple[ModelSpec, Profile]) -> None:
     outputs = layer_outputs(spec, data)
     assert profile.input_bytes == tensor_bytes(data)
     for (name, module), layer in zip(spec.layers, profile.layers, strict=True):
-        assert layer.param_bytes == sum(p.numel() * p.element_size()
-                                        for p in module.parameters()), name
+        assert layer.param_bytes == sum(
+            p.numel() * p.element_size() for p in module.parameters()
+        ), name
         assert layer.output_bytes == tensor_bytes(outputs[name]), name
         assert layer.workspace_bytes == 0  # not measured on CPU
 
@@ -90,7 +92,8 @@ def test_dtype_sets_the_bytes() -> None:
     double = profile_model(spec, MICROBATCH, dtype=torch.float64, **QUICK)
     assert double.dtype == "float64" and double.input_bytes == 2 * single.input_bytes
     assert [2 * layer.param_bytes for layer in single.layers] == [
-        layer.param_bytes for layer in double.layers]
+        layer.param_bytes for layer in double.layers
+    ]
 
 
 def test_bf16_autocast_measures_half_width_activations_over_fp32_weights() -> None:
@@ -105,8 +108,9 @@ def test_bf16_autocast_measures_half_width_activations_over_fp32_weights() -> No
     for full, half in zip(fp32.layers[:-1], bf16.layers[:-1], strict=True):
         assert half.output_bytes * 2 == full.output_bytes, full.name
         assert half.param_bytes == full.param_bytes
-    with pytest.raises(SettingsError, match="autocasts over float32 weights; the weights "
-                                            "cannot also be float16"):
+    with pytest.raises(
+        SettingsError, match="autocasts over float32 weights; the weights cannot also be float16"
+    ):
         profile_model(spec, MICROBATCH, dtype=torch.float16, precision="bf16", **QUICK)
 
 
@@ -122,8 +126,10 @@ def test_flops_are_the_matmuls_of_each_pass(precision: str) -> None:
     profile = profile_model(spec, MICROBATCH, precision=precision, **QUICK)
     block0, block1 = profile.layers[0], profile.layers[1]
     assert (block0.fwd_flops, block0.bwd_flops) == (2 * num * inp * width,) * 2
-    assert (block1.fwd_flops, block1.bwd_flops) == (2 * num * width * width,
-                                                    4 * num * width * width)
+    assert (block1.fwd_flops, block1.bwd_flops) == (
+        2 * num * width * width,
+        4 * num * width * width,
+    )
     assert profile.rescaled(2 * MICROBATCH).layers[1].fwd_flops == 2 * block1.fwd_flops
 
 
@@ -144,11 +150,17 @@ def test_a_cpu_profile_carries_its_measured_peak_for_mfu() -> None:
 def test_the_users_model_is_left_untouched() -> None:
     spec = tiny("resnet")
     spec.as_module().eval()
-    before = {f"{name}.{key}": value.clone() for name, module in spec.layers
-              for key, value in module.state_dict().items()}
+    before = {
+        f"{name}.{key}": value.clone()
+        for name, module in spec.layers
+        for key, value in module.state_dict().items()
+    }
     profile_model(spec, MICROBATCH, optimizer="sgd", **QUICK)
-    after = {f"{name}.{key}": value for name, module in spec.layers
-             for key, value in module.state_dict().items()}
+    after = {
+        f"{name}.{key}": value
+        for name, module in spec.layers
+        for key, value in module.state_dict().items()
+    }
     assert all(torch.equal(before[key], after[key]) for key in before)
     assert all(not module.training for _, module in spec.layers)
     assert all(p.grad is None for _, module in spec.layers for p in module.parameters())
@@ -169,15 +181,19 @@ def test_threads_are_restored() -> None:
     assert torch.get_num_threads() == threads
 
 
-@pytest.mark.parametrize("kwargs,error,message", [
-    ({"microbatch_size": 0}, SettingsError, "micro-batch size must be >= 1, got 0"),
-    ({"repeats": 0}, SettingsError, "repeats must be >= 1, got 0"),
-    ({"optimizer": "rmsprop"}, SettingsError, "optimizer 'rmsprop' is unknown"),
-    ({"device": "tpu"}, DeviceError, "device 'tpu' is not understood"),
-    ({"device": "meta"}, DeviceError, "device 'meta' is not supported"),
-])
-def test_bad_settings_are_named(kwargs: dict[str, object], error: type[Exception],
-                                message: str) -> None:
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        ({"microbatch_size": 0}, SettingsError, "micro-batch size must be >= 1, got 0"),
+        ({"repeats": 0}, SettingsError, "repeats must be >= 1, got 0"),
+        ({"optimizer": "rmsprop"}, SettingsError, "optimizer 'rmsprop' is unknown"),
+        ({"device": "tpu"}, DeviceError, "device 'tpu' is not understood"),
+        ({"device": "meta"}, DeviceError, "device 'meta' is not supported"),
+    ],
+)
+def test_bad_settings_are_named(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
     settings: dict[str, object] = {"microbatch_size": 1, **kwargs}
     with pytest.raises(error, match=message):
         profile_model(tiny("mlp"), **settings)  # type: ignore[arg-type]
@@ -204,9 +220,22 @@ def test_cuda_profile_measures_workspace() -> None:
 
 def test_profiles_taken_at_once_merge_by_each_layers_median() -> None:
     def measured(scale: float, names: tuple[str, ...] = ("a", "b")) -> Profile:
-        return Profile.model_validate({"model": "m", "microbatch_size": 1, "layers": [
-            {"name": name, "fwd_ms": scale * (i + 1), "bwd_ms": 2 * scale, "update_ms": scale,
-             "output_bytes": 8} for i, name in enumerate(names)]})
+        return Profile.model_validate(
+            {
+                "model": "m",
+                "microbatch_size": 1,
+                "layers": [
+                    {
+                        "name": name,
+                        "fwd_ms": scale * (i + 1),
+                        "bwd_ms": 2 * scale,
+                        "update_ms": scale,
+                        "output_bytes": 8,
+                    }
+                    for i, name in enumerate(names)
+                ],
+            }
+        )
 
     merged = median_profile([measured(1.0), measured(5.0), measured(2.0)])
     assert [layer.fwd_ms for layer in merged.layers] == [2.0, 4.0]

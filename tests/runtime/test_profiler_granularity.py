@@ -16,8 +16,10 @@ from tests.runtime.helpers import TINY, tiny
 def _profiles(name: str) -> tuple[Profile, Profile]:
     spec = tiny(name)
     settings = {"warmup": 1, "repeats": 3, "threads": 1}
-    return (profile_model(spec, 2, **settings),
-            profile_model(spec, 2, granularity="op", **settings))
+    return (
+        profile_model(spec, 2, **settings),
+        profile_model(spec, 2, granularity="op", **settings),
+    )
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
@@ -42,8 +44,9 @@ def test_op_profile_is_a_valid_profile_of_the_operators(name: str) -> None:
     # total as the layers', plus layer outputs that a next layer's first operator saves
     op_saved = sum(op.saved_bytes for op in ops.layers)
     layer_saved = sum(layer.saved_bytes for layer in layers.layers)
-    assert layer_saved <= op_saved <= layer_saved + sum(layer.output_bytes
-                                                        for layer in layers.layers)
+    assert (
+        layer_saved <= op_saved <= layer_saved + sum(layer.output_bytes for layer in layers.layers)
+    )
     # times: same order of magnitude only (each operator carries its own call overhead)
     total_ops = sum(op.fwd_ms + op.bwd_ms for op in ops.layers)
     total_layers = sum(layer.fwd_ms + layer.bwd_ms for layer in layers.layers)
@@ -70,20 +73,58 @@ def test_an_unknown_granularity_is_refused() -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["balance-time", "optimal", "dawnpiper", "vpipe"])
-def test_planners_cut_the_op_profile_inside_a_layer(algorithm: str, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_planners_cut_the_op_profile_inside_a_layer(
+    algorithm: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     profile_path, plan_path = tmp_path / "gpt-ops.json", tmp_path / "plan.json"
-    args = [arg for key, value in TINY["gpt"].items()
-            for arg in ("--model-arg", f"{key}={value}")]
-    assert main(["profile", "--model", "gpt", *args, "--microbatch-size", "2", "--repeats", "2",
-                 "--warmup", "1", "--threads", "1", "--granularity", "op",
-                 "-o", str(profile_path)]) == 0
-    assert main(["plan", str(profile_path), "--algorithm", algorithm, "--stages", "3",
-                 "--microbatches", "4", "--schedule", "1f1b", "--straight",
-                 "-o", str(plan_path)]) == 0
+    args = [arg for key, value in TINY["gpt"].items() for arg in ("--model-arg", f"{key}={value}")]
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "gpt",
+                *args,
+                "--microbatch-size",
+                "2",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--threads",
+                "1",
+                "--granularity",
+                "op",
+                "-o",
+                str(profile_path),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "plan",
+                str(profile_path),
+                "--algorithm",
+                algorithm,
+                "--stages",
+                "3",
+                "--microbatches",
+                "4",
+                "--schedule",
+                "1f1b",
+                "--straight",
+                "-o",
+                str(plan_path),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     plan = load_document(Plan, str(plan_path))
     profile = load_document(Profile, str(profile_path))
     assert sorted(n for stage in plan.stages for n in stage.layers) == sorted(
-        layer.name for layer in profile.layers)
+        layer.name for layer in profile.layers
+    )
     assert all("." in name for stage in plan.stages for name in stage.layers)

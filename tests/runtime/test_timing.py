@@ -17,5 +17,4 @@ def test_prepare_runs_before_every_run_and_is_not_timed() -> None:
 
     result = median_ms(run, prepare, torch.device("cpu"), warmup=1, repeats=3)
     assert result >= 0
-    assert calls == ["prepare", "run 1", "prepare", "run 3", "prepare", "run 5", "prepare",
-                     "run 7"]
+    assert calls == ["prepare", "run 1", "prepare", "run 3", "prepare", "run 5", "prepare", "run 7"]

@@ -24,8 +24,10 @@ Run `pipestudio COMMAND --help` for the options of a command.
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="pipestudio", description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="pipestudio",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"pipestudio {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     planning.add_commands(commands)

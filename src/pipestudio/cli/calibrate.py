@@ -37,23 +37,45 @@ examples:
 
 def add_commands(commands: Any) -> None:
     parser = commands.add_parser(
-        "calibrate", formatter_class=argparse.RawDescriptionHelpFormatter, description=_HELP,
-        help="make a profile match a run's measured op times")
+        "calibrate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_HELP,
+        help="make a profile match a run's measured op times",
+    )
     parser.add_argument("profile", metavar="PROFILE", help="the profile the plan was made from")
-    parser.add_argument("metrics", metavar="METRICS.jsonl",
-                        help="the run's metrics (pipestudio train --metrics)")
-    parser.add_argument("--plan", metavar="PLAN",
-                        help="the plan the run ran (default: the one its metrics name)")
-    parser.add_argument("--cluster", metavar="CLUSTER",
-                        help="the cluster the plan was predicted on (default: free links)")
-    parser.add_argument("--steps", metavar="A:B", type=_steps,
-                        help="calibrate from steps A..B-1 (default: every step but the first)")
-    parser.add_argument("-o", "--output", metavar="CALIBRATED",
-                        help="where to write the calibrated profile (default: stdout)")
-    parser.add_argument("--cluster-out", metavar="CLUSTER",
-                        help="write the cluster with the calibrated link bandwidths")
-    parser.add_argument("--json", action="store_true",
-                        help="print the report as JSON (stderr keeps the files' names)")
+    parser.add_argument(
+        "metrics", metavar="METRICS.jsonl", help="the run's metrics (pipestudio train --metrics)"
+    )
+    parser.add_argument(
+        "--plan", metavar="PLAN", help="the plan the run ran (default: the one its metrics name)"
+    )
+    parser.add_argument(
+        "--cluster",
+        metavar="CLUSTER",
+        help="the cluster the plan was predicted on (default: free links)",
+    )
+    parser.add_argument(
+        "--steps",
+        metavar="A:B",
+        type=_steps,
+        help="calibrate from steps A..B-1 (default: every step but the first)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="CALIBRATED",
+        help="where to write the calibrated profile (default: stdout)",
+    )
+    parser.add_argument(
+        "--cluster-out",
+        metavar="CLUSTER",
+        help="write the cluster with the calibrated link bandwidths",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON (stderr keeps the files' names)",
+    )
     parser.set_defaults(handler=_calibrate)
 
 
@@ -68,8 +90,9 @@ def _steps(text: str) -> range:
     return range(first, last)
 
 
-def _before(steps: range | None, migrated: int | None, events: list[dict[str, Any]],
-            source: str) -> range | None:
+def _before(
+    steps: range | None, migrated: int | None, events: list[dict[str, Any]], source: str
+) -> range | None:
     """``steps`` where the run's starting plan held: before its first migration."""
     if migrated is None:
         return steps
@@ -79,13 +102,15 @@ def _before(steps: range | None, migrated: int | None, events: list[dict[str, An
         if first >= migrated:
             raise CalibrationError(
                 f"{source}: the run migrated layers at step {migrated}, before any step "
-                "but the first: give the plan after the migration (--plan) and --steps")
+                "but the first: give the plan after the migration (--plan) and --steps"
+            )
         return range(first, migrated)
     if steps.stop > migrated:
         raise CalibrationError(
             f"--steps {_shown(steps)}: the run migrated layers at step {migrated}, so its "
             f"metrics' plan held until step {migrated - 1}; for later steps give the plan "
-            f"after the migration (--plan) and --steps {migrated + 1}:")
+            f"after the migration (--plan) and --steps {migrated + 1}:"
+        )
     return steps
 
 
@@ -107,8 +132,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     else:
         plan, migrated = run_plan(events, args.metrics)
         steps = _before(steps, migrated, events, args.metrics)
-    calibration = calibrate(profile, plan, events, cluster, steps,
-                            sharing=Sharing.of_run(plan, events))
+    calibration = calibrate(
+        profile, plan, events, cluster, steps, sharing=Sharing.of_run(plan, events)
+    )
     write_document(calibration.profile, args.output)
     if args.cluster_out and calibration.cluster is not None:
         write_document(calibration.cluster, args.cluster_out)
@@ -127,26 +153,44 @@ def format_report(summary: dict[str, Any]) -> str:
             measured = stage["measured_ms"].get(kind)
             if measured is None:
                 continue
-            rows.append([str(stage["stage"]), kind, f"{stage['predicted_ms'].get(kind, 0):.3f}",
-                         f"{measured:.3f}", f"x{stage['factors'][kind]:.2f}"])
-    lines = [format_table(["stage", "op", "profiled ms", "measured ms", "factor"], rows,
-                          right=[True, False, True, True, True])]
+            rows.append(
+                [
+                    str(stage["stage"]),
+                    kind,
+                    f"{stage['predicted_ms'].get(kind, 0):.3f}",
+                    f"{measured:.3f}",
+                    f"x{stage['factors'][kind]:.2f}",
+                ]
+            )
+    lines = [
+        format_table(
+            ["stage", "op", "profiled ms", "measured ms", "factor"],
+            rows,
+            right=[True, False, True, True, True],
+        )
+    ]
     for level, gbps in summary["link_gbps"].items():
         lines.append(f"links at level {level}: {gbps:.3f} Gbit/s as the receivers felt them")
     for busy in summary["stage_busy_ms"]:
-        lines.append(f"stage {busy['stage']} compute per step: measured {_ms(busy['measured'])}"
-                     f", predicted {_ms(busy['predicted'])}"
-                     f"{_error(busy['predicted'], busy['measured'])}, calibrated "
-                     f"{_ms(busy['calibrated'])}{_error(busy['calibrated'], busy['measured'])}")
+        lines.append(
+            f"stage {busy['stage']} compute per step: measured {_ms(busy['measured'])}"
+            f", predicted {_ms(busy['predicted'])}"
+            f"{_error(busy['predicted'], busy['measured'])}, calibrated "
+            f"{_ms(busy['calibrated'])}{_error(busy['calibrated'], busy['measured'])}"
+        )
     step = summary["step_ms"]
     measured = step["measured"]
-    lines.append(f"step: measured {_ms(measured)}, predicted {_ms(step['predicted'])}"
-                 f"{_error(step['predicted'], measured)}, calibrated {_ms(step['calibrated'])}"
-                 f"{_error(step['calibrated'], measured)} (steps {summary['steps'][0]}.."
-                 f"{summary['steps'][-1]})")
+    lines.append(
+        f"step: measured {_ms(measured)}, predicted {_ms(step['predicted'])}"
+        f"{_error(step['predicted'], measured)}, calibrated {_ms(step['calibrated'])}"
+        f"{_error(step['calibrated'], measured)} (steps {summary['steps'][0]}.."
+        f"{summary['steps'][-1]})"
+    )
     if summary.get("shared_cores"):
-        lines.append("predicted with the ranks that shared a host's cores or a GPU taking "
-                     "turns on it (the run's start events say where each ran)")
+        lines.append(
+            "predicted with the ranks that shared a host's cores or a GPU taking "
+            "turns on it (the run's start events say where each ran)"
+        )
     return "\n".join(lines)
 
 
@@ -156,5 +200,8 @@ def _ms(value: float | None) -> str:
 
 def _error(predicted: float, measured: float | None) -> str:
     """How far the measurement is off the prediction: measured / predicted - 1."""
-    return "" if not measured or not predicted else (
-        f" (measured {100 * (measured / predicted - 1):+.1f}%)")
+    return (
+        ""
+        if not measured or not predicted
+        else (f" (measured {100 * (measured / predicted - 1):+.1f}%)")
+    )

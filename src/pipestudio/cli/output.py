@@ -17,14 +17,17 @@ def write_document(document: Document, output: str | None) -> None:
     print(f"wrote {output}", file=sys.stderr)
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
-                 right: Sequence[bool] | None = None) -> str:
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None
+) -> str:
     """Columns padded to their widest cell; ``right`` marks right-aligned columns."""
     right = right or [False] * len(headers)
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
     lines = []
     for row in [headers, *rows]:
-        cells = [str(cell).rjust(w) if r else str(cell).ljust(w)
-                 for cell, w, r in zip(row, widths, right, strict=True)]
+        cells = [
+            str(cell).rjust(w) if r else str(cell).ljust(w)
+            for cell, w, r in zip(row, widths, right, strict=True)
+        ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)

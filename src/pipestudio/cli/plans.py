@@ -21,68 +21,108 @@ _Formatter = argparse.RawDescriptionHelpFormatter
 
 def add_commands(commands: Any) -> None:
     parser = commands.add_parser(
-        "plan", formatter_class=_Formatter, help="ask one planner for a plan",
+        "plan",
+        formatter_class=_Formatter,
+        help="ask one planner for a plan",
         description="Ask one planner how to split a model into stages (and which layers to "
-                    "recompute or swap),\nthen simulate its plan. Algorithms: "
-                    + ", ".join(PLANNERS) + ".")
+        "recompute or swap),\nthen simulate its plan. Algorithms: " + ", ".join(PLANNERS) + ".",
+    )
     _add_request_options(parser, algorithm=True)
     parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan JSON here")
-    parser.add_argument("--json", action="store_true",
-                        help='print {"plan", "result", "planner_ms", "objective_ms"}')
+    parser.add_argument(
+        "--json", action="store_true", help='print {"plan", "result", "planner_ms", "objective_ms"}'
+    )
     parser.set_defaults(handler=_plan)
 
     parser = commands.add_parser(
-        "compare", formatter_class=_Formatter, help="run every planner on the same case",
-        description="Run every planner on the same request and simulate each plan.")
+        "compare",
+        formatter_class=_Formatter,
+        help="run every planner on the same case",
+        description="Run every planner on the same request and simulate each plan.",
+    )
     _add_request_options(parser, algorithm=False)
-    parser.add_argument("--json", action="store_true",
-                        help='print {"rows": [{"algorithm", "plan", "result", "planner_ms", '
-                             '"objective_ms", "error", "min_memory_bytes"}]}')
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"rows": [{"algorithm", "plan", "result", "planner_ms", '
+        '"objective_ms", "error", "min_memory_bytes"}]}',
+    )
     parser.set_defaults(handler=_compare)
 
     parser = commands.add_parser(
-        "max-batch", formatter_class=_Formatter,
+        "max-batch",
+        formatter_class=_Formatter,
         help="the largest micro-batch size whose plan fits device memory",
         description="The largest micro-batch size (and so global batch) for which one planner "
-                    "finds a plan that fits\ndevice memory: DawnPiper's measure of memory "
-                    "efficiency (Peng et al. 2025). Needs --device-memory\nor a cluster whose "
-                    "devices have memory_bytes.")
-    _add_request_options(parser, algorithm=True,
-                         microbatch_help="first size tried (default: the profile's)")
-    parser.add_argument("--limit", type=int, default=MAX_MICROBATCH_SIZE, metavar="N",
-                        help=f"largest size tried (default {MAX_MICROBATCH_SIZE})")
-    parser.add_argument("--json", action="store_true",
-                        help='print {"microbatch_size", "global_batch", "plan", "result", '
-                             '"limit_reached", "search_ms", "trace"}')
+        "finds a plan that fits\ndevice memory: DawnPiper's measure of memory "
+        "efficiency (Peng et al. 2025). Needs --device-memory\nor a cluster whose "
+        "devices have memory_bytes.",
+    )
+    _add_request_options(
+        parser, algorithm=True, microbatch_help="first size tried (default: the profile's)"
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=MAX_MICROBATCH_SIZE,
+        metavar="N",
+        help=f"largest size tried (default {MAX_MICROBATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"microbatch_size", "global_batch", "plan", "result", '
+        '"limit_reached", "search_ms", "trace"}',
+    )
     parser.set_defaults(handler=_max_batch)
 
 
-def _add_request_options(parser: argparse.ArgumentParser, *, algorithm: bool,
-                         microbatch_help: str = "samples per micro-batch (default: the "
-                                                "profile's)") -> None:
+def _add_request_options(
+    parser: argparse.ArgumentParser,
+    *,
+    algorithm: bool,
+    microbatch_help: str = "samples per micro-batch (default: the profile's)",
+) -> None:
     parser.add_argument("profile", metavar="PROFILE", help="profile JSON")
     if algorithm:
-        parser.add_argument("--algorithm", required=True, choices=list(PLANNERS), metavar="A",
-                            help=f"one of: {', '.join(PLANNERS)}")
-    parser.add_argument("--stages", type=int, metavar="K",
-                        help="number of stages, one device each; for optimal the number "
-                             "of devices, which it may group into replicated stages; "
-                             "pipedream takes its shape from the cluster")
-    parser.add_argument("--microbatches", type=int, required=True, metavar="M",
-                        help="micro-batches per step")
+        parser.add_argument(
+            "--algorithm",
+            required=True,
+            choices=list(PLANNERS),
+            metavar="A",
+            help=f"one of: {', '.join(PLANNERS)}",
+        )
+    parser.add_argument(
+        "--stages",
+        type=int,
+        metavar="K",
+        help="number of stages, one device each; for optimal the number "
+        "of devices, which it may group into replicated stages; "
+        "pipedream takes its shape from the cluster",
+    )
+    parser.add_argument(
+        "--microbatches", type=int, required=True, metavar="M", help="micro-batches per step"
+    )
     parser.add_argument("--schedule", required=True, choices=SCHEDULES)
     parser.add_argument("--microbatch-size", type=int, metavar="N", help=microbatch_help)
     parser.add_argument("--optimizer", default="adam", choices=("sgd", "momentum", "adam"))
     add_precision_option(parser)
     hardware = parser.add_mutually_exclusive_group()
     hardware.add_argument("--cluster", metavar="CLUSTER", help="cluster JSON")
-    hardware.add_argument("--device-memory", metavar="SIZE",
-                          help="memory per device, like 16GiB, on K devices with free links")
-    parser.add_argument("--host-bandwidth-gbps", type=float, metavar="H",
-                        help="with --device-memory: device<->host bandwidth for swap "
-                             "(default: free)")
-    parser.add_argument("--straight", action="store_true",
-                        help="no replicated stages (optimal, pipedream)")
+    hardware.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="memory per device, like 16GiB, on K devices with free links",
+    )
+    parser.add_argument(
+        "--host-bandwidth-gbps",
+        type=float,
+        metavar="H",
+        help="with --device-memory: device<->host bandwidth for swap (default: free)",
+    )
+    parser.add_argument(
+        "--straight", action="store_true", help="no replicated stages (optimal, pipedream)"
+    )
 
 
 def build_request(args: argparse.Namespace) -> PlanRequest:
@@ -97,10 +137,16 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
             raise PlannerError("--device-memory needs --stages (the number of devices)")
         memory = parse_size(args.device_memory) if args.device_memory else None
         cluster = memory_only_cluster(args.stages, memory, args.host_bandwidth_gbps)
-    return PlanRequest(profile=profile, num_microbatches=args.microbatches,
-                       schedule=args.schedule, num_stages=args.stages,
-                       microbatch_size=args.microbatch_size, optimizer=args.optimizer,
-                       cluster=cluster, straight=args.straight)
+    return PlanRequest(
+        profile=profile,
+        num_microbatches=args.microbatches,
+        schedule=args.schedule,
+        num_stages=args.stages,
+        microbatch_size=args.microbatch_size,
+        optimizer=args.optimizer,
+        cluster=cluster,
+        straight=args.straight,
+    )
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -113,21 +159,26 @@ def _plan(args: argparse.Namespace) -> int:
         write_document(outcome.plan, args.output)
     if args.json:
         row = outcome.to_json_dict()
-        print(json.dumps({key: row[key] for key in
-                          ("plan", "result", "planner_ms", "objective_ms")}))
+        print(
+            json.dumps({key: row[key] for key in ("plan", "result", "planner_ms", "objective_ms")})
+        )
     else:
         print(describe_result(outcome.result, outcome.plan))
         claim = step_claim(outcome.plan.provenance)
-        print(f"\nplanner {args.algorithm}: {outcome.planner_ms:.1f} ms, "
-              f"objective {outcome.objective_ms:.3f} ms"
-              + ("" if claim is None else f"; simulated step {claim}"))
+        print(
+            f"\nplanner {args.algorithm}: {outcome.planner_ms:.1f} ms, "
+            f"objective {outcome.objective_ms:.3f} ms"
+            + ("" if claim is None else f"; simulated step {claim}")
+        )
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
     request = build_request(args)
-    outcomes = [run_planner(name, planner, request, with_timeline=args.json)
-                for name, planner in PLANNERS.items()]
+    outcomes = [
+        run_planner(name, planner, request, with_timeline=args.json)
+        for name, planner in PLANNERS.items()
+    ]
     if args.json:
         print(json.dumps({"rows": [outcome.to_json_dict() for outcome in outcomes]}))
     else:
@@ -139,32 +190,62 @@ def compare_table(outcomes: list[PlanOutcome]) -> str:
     rows = []
     for outcome in outcomes:
         if outcome.result is None:
-            rows.append([outcome.algorithm, "-", "-", "-", "-", "-", f"{outcome.planner_ms:.1f}",
-                         "-", f"no plan: {outcome.error}"])
+            rows.append(
+                [
+                    outcome.algorithm,
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    f"{outcome.planner_ms:.1f}",
+                    "-",
+                    f"no plan: {outcome.error}",
+                ]
+            )
             continue
         result = outcome.result
         largest = max(stage.peak_bytes for stage in result.stages)
-        rows.append([outcome.algorithm, f"{result.step_time_ms:.3f}",
-                     f"{result.samples_per_s:.1f}", f"{100 * result.bubble_fraction:.1f}%",
-                     format_bytes(largest), "yes" if result.fits else "NO",
-                     f"{outcome.planner_ms:.1f}", f"{outcome.objective_ms:.3f}",
-                     (step_claim(outcome.plan.provenance) or "") if outcome.plan else ""])
+        rows.append(
+            [
+                outcome.algorithm,
+                f"{result.step_time_ms:.3f}",
+                f"{result.samples_per_s:.1f}",
+                f"{100 * result.bubble_fraction:.1f}%",
+                format_bytes(largest),
+                "yes" if result.fits else "NO",
+                f"{outcome.planner_ms:.1f}",
+                f"{outcome.objective_ms:.3f}",
+                (step_claim(outcome.plan.provenance) or "") if outcome.plan else "",
+            ]
+        )
     return format_table(
-        ["algorithm", "step ms", "samples/s", "bubble", "largest stage", "fits", "planner ms",
-         "objective ms", ""], rows,
-        right=[False, True, True, True, True, False, True, True, False])
-
-
+        [
+            "algorithm",
+            "step ms",
+            "samples/s",
+            "bubble",
+            "largest stage",
+            "fits",
+            "planner ms",
+            "objective ms",
+            "",
+        ],
+        rows,
+        right=[False, True, True, True, True, False, True, True, False],
+    )
 
 
 def _max_batch(args: argparse.Namespace) -> int:
     request = build_request(args)
     try:
-        answer = max_microbatch_size(PLANNERS[args.algorithm], request, limit=args.limit,
-                                     with_timeline=args.json)
+        answer = max_microbatch_size(
+            PLANNERS[args.algorithm], request, limit=args.limit, with_timeline=args.json
+        )
     except InfeasibleError as exc:
-        raise InfeasibleError(f"{args.algorithm}: {exc}", exc.min_memory_bytes,
-                              exc.precision_bytes) from exc
+        raise InfeasibleError(
+            f"{args.algorithm}: {exc}", exc.min_memory_bytes, exc.precision_bytes
+        ) from exc
     if args.json:
         print(json.dumps(answer.to_json_dict()))
     else:
@@ -176,16 +257,19 @@ def describe_max_batch(algorithm: str, request: PlanRequest, answer: MaxBatch) -
     """The answer in words, the search's trace, then the plan at that size."""
     memory = format_bytes(smallest_device_memory(request.cluster) or 0)
     size = answer.microbatch_size
-    lines = [f"{algorithm} on {request.profile.model}: the largest micro-batch that fits "
-             f"{memory} per device is {size} samples",
-             f"global batch {answer.global_batch} = {size} x {answer.num_microbatches} "
-             "micro-batches"]
+    lines = [
+        f"{algorithm} on {request.profile.model}: the largest micro-batch that fits "
+        f"{memory} per device is {size} samples",
+        f"global batch {answer.global_batch} = {size} x {answer.num_microbatches} micro-batches",
+    ]
     if answer.limit_reached:
-        lines.append(f"the search stopped at its limit of {size}: larger sizes may fit "
-                     "too (--limit)")
+        lines.append(
+            f"the search stopped at its limit of {size}: larger sizes may fit too (--limit)"
+        )
     else:
         lines.append(f"{size + 1} samples do not fit")
-    tried = ", ".join(f"{entry.microbatch_size} {'fits' if entry.fits else 'no'}"
-                      for entry in answer.trace)
+    tried = ", ".join(
+        f"{entry.microbatch_size} {'fits' if entry.fits else 'no'}" for entry in answer.trace
+    )
     lines.append(f"searched {len(answer.trace)} sizes in {answer.search_ms:.0f} ms: {tried}")
     return "\n".join([*lines, "", describe_result(answer.result, answer.plan)])

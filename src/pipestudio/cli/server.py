@@ -78,62 +78,113 @@ actions:
 
 
 def add_commands(commands: Any) -> None:
-    parser = commands.add_parser("serve", formatter_class=_Formatter, description=_SERVE_HELP,
-                                 help="run the backend and the dashboard")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000,
-                        help="port to listen on; 0 picks a free one (default 8000)")
+    parser = commands.add_parser(
+        "serve",
+        formatter_class=_Formatter,
+        description=_SERVE_HELP,
+        help="run the backend and the dashboard",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="port to listen on; 0 picks a free one (default 8000)",
+    )
     _database_url_option(parser)
     parser.set_defaults(handler=_serve)
 
-    parser = commands.add_parser("worker", formatter_class=_Formatter,
-                                 description=_WORKER_HELP,
-                                 help="run a worker agent that trains what the backend assigns")
-    parser.add_argument("--server", required=True, metavar="URL",
-                        help="the backend, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--token", metavar="TOKEN",
-                        help="worker token (default: PIPESTUDIO_WORKER_TOKEN)")
+    parser = commands.add_parser(
+        "worker",
+        formatter_class=_Formatter,
+        description=_WORKER_HELP,
+        help="run a worker agent that trains what the backend assigns",
+    )
+    parser.add_argument(
+        "--server", required=True, metavar="URL", help="the backend, e.g. http://127.0.0.1:8000"
+    )
+    parser.add_argument(
+        "--token", metavar="TOKEN", help="worker token (default: PIPESTUDIO_WORKER_TOKEN)"
+    )
     parser.add_argument("--name", help="name shown in the dashboard (default: the host name)")
-    parser.add_argument("--state-dir", metavar="DIR",
-                        help="where the worker keeps its id and secret, so that it keeps "
-                             "its id when it restarts (default: PIPESTUDIO_WORKER_STATE_DIR, "
-                             "else $XDG_STATE_HOME/pipestudio or ~/.local/state/pipestudio)")
-    parser.add_argument("--slots", type=int, metavar="N",
-                        help="ranks this worker runs at once (default: one per device)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="devices to advertise; auto: CUDA when available, else the "
-                             "CPU; cuda: refused where no GPU is usable (default auto)")
-    parser.add_argument("--advertise-host", metavar="ADDRESS",
-                        help="address peers dial for the run's store (default: this "
-                             "machine's address on the route to the server)")
-    parser.add_argument("--allow-model", action="append", default=[], metavar="PATTERN",
-                        help="also run model factories matching PATTERN, e.g. "
-                             "'mypkg.models:*' (repeatable; added to "
-                             "PIPESTUDIO_ALLOWED_MODELS)")
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where the worker keeps its id and secret, so that it keeps "
+        "its id when it restarts (default: PIPESTUDIO_WORKER_STATE_DIR, "
+        "else $XDG_STATE_HOME/pipestudio or ~/.local/state/pipestudio)",
+    )
+    parser.add_argument(
+        "--slots",
+        type=int,
+        metavar="N",
+        help="ranks this worker runs at once (default: one per device)",
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="devices to advertise; auto: CUDA when available, else the "
+        "CPU; cuda: refused where no GPU is usable (default auto)",
+    )
+    parser.add_argument(
+        "--advertise-host",
+        metavar="ADDRESS",
+        help="address peers dial for the run's store (default: this "
+        "machine's address on the route to the server)",
+    )
+    parser.add_argument(
+        "--allow-model",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="also run model factories matching PATTERN, e.g. "
+        "'mypkg.models:*' (repeatable; added to "
+        "PIPESTUDIO_ALLOWED_MODELS)",
+    )
     parser.set_defaults(handler=_worker)
 
-    parser = commands.add_parser("hash-password", formatter_class=_Formatter,
-                                 description=_HASH_HELP,
-                                 help="print a PIPESTUDIO_USERS entry for a person")
+    parser = commands.add_parser(
+        "hash-password",
+        formatter_class=_Formatter,
+        description=_HASH_HELP,
+        help="print a PIPESTUDIO_USERS entry for a person",
+    )
     parser.add_argument("name", help="the name to sign in with (letters, digits, _.@-)")
-    parser.add_argument("--role", choices=ROLES, default="editor",
-                        help="editor: may change things; viewer: reads only (default editor)")
+    parser.add_argument(
+        "--role",
+        choices=ROLES,
+        default="editor",
+        help="editor: may change things; viewer: reads only (default editor)",
+    )
     parser.set_defaults(handler=_hash_password)
 
-    parser = commands.add_parser("db", formatter_class=_Formatter, description=_DB_GROUP_HELP,
-                                 help="manage the backend's database schema")
+    parser = commands.add_parser(
+        "db",
+        formatter_class=_Formatter,
+        description=_DB_GROUP_HELP,
+        help="manage the backend's database schema",
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    upgrade = actions.add_parser("upgrade", formatter_class=_Formatter, description=_DB_HELP,
-                                 help="migrate the database to the newest schema")
+    upgrade = actions.add_parser(
+        "upgrade",
+        formatter_class=_Formatter,
+        description=_DB_HELP,
+        help="migrate the database to the newest schema",
+    )
     _database_url_option(upgrade)
     upgrade.set_defaults(handler=_db_upgrade)
 
 
 def _database_url_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--database-url", metavar="URL",
-                        help="sqlite:///FILE or postgresql://USER@HOST/DB "
-                             "(default: PIPESTUDIO_DATABASE_URL, else .pipestudio/pipestudio.db)")
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="sqlite:///FILE or postgresql://USER@HOST/DB "
+        "(default: PIPESTUDIO_DATABASE_URL, else .pipestudio/pipestudio.db)",
+    )
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -160,8 +211,7 @@ def _listen(host: str, port: int) -> socket.socket | None:
         listener.bind((host, port))
     except OSError as exc:
         listener.close()
-        print(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return None
     return listener
 
@@ -173,8 +223,11 @@ def _dashboard(url: str, cookie_secure: bool) -> Any:
     try:
         from pipestudio.dashboard.app import create_dashboard
     except ImportError as exc:
-        print(f"warning: no dashboard ({exc}); install the `dashboard` extra to serve it "
-              "at /", file=sys.stderr, flush=True)
+        print(
+            f"warning: no dashboard ({exc}); install the `dashboard` extra to serve it at /",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     return create_dashboard(url, cookie_secure=cookie_secure).server
 
@@ -195,8 +248,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     port = listener.getsockname()[1]
     local = _WILDCARDS.get(args.host, args.host)
-    dashboard = _dashboard(f"http://{f'[{local}]' if ':' in local else local}:{port}",
-                           settings.cookie_secure)
+    dashboard = _dashboard(
+        f"http://{f'[{local}]' if ':' in local else local}:{port}", settings.cookie_secure
+    )
     try:
         app = create_app(settings, dashboard=dashboard)
     except DatabaseUrlError as exc:
@@ -204,17 +258,23 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"PipeStudio backend on http://{shown}:{port} (database "
-          f"{app.state.context.db.dialect}; dashboard "
-          f"{'at /' if dashboard is not None else 'not installed'})", flush=True)
+    print(
+        f"PipeStudio backend on http://{shown}:{port} (database "
+        f"{app.state.context.db.dialect}; dashboard "
+        f"{'at /' if dashboard is not None else 'not installed'})",
+        flush=True,
+    )
     if "PIPESTUDIO_API_TOKEN" not in os.environ:
         print(f"API token: {settings.api_token}", flush=True)
     if dashboard is not None:
-        print(f"Sign in at http://{shown}:{port}/login with the API token"
-              + (f" or as one of {len(settings.users)} configured user(s)"
-                 if settings.users else ""), flush=True)
-    config = uvicorn.Config(app, log_level="warning", ws_max_size=2**26,
-                            ws_per_message_deflate=False)
+        print(
+            f"Sign in at http://{shown}:{port}/login with the API token"
+            + (f" or as one of {len(settings.users)} configured user(s)" if settings.users else ""),
+            flush=True,
+        )
+    config = uvicorn.Config(
+        app, log_level="warning", ws_max_size=2**26, ws_per_message_deflate=False
+    )
     settle_heap()  # torch, Dash and the app: out of every full collection's walk
     uvicorn.Server(config).run(sockets=[listener])
     return 0
@@ -238,8 +298,11 @@ def _hash_password(args: argparse.Namespace) -> int:
     else:
         password = sys.stdin.readline().rstrip("\n")
     if not 8 <= len(password) <= MAX_PASSWORD_CHARS:
-        print(f"error: the password must have 8 to {MAX_PASSWORD_CHARS} characters, not "
-              f"{len(password)}", file=sys.stderr)
+        print(
+            f"error: the password must have 8 to {MAX_PASSWORD_CHARS} characters, not "
+            f"{len(password)}",
+            file=sys.stderr,
+        )
         return 2
     print(f"{args.name}:{args.role}:{hash_password(password)}")
     return 0
@@ -293,8 +356,9 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"error: --slots must be 0..1024, got {args.slots}", file=sys.stderr)
         return 2
     try:
-        allowed = parse_patterns([os.environ.get("PIPESTUDIO_ALLOWED_MODELS", ""),
-                                  *args.allow_model])
+        allowed = parse_patterns(
+            [os.environ.get("PIPESTUDIO_ALLOWED_MODELS", ""), *args.allow_model]
+        )
     except AllowListError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -302,16 +366,25 @@ def _worker(args: argparse.Namespace) -> int:
     with contextlib.suppress(AttributeError, OSError, ValueError):  # stderr is no file
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where it is
     try:
-        agent = Agent(args.server, token, name=args.name, slots=args.slots,
-                      device=args.device, advertise_host=args.advertise_host,
-                      allowed_models=allowed,
-                      state_dir=Path(args.state_dir) if args.state_dir else default_state_dir())
+        agent = Agent(
+            args.server,
+            token,
+            name=args.name,
+            slots=args.slots,
+            device=args.device,
+            advertise_host=args.advertise_host,
+            allowed_models=allowed,
+            state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(),
+        )
     except DeviceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"worker {agent.name}: {len(agent.devices)} device(s), {agent.slots} slot(s), "
-          f"serving {args.server}; models: built-in"
-          + (f" and {', '.join(allowed)}" if allowed else " only"), flush=True)
+    print(
+        f"worker {agent.name}: {len(agent.devices)} device(s), {agent.slots} slot(s), "
+        f"serving {args.server}; models: built-in"
+        + (f" and {', '.join(allowed)}" if allowed else " only"),
+        flush=True,
+    )
     settle_heap()
     try:
         asyncio.run(agent.run())

@@ -21,14 +21,24 @@ Workers = Callable[..., FakeWorker]
 def _launch(client: TestClient, model: str, **extra: Any) -> Any:
     profile = mlp_profile() if model == "mlp" else None  # a built-in model's own layers
     plan = add_plan(client, add_profile(client, profile), [2], approve=True)
-    return client.post("/api/runs", json={"plan_id": plan["id"], "model": model, "steps": 1,
-                                          **extra})
+    return client.post(
+        "/api/runs", json={"plan_id": plan["id"], "model": model, "steps": 1, **extra}
+    )
 
 
-@pytest.mark.parametrize("model", ["subprocess:getoutput", "os:system", "mypkg.models:build",
-                                   "/tmp/evil.py:build", "../evil.py:x"])
-def test_the_backend_refuses_a_model_no_worker_allows(client: TestClient, fake: Workers,
-                                                      model: str) -> None:
+@pytest.mark.parametrize(
+    "model",
+    [
+        "subprocess:getoutput",
+        "os:system",
+        "mypkg.models:build",
+        "/tmp/evil.py:build",
+        "../evil.py:x",
+    ],
+)
+def test_the_backend_refuses_a_model_no_worker_allows(
+    client: TestClient, fake: Workers, model: str
+) -> None:
     workers = [fake("a"), fake("b", allowed_models=["other.pkg:*"])]
     refused = _launch(client, model)
     assert refused.status_code == 409, refused.text
@@ -40,11 +50,12 @@ def test_the_backend_refuses_a_model_no_worker_allows(client: TestClient, fake: 
         assert not [m for m in worker.inbox if m["type"] == "assign"]
 
 
-def test_a_run_goes_only_to_workers_that_allow_its_model(client: TestClient,
-                                                         fake: Workers) -> None:
+def test_a_run_goes_only_to_workers_that_allow_its_model(client: TestClient, fake: Workers) -> None:
     fake("strict")
-    open_minded = [fake("o1", allowed_models=["mypkg.models:*"]),
-                   fake("o2", allowed_models=["mypkg.*:build"])]
+    open_minded = [
+        fake("o1", allowed_models=["mypkg.models:*"]),
+        fake("o2", allowed_models=["mypkg.*:build"]),
+    ]
     launched = _launch(client, "mypkg.models:build")
     assert launched.status_code == 201, launched.text
     assert [r["worker_id"] for r in launched.json()["ranks"]] == [w.id for w in open_minded]
@@ -64,16 +75,25 @@ def test_the_worker_refuses_before_importing(tmp_path: Path) -> None:
     evil = tmp_path / "evil.py"
     touched = tmp_path / "touched"
     evil.write_text(f"open({str(touched)!r}, 'w').close()\ndef build(): pass\n")
-    agent = Agent("http://127.0.0.1:9", "token", name="w0", device="cpu",
-                  allowed_models=["mypkg.models:*"])  # never dials
+    agent = Agent(
+        "http://127.0.0.1:9", "token", name="w0", device="cpu", allowed_models=["mypkg.models:*"]
+    )  # never dials
     posted: list[dict[str, Any]] = []
     agent._post = posted.append  # type: ignore[method-assign]
     agent._loop = asyncio.new_event_loop()
     try:
         for model in (f"{evil}:build", "subprocess:getoutput"):
-            agent._assign({"type": "assign", "run_id": 3, "attempt": 0, "world_size": 1,
-                           "ranks": [{"rank": 0, "stage": 0, "replica": 0}],
-                           "open_store": True, "config": {"model": model, "plan": {}}})
+            agent._assign(
+                {
+                    "type": "assign",
+                    "run_id": 3,
+                    "attempt": 0,
+                    "world_size": 1,
+                    "ranks": [{"rank": 0, "stage": 0, "replica": 0}],
+                    "open_store": True,
+                    "config": {"model": model, "plan": {}},
+                }
+            )
             state = posted.pop()
             assert (state["state"], state["retry"]) == ("failed", False)
             assert f"does not allow model {model!r}" in state["message"]

@@ -36,37 +36,64 @@ def _sign_in(client: TestClient, user: str | None, password: str) -> dict[str, s
 
 
 def test_reads_need_a_credential(server: TestClient) -> None:
-    for path in ("/api/profiles", "/api/plans", "/api/runs", "/api/workers", "/api/clusters",
-                 "/api/proposals", "/api/runs/1/metrics"):
+    for path in (
+        "/api/profiles",
+        "/api/plans",
+        "/api/runs",
+        "/api/workers",
+        "/api/clusters",
+        "/api/proposals",
+        "/api/runs/1/metrics",
+    ):
         assert server.get(path).status_code == 401, path
-    assert server.get("/api/profiles", headers={"Authorization": "Bearer nope"}
-                      ).status_code == 401
+    assert server.get("/api/profiles", headers={"Authorization": "Bearer nope"}).status_code == 401
     assert server.get("/api/health").status_code == 200  # liveness stays public
-    assert server.get("/api/auth/me").json() == {"user": None, "role": None,
-                                                 "public_reads": False}
+    assert server.get("/api/auth/me").json() == {"user": None, "role": None, "public_reads": False}
 
 
 def test_people_act_with_their_own_rights(server: TestClient) -> None:
     ada = _sign_in(server, "ada", "lovelace")
     bob = _sign_in(server, "bob", "builder")
     assert server.get("/api/auth/me", headers=ada).json()["role"] == "editor"
-    profile = server.post("/api/profiles", headers=ada, json={"profile": {
-        "model": "toy", "microbatch_size": 1,
-        "layers": [{"name": "a", "fwd_ms": 1, "bwd_ms": 2}, {"name": "b", "fwd_ms": 1,
-                                                            "bwd_ms": 2}]}})
+    profile = server.post(
+        "/api/profiles",
+        headers=ada,
+        json={
+            "profile": {
+                "model": "toy",
+                "microbatch_size": 1,
+                "layers": [
+                    {"name": "a", "fwd_ms": 1, "bwd_ms": 2},
+                    {"name": "b", "fwd_ms": 1, "bwd_ms": 2},
+                ],
+            }
+        },
+    )
     assert profile.status_code == 201, profile.text
-    plan = server.post("/api/plans", headers=ada, json={
-        "profile_id": profile.json()["id"], "author": "someone else",
-        "manual": {"boundaries": [1], "num_microbatches": 2, "schedule": "gpipe"}})
+    plan = server.post(
+        "/api/plans",
+        headers=ada,
+        json={
+            "profile_id": profile.json()["id"],
+            "author": "someone else",
+            "manual": {"boundaries": [1], "num_microbatches": 2, "schedule": "gpipe"},
+        },
+    )
     assert plan.json()["created_by"] == "ada", "a person is recorded as who they are"
     assert server.get("/api/plans", headers=bob).status_code == 200
     refused = server.delete(f"/api/plans/{plan.json()['id']}", headers=bob)
     assert refused.status_code == 403 and "viewer" in refused.json()["detail"]
     assert server.get(f"/api/plans/{plan.json()['id']}", headers=bob).status_code == 200
     token = {"Authorization": f"Bearer {API_TOKEN}"}
-    scripted = server.post("/api/plans", headers=token, json={
-        "profile_id": profile.json()["id"], "author": "nightly-job",
-        "manual": {"boundaries": [1], "num_microbatches": 2, "schedule": "gpipe"}})
+    scripted = server.post(
+        "/api/plans",
+        headers=token,
+        json={
+            "profile_id": profile.json()["id"],
+            "author": "nightly-job",
+            "manual": {"boundaries": [1], "num_microbatches": 2, "schedule": "gpipe"},
+        },
+    )
     assert scripted.json()["created_by"] == "nightly-job", "the API token may name itself"
 
 
@@ -88,13 +115,14 @@ def test_a_session_expires(database_url: str) -> None:
 
 
 def test_wrong_passwords_are_braked(server: TestClient) -> None:
-    statuses = [server.post("/api/auth/session", json={"user": "ada", "password": f"guess{i}"}
-                            ).status_code for i in range(12)]
+    statuses = [
+        server.post("/api/auth/session", json={"user": "ada", "password": f"guess{i}"}).status_code
+        for i in range(12)
+    ]
     assert statuses[:10] == [401] * 10 and statuses[10:] == [429, 429]
     braked = server.post("/api/auth/session", json={"user": "ada", "password": "lovelace"})
     assert braked.status_code == 429 and int(braked.headers["Retry-After"]) > 0
-    assert server.post("/api/auth/session", json={"password": "not the token"}
-                       ).status_code == 429
+    assert server.post("/api/auth/session", json={"password": "not the token"}).status_code == 429
 
 
 def test_public_reads_let_anyone_read_but_not_change(database_url: str) -> None:
@@ -102,8 +130,9 @@ def test_public_reads_let_anyone_read_but_not_change(database_url: str) -> None:
         assert client.get("/api/profiles").status_code == 200
         assert client.get("/api/auth/me").json()["public_reads"] is True
         assert client.post("/api/clusters", json={}).status_code in (401, 422)
-        assert client.post("/api/profiles", json={"profile": {}}, headers=ANONYMOUS
-                           ).status_code in (401, 422)
+        assert client.post(
+            "/api/profiles", json={"profile": {}}, headers=ANONYMOUS
+        ).status_code in (401, 422)
         assert client.delete("/api/profiles/1").status_code == 401
 
 
@@ -123,15 +152,19 @@ class _Authed:
         return self.client.post(url, **{**kwargs, "headers": self.headers})
 
 
-@pytest.mark.parametrize(("entry", "reason"), [
-    ("ada", "role '' is unknown"),
-    ("a d a:editor:x", "followed by :ROLE:HASH"),
-    ("ada:boss:scrypt$1$1$1$AAAAAAAAAAA=$AAAAAAAAAAAAAAAAAAAAAA==", "role 'boss' is unknown"),
-    ("ada:editor:plain-text-password", "scrypt$N$r$p$SALT$KEY"),
-    ("api-token:editor:" + "x", "reserved"),
-])
-def test_a_bad_user_entry_is_refused_naming_it(entry: str, reason: str,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ("ada", "role '' is unknown"),
+        ("a d a:editor:x", "followed by :ROLE:HASH"),
+        ("ada:boss:scrypt$1$1$1$AAAAAAAAAAA=$AAAAAAAAAAAAAAAAAAAAAA==", "role 'boss' is unknown"),
+        ("ada:editor:plain-text-password", "scrypt$N$r$p$SALT$KEY"),
+        ("api-token:editor:" + "x", "reserved"),
+    ],
+)
+def test_a_bad_user_entry_is_refused_naming_it(
+    entry: str, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PIPESTUDIO_USERS", entry)
     with pytest.raises(SettingsError, match="PIPESTUDIO_USERS") as refused:
         load_settings()
@@ -139,9 +172,9 @@ def test_a_bad_user_entry_is_refused_naming_it(entry: str, reason: str,
     assert "scrypt$1" not in str(refused.value), "the entries (password hashes) are not echoed"
 
 
-def test_hash_password_prints_an_entry_that_signs_in(monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]
-                                                     ) -> None:
+def test_hash_password_prints_an_entry_that_signs_in(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("correct horse\n"))
     assert main(["hash-password", "ada", "--role", "viewer"]) == 0
     entry = capsys.readouterr().out.strip()
@@ -157,9 +190,11 @@ def test_hash_password_prints_an_entry_that_signs_in(monkeypatch: pytest.MonkeyP
 def test_a_burst_of_guesses_gets_no_more_than_a_series(database_url: str) -> None:
     settings = make_settings(database_url, users=USERS)
     with live_backend(settings) as url:
+
         def guess(i: int) -> int:
-            return httpx.post(f"{url}/api/auth/session", timeout=60,
-                              json={"user": "ada", "password": f"guess{i}"}).status_code
+            return httpx.post(
+                f"{url}/api/auth/session", timeout=60, json={"user": "ada", "password": f"guess{i}"}
+            ).status_code
 
         with ThreadPoolExecutor(16) as pool:
             statuses = list(pool.map(guess, range(60)))
@@ -169,8 +204,10 @@ def test_a_burst_of_guesses_gets_no_more_than_a_series(database_url: str) -> Non
 def test_an_unknown_name_takes_as_long_as_a_wrong_password(server: TestClient) -> None:
     def timed(user: str) -> float:
         started = time.perf_counter()
-        assert server.post("/api/auth/session", json={"user": user, "password": "x"}
-                           ).status_code == 401
+        assert (
+            server.post("/api/auth/session", json={"user": user, "password": "x"}).status_code
+            == 401
+        )
         return time.perf_counter() - started
 
     timed("nobody")  # the first unknown name makes the decoy hash once
@@ -187,14 +224,15 @@ def test_sessions_end_with_the_credential_they_were_made_with(database_url: str)
         ada = _sign_in(client, "ada", "lovelace")
         bob = _sign_in(client, "bob", "builder")
         token = _sign_in(client, None, API_TOKEN)
-    after = make_settings(database_url, users=[USERS[1].replace("bob:viewer", "bob:editor")],
-                          migrate_on_start=False).model_copy(
-        update={"api_token": "a-new-api-token"})
+    after = make_settings(
+        database_url, users=[USERS[1].replace("bob:viewer", "bob:editor")], migrate_on_start=False
+    ).model_copy(update={"api_token": "a-new-api-token"})
     with TestClient(create_app(after)) as client:
         assert client.get("/api/profiles", headers=ada).status_code == 401  # removed
         assert client.get("/api/profiles", headers=token).status_code == 401  # rotated
         assert client.get("/api/auth/me", headers=bob).json()["role"] == "editor"
-    changed = make_settings(database_url, users=[f"bob:viewer:{hash_password('other')}"],
-                            migrate_on_start=False)
+    changed = make_settings(
+        database_url, users=[f"bob:viewer:{hash_password('other')}"], migrate_on_start=False
+    )
     with TestClient(create_app(changed)) as client:
         assert client.get("/api/profiles", headers=bob).status_code == 401  # new password

@@ -16,7 +16,7 @@ from tests.backend.conftest import ANONYMOUS, add_profile, make_settings, small_
 def _refused(response: Any, *place: str | int) -> str:
     assert response.status_code == 422, response.text
     error = response.json()["detail"][0]
-    assert error["loc"][:len(place) + 1] == ["body", *place], error
+    assert error["loc"][: len(place) + 1] == ["body", *place], error
     return str(error["msg"])
 
 
@@ -34,26 +34,53 @@ def test_column_limits_answer_422(client: TestClient) -> None:
     nan = small_profile()
     nan["metadata"] = {"note": float("nan")}
     body = json.dumps({"profile": nan})  # Python writes the NaN token JSON has not
-    msg = _refused(client.post("/api/profiles", content=body,
-                               headers={"content-type": "application/json"}),
-                   "profile", "metadata", "note")
+    msg = _refused(
+        client.post("/api/profiles", content=body, headers={"content-type": "application/json"}),
+        "profile",
+        "metadata",
+        "note",
+    )
     assert "not a JSON number" in msg
     named = small_profile()
     named["layers"][0]["name"] = "a\u0000b"
-    assert "NUL" in _refused(client.post("/api/profiles", json={"profile": named}),
-                             "profile", "layers", 0, "name")
+    assert "NUL" in _refused(
+        client.post("/api/profiles", json={"profile": named}), "profile", "layers", 0, "name"
+    )
     surrogate = json.dumps({"profile": small_profile()}).replace('"layer0"', '"\\ud800"')
-    assert "lone surrogate" in _refused(client.post(
-        "/api/profiles", content=surrogate, headers={"content-type": "application/json"}),
-        "profile", "layers")
-    plan = client.post("/api/plans", json={"profile_id": 1, "manual": {
-        "boundaries": [2], "num_microbatches": 2, "schedule": "gpipe",
-        "microbatch_size": 10**12}})
+    assert "lone surrogate" in _refused(
+        client.post(
+            "/api/profiles", content=surrogate, headers={"content-type": "application/json"}
+        ),
+        "profile",
+        "layers",
+    )
+    plan = client.post(
+        "/api/plans",
+        json={
+            "profile_id": 1,
+            "manual": {
+                "boundaries": [2],
+                "num_microbatches": 2,
+                "schedule": "gpipe",
+                "microbatch_size": 10**12,
+            },
+        },
+    )
     _refused(plan, "manual", "microbatch_size")
     assert client.get("/api/profiles").json()["count"] == 0
-    assert client.post("/api/clusters", json={"name": "x" * 201, "cluster": {
-        "levels": [{"size": 1, "bandwidth_gbps": None}], "devices": [{"name": "d"}]}}
-    ).status_code == 422
+    assert (
+        client.post(
+            "/api/clusters",
+            json={
+                "name": "x" * 201,
+                "cluster": {
+                    "levels": [{"size": 1, "bandwidth_gbps": None}],
+                    "devices": [{"name": "d"}],
+                },
+            },
+        ).status_code
+        == 422
+    )
     assert client.get("/api/clusters").json()["count"] == 0
 
 
@@ -69,49 +96,79 @@ def test_a_stored_document_stays_readable(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize("with_token", [True, False])
-def test_simulating_a_million_micro_batches_is_refused_at_once(database_url: str,
-                                                               with_token: bool) -> None:
+def test_simulating_a_million_micro_batches_is_refused_at_once(
+    database_url: str, with_token: bool
+) -> None:
     settings = make_settings(database_url, public_reads=True)
-    with TestClient(create_app(settings), headers={"Authorization": "Bearer test-api-token"}
-                    ) as client:
+    with TestClient(
+        create_app(settings), headers={"Authorization": "Bearer test-api-token"}
+    ) as client:
         profile_id = add_profile(client)
         headers = {} if with_token else ANONYMOUS
-        for microbatches, field in ((10**6, "num_microbatches"),
-                                    (90_000, "num_microbatches")):
+        for microbatches, field in ((10**6, "num_microbatches"), (90_000, "num_microbatches")):
             started = time.perf_counter()
-            response = client.post("/api/plans/simulate", headers=headers, json={
-                "profile_id": profile_id, "manual": {
-                    "boundaries": [1, 2, 3], "num_microbatches": microbatches,
-                    "schedule": "1f1b"}})
+            response = client.post(
+                "/api/plans/simulate",
+                headers=headers,
+                json={
+                    "profile_id": profile_id,
+                    "manual": {
+                        "boundaries": [1, 2, 3],
+                        "num_microbatches": microbatches,
+                        "schedule": "1f1b",
+                    },
+                },
+            )
             elapsed_s = time.perf_counter() - started
             assert elapsed_s < 1.0, f"{microbatches}: {elapsed_s:.2f} s"
             msg = _refused(response, "manual", field)
             assert "100000" in msg or "limit of 150000" in msg, msg
-        fine = client.post("/api/plans/simulate", headers=headers, json={
-            "profile_id": profile_id, "manual": {"boundaries": [1, 2, 3],
-                                                 "num_microbatches": 64, "schedule": "1f1b"}})
+        fine = client.post(
+            "/api/plans/simulate",
+            headers=headers,
+            json={
+                "profile_id": profile_id,
+                "manual": {"boundaries": [1, 2, 3], "num_microbatches": 64, "schedule": "1f1b"},
+            },
+        )
         assert fine.status_code == 200
 
 
 def test_planners_share_the_budget(client: TestClient) -> None:
     profile_id = add_profile(client)
     started = time.perf_counter()
-    refused = client.post("/api/plans/compare", json={
-        "profile_id": profile_id, "num_stages": 4, "num_microbatches": 99_999,
-        "schedule": "1f1b"})
+    refused = client.post(
+        "/api/plans/compare",
+        json={
+            "profile_id": profile_id,
+            "num_stages": 4,
+            "num_microbatches": 99_999,
+            "schedule": "1f1b",
+        },
+    )
     assert time.perf_counter() - started < 1.0
     assert "num_microbatches=99999" in _refused(refused, "num_microbatches")
-    refused = client.post("/api/plans", json={"profile_id": profile_id, "planner": {
-        "algorithm": "uniform", "num_stages": 4, "num_microbatches": 99_999,
-        "schedule": "1f1b"}})
+    refused = client.post(
+        "/api/plans",
+        json={
+            "profile_id": profile_id,
+            "planner": {
+                "algorithm": "uniform",
+                "num_stages": 4,
+                "num_microbatches": 99_999,
+                "schedule": "1f1b",
+            },
+        },
+    )
     _refused(refused, "planner", "num_microbatches")
 
 
 def test_deeply_nested_and_undecodable_bodies_answer_422(client: TestClient) -> None:
     deep = b"[" * 100_000 + b"]" * 100_000
     for body, words in ((deep, "nests too deeply"), (b"\xff\xfe{}", "not UTF-8")):
-        response = client.post("/api/clusters", content=body,
-                               headers={"content-type": "application/json"})
+        response = client.post(
+            "/api/clusters", content=body, headers={"content-type": "application/json"}
+        )
         assert response.status_code == 422 and words in response.text, response.text
     assert client.get("/api/runs/1/events", params={"kind": "a\u0000"}).status_code == 422
     assert client.get("/api/workers/" + "w" * 65).status_code == 422
@@ -120,13 +177,25 @@ def test_deeply_nested_and_undecodable_bodies_answer_422(client: TestClient) -> 
 def test_a_planners_search_is_bounded_too(client: TestClient) -> None:
     """A 20,000-layer profile planned onto 5,000 stages took 28 s and 6.5 GB in the
     optimal planner before any simulation; now it is refused before the planner starts."""
-    huge = {"model": "huge", "microbatch_size": 1,
-            "layers": [{"name": f"l{i}", "fwd_ms": 1, "bwd_ms": 2} for i in range(20_000)]}
+    huge = {
+        "model": "huge",
+        "microbatch_size": 1,
+        "layers": [{"name": f"l{i}", "fwd_ms": 1, "bwd_ms": 2} for i in range(20_000)],
+    }
     profile_id = client.post("/api/profiles", json={"profile": huge}).json()["id"]
     for algorithm in ("optimal", "vpipe", "pipedream"):
         started = time.perf_counter()
-        refused = client.post("/api/plans/simulate", json={
-            "profile_id": profile_id, "planner": {"algorithm": algorithm, "num_stages": 5000,
-                                                  "num_microbatches": 4, "schedule": "1f1b"}})
+        refused = client.post(
+            "/api/plans/simulate",
+            json={
+                "profile_id": profile_id,
+                "planner": {
+                    "algorithm": algorithm,
+                    "num_stages": 5000,
+                    "num_microbatches": 4,
+                    "schedule": "1f1b",
+                },
+            },
+        )
         assert time.perf_counter() - started < 1.0
         assert "at most 64 workers" in _refused(refused, "planner", "num_stages")

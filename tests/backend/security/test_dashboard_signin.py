@@ -24,23 +24,38 @@ VIEWER = f"bob:viewer:{hash_password('builder')}"
 def stack(database_url: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """The backend with the dashboard at /, a stored profile, and the callbacks' list."""
     with live_backend(make_settings(database_url, users=[VIEWER]), dashboard=True) as url:
-        httpx.post(f"{url}/api/profiles", headers=AUTH, json={"profile": small_profile()}
-                   ).raise_for_status()
+        httpx.post(
+            f"{url}/api/profiles", headers=AUTH, json={"profile": small_profile()}
+        ).raise_for_status()
         with dashboard_session(url) as browser:
             dependencies = browser.get("/_dash-dependencies").json()
         yield url, dependencies
 
 
 def _delete_profile(dependencies: list[dict[str, Any]]) -> dict[str, Any]:
-    return dash_request(dependencies, "profiles-delete", "n_clicks", 1,
-                        {"profiles-select.value": 1, "profiles-changed.data": 0})
+    return dash_request(
+        dependencies,
+        "profiles-delete",
+        "n_clicks",
+        1,
+        {"profiles-select.value": 1, "profiles-changed.data": 0},
+    )
 
 
 def _launch_getoutput(dependencies: list[dict[str, Any]]) -> dict[str, Any]:
-    return dash_request(dependencies, "runs-launch", "n_clicks", 1, {
-        "runs-plan.value": 1, "runs-model.value": "subprocess:getoutput",
-        "runs-model-args.value": "cmd=touch${IFS}/tmp/pwned", "runs-steps.value": 1,
-        "runs-changed.data": 0})
+    return dash_request(
+        dependencies,
+        "runs-launch",
+        "n_clicks",
+        1,
+        {
+            "runs-plan.value": 1,
+            "runs-model.value": "subprocess:getoutput",
+            "runs-model-args.value": "cmd=touch${IFS}/tmp/pwned",
+            "runs-steps.value": 1,
+            "runs-changed.data": 0,
+        },
+    )
 
 
 def _profiles(url: str) -> int:
@@ -63,8 +78,7 @@ def test_without_a_session_nothing_runs(stack: tuple[str, list[dict[str, Any]]])
     assert anyone.get("/assets/pipestudio.css").status_code == 200
 
 
-def test_a_callback_must_come_from_the_dashboard(
-        stack: tuple[str, list[dict[str, Any]]]) -> None:
+def test_a_callback_must_come_from_the_dashboard(stack: tuple[str, list[dict[str, Any]]]) -> None:
     url, dependencies = stack
     with dashboard_session(url) as browser:
         del browser.headers["X-CSRFToken"]  # what a page on another site would send
@@ -74,10 +88,12 @@ def test_a_callback_must_come_from_the_dashboard(
         refused = browser.post("/_dash-update-component", json=_delete_profile(dependencies))
         assert refused.status_code == 403, refused.text
     assert _profiles(url) == 1
-    evil = httpx.post(f"{url}/login", data={"password": API_TOKEN},
-                      headers={"Origin": "http://evil.example"})
+    evil = httpx.post(
+        f"{url}/login", data={"password": API_TOKEN}, headers={"Origin": "http://evil.example"}
+    )
     assert evil.status_code == 403 and "pipestudio_session" not in evil.headers.get(
-        "set-cookie", "")
+        "set-cookie", ""
+    )
 
 
 def test_a_viewer_reads_but_cannot_delete(stack: tuple[str, list[dict[str, Any]]]) -> None:
@@ -91,31 +107,45 @@ def test_a_viewer_reads_but_cannot_delete(stack: tuple[str, list[dict[str, Any]]
 
 
 def test_signing_in_acts_as_that_person_until_signing_out(
-        stack: tuple[str, list[dict[str, Any]]]) -> None:
+    stack: tuple[str, list[dict[str, Any]]],
+) -> None:
     url, dependencies = stack
     with dashboard_session(url) as browser:
-        contents = "data:application/json;base64," + base64.b64encode(
-            json.dumps(small_profile(3)).encode()).decode()
-        uploaded = browser.post("/_dash-update-component", json=dash_request(
-            dependencies, "profiles-upload", "contents", contents,
-            {"profiles-upload.filename": "toy.json", "profiles-changed.data": 0}))
+        contents = (
+            "data:application/json;base64,"
+            + base64.b64encode(json.dumps(small_profile(3)).encode()).decode()
+        )
+        uploaded = browser.post(
+            "/_dash-update-component",
+            json=dash_request(
+                dependencies,
+                "profiles-upload",
+                "contents",
+                contents,
+                {"profiles-upload.filename": "toy.json", "profiles-changed.data": 0},
+            ),
+        )
         assert "Uploaded toy.json" in uploaded.text, uploaded.text
         assert _profiles(url) == 2
         cookies = dict(browser.cookies)
         out = browser.post("/logout", data={"csrf": browser.cookies["_csrf_token"]})
         assert out.status_code == 302 and out.headers["location"] == "/login"
-    stolen = httpx.Client(base_url=url, cookies=cookies, timeout=30,
-                          headers={"X-CSRFToken": cookies["_csrf_token"]})
-    assert stolen.post("/_dash-update-component",
-                       json=_delete_profile(dependencies)).status_code == 401
+    stolen = httpx.Client(
+        base_url=url, cookies=cookies, timeout=30, headers={"X-CSRFToken": cookies["_csrf_token"]}
+    )
+    assert (
+        stolen.post("/_dash-update-component", json=_delete_profile(dependencies)).status_code
+        == 401
+    )
     assert _profiles(url) == 2
 
 
 def test_public_reads_never_lend_the_server_token(database_url: str) -> None:
     settings: Settings = make_settings(database_url, public_reads=True)
     with live_backend(settings, dashboard=True) as url:
-        httpx.post(f"{url}/api/profiles", headers=AUTH, json={"profile": small_profile()}
-                   ).raise_for_status()
+        httpx.post(
+            f"{url}/api/profiles", headers=AUTH, json={"profile": small_profile()}
+        ).raise_for_status()
         anyone = httpx.Client(base_url=url, timeout=30)
         assert anyone.get("/profiles").status_code == 200  # pages are public now
         dependencies = anyone.get("/_dash-dependencies").json()
@@ -127,37 +157,49 @@ def test_public_reads_never_lend_the_server_token(database_url: str) -> None:
 
 
 def test_crafted_callback_values_answer_400_not_500(
-        stack: tuple[str, list[dict[str, Any]]]) -> None:
+    stack: tuple[str, list[dict[str, Any]]],
+) -> None:
     url, dependencies = stack
     with dashboard_session(url) as browser:
         for value in ("abc", -1, 10**30, {}):
             body = dash_request(dependencies, "profiles-select", "value", value)
             answer = browser.post("/_dash-update-component", json=body)
             assert answer.status_code == 400, (value, answer.text)
-        body = dash_request(dependencies, "profiles-upload", "contents", 123,
-                            {"profiles-upload.filename": "x", "profiles-changed.data": 0})
+        body = dash_request(
+            dependencies,
+            "profiles-upload",
+            "contents",
+            123,
+            {"profiles-upload.filename": "x", "profiles-changed.data": 0},
+        )
         assert browser.post("/_dash-update-component", json=body).status_code == 400
     assert httpx.get(f"{url}/loginx").status_code == 302, "only /login itself is open"
 
 
 def test_one_browsers_bad_guesses_do_not_lock_out_another(
-        stack: tuple[str, list[dict[str, Any]]]) -> None:
+    stack: tuple[str, list[dict[str, Any]]],
+) -> None:
     """The dashboard signs people in from the server's own address: it forwards each
     browser's, so the brake on guessing holds one browser back, not everyone."""
     url, _ = stack
     guesser = {"X-Forwarded-For": "203.0.113.5"}
-    statuses = [httpx.post(f"{url}/login", data={"password": f"guess{i}"}, headers=guesser
-                           ).status_code for i in range(11)]
+    statuses = [
+        httpx.post(f"{url}/login", data={"password": f"guess{i}"}, headers=guesser).status_code
+        for i in range(11)
+    ]
     assert statuses == [401] * 10 + [429]
-    other = httpx.post(f"{url}/login", data={"password": API_TOKEN},
-                       headers={"X-Forwarded-For": "198.51.100.7"})
+    other = httpx.post(
+        f"{url}/login", data={"password": API_TOKEN}, headers={"X-Forwarded-For": "198.51.100.7"}
+    )
     assert other.status_code == 302, other.text
 
 
-@pytest.mark.parametrize("target", ["/%5Cevil.example", "https://evil.example",
-                                    "//evil.example", "/%0d%0aLocation:%20x"])
-def test_signing_in_never_leads_to_another_site(stack: tuple[str, list[dict[str, Any]]],
-                                                target: str) -> None:
+@pytest.mark.parametrize(
+    "target", ["/%5Cevil.example", "https://evil.example", "//evil.example", "/%0d%0aLocation:%20x"]
+)
+def test_signing_in_never_leads_to_another_site(
+    stack: tuple[str, list[dict[str, Any]]], target: str
+) -> None:
     url, _ = stack
     answer = httpx.post(f"{url}/login?next={target}", data={"password": API_TOKEN})
     assert answer.status_code == 302 and answer.headers["location"] == "/", target

@@ -23,11 +23,15 @@ __all__ = ["system"]  # the fixture: a backend and two workers
 def test_a_nan_loss_fails_the_run_and_jams_nothing(system: dict[str, Any]) -> None:
     url = system["url"]
     run_id = _launch(url, steps=20, lr=1e15)
-    run = wait_for(lambda: (r := _run(url, run_id))["state"] in ("failed", "finished") and r,
-                   120, "the run to end")
+    run = wait_for(
+        lambda: (r := _run(url, run_id))["state"] in ("failed", "finished") and r,
+        120,
+        "the run to end",
+    )
     assert run["state"] == "failed", run
     assert run["message"].startswith("loss is NaN at step ") and run["message"].endswith(
-        "(stage 1)"), run["message"]
+        "(stage 1)"
+    ), run["message"]
     nan_step = int(run["message"].split("step ")[1].split(" ")[0])
     steps = read(f"{url}/api/runs/{run_id}/metrics", params={"kind": "step"}).json()["data"]
     last_stage = sorted((m["step"], m["data"].get("loss")) for m in steps if m["stage"] == 1)
@@ -39,14 +43,18 @@ def test_a_nan_loss_fails_the_run_and_jams_nothing(system: dict[str, Any]) -> No
     assert not [e for e in events if e["kind"] == "rejected"], "nothing was refused"
     assert httpx.get(f"{url}/api/health").json()["workers_online"] == 2
     again = _launch(url, steps=3)
-    done = wait_for(lambda: (r := _run(url, again))["state"] in ("failed", "finished") and r,
-                    120, "the next run to end")
+    done = wait_for(
+        lambda: (r := _run(url, again))["state"] in ("failed", "finished") and r,
+        120,
+        "the next run to end",
+    )
     assert done["state"] == "finished", done
     assert httpx.get(f"{url}/api/runs/{again}", headers=AUTH).json()["last_step"] == 2
 
 
 def test_500_poisoned_messages_from_a_stranger_disturb_no_real_worker(
-        system: dict[str, Any]) -> None:
+    system: dict[str, Any],
+) -> None:
     """While two real workers train, a third connection with the worker token sends 500
     messages the backend cannot store or must not believe; the real workers are never
     disconnected, the run ends finished with all its metrics, and every poisoned message
@@ -54,8 +62,10 @@ def test_500_poisoned_messages_from_a_stranger_disturb_no_real_worker(
     url = system["url"]
     run_id = _launch(url, steps=30)
     wait_for(lambda: _run(url, run_id)["state"] == "running", 60, "the run to start")
-    with connect(url.replace("http", "ws") + "/ws/worker",
-                 additional_headers={"Authorization": f"Bearer {WORKER_TOKEN}"}) as socket:
+    with connect(
+        url.replace("http", "ws") + "/ws/worker",
+        additional_headers={"Authorization": f"Bearer {WORKER_TOKEN}"},
+    ) as socket:
         socket.send(json.dumps({"type": "hello", "name": "stranger", "host": "10.9.9.9"}))
         assert json.loads(socket.recv(timeout=30))["type"] == "welcome"
         for seq in range(1, 501):
@@ -64,13 +74,17 @@ def test_500_poisoned_messages_from_a_stranger_disturb_no_real_worker(
         while acked < 500:
             message = json.loads(socket.recv(timeout=30))
             acked = max(acked, message.get("seq", 0) if message["type"] == "ack" else 0)
-    run = wait_for(lambda: (r := _run(url, run_id))["state"] in ("failed", "finished") and r,
-                   120, "the run to end")
+    run = wait_for(
+        lambda: (r := _run(url, run_id))["state"] in ("failed", "finished") and r,
+        120,
+        "the run to end",
+    )
     assert run["state"] == "finished", run["message"]
     steps = read(f"{url}/api/runs/{run_id}/metrics", params={"kind": "step"}).json()
     assert steps["total"] == 2 * 30
-    rejected = read(f"{url}/api/runs/{run_id}/events",
-                    params={"kind": "rejected", "limit": 1000}).json()["count"]
+    rejected = read(
+        f"{url}/api/runs/{run_id}/events", params={"kind": "rejected", "limit": 1000}
+    ).json()["count"]
     assert rejected >= 400
     log = system["log"].read_text()
     assert "closing to resync" not in log and "reconnect and resend" not in log

@@ -20,8 +20,9 @@ def _race(client: httpx.Client, plan_id: int) -> tuple[int, int]:
 
     def patch() -> None:
         barrier.wait()
-        statuses["patch"] = client.patch(f"/api/plans/{plan_id}", json={
-            "boundaries": [1], "name": "edited"}).status_code
+        statuses["patch"] = client.patch(
+            f"/api/plans/{plan_id}", json={"boundaries": [1], "name": "edited"}
+        ).status_code
 
     def delete() -> None:
         barrier.wait()
@@ -36,14 +37,20 @@ def _race(client: httpx.Client, plan_id: int) -> tuple[int, int]:
 
 
 def test_patch_racing_delete_never_answers_500(settings: Settings) -> None:
-    with live_backend(settings) as url, \
-            httpx.Client(base_url=url, headers=AUTH, timeout=60) as client:
-        profile_id = client.post("/api/profiles", json={"profile": small_profile()}
-                                 ).json()["id"]
+    with (
+        live_backend(settings) as url,
+        httpx.Client(base_url=url, headers=AUTH, timeout=60) as client,
+    ):
+        profile_id = client.post("/api/profiles", json={"profile": small_profile()}).json()["id"]
         outcomes: Counter[tuple[int, int]] = Counter()
         for _ in range(RACES):
-            plan = client.post("/api/plans", json={"profile_id": profile_id, "manual": {
-                "boundaries": [2], "num_microbatches": 2, "schedule": "gpipe"}}).json()
+            plan = client.post(
+                "/api/plans",
+                json={
+                    "profile_id": profile_id,
+                    "manual": {"boundaries": [2], "num_microbatches": 2, "schedule": "gpipe"},
+                },
+            ).json()
             patched, deleted = _race(client, plan["id"])
             outcomes[(patched, deleted)] += 1
             assert deleted in (204, 404, 409), outcomes
@@ -63,5 +70,12 @@ def test_patch_racing_delete_never_answers_500(settings: Settings) -> None:
 
 
 def _plan_of(client: httpx.Client, profile_id: int, statuses: list[int]) -> None:
-    statuses.append(client.post("/api/plans", json={"profile_id": profile_id, "manual": {
-        "boundaries": [2], "num_microbatches": 2, "schedule": "gpipe"}}).status_code)
+    statuses.append(
+        client.post(
+            "/api/plans",
+            json={
+                "profile_id": profile_id,
+                "manual": {"boundaries": [2], "num_microbatches": 2, "schedule": "gpipe"},
+            },
+        ).status_code
+    )

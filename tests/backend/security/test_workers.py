@@ -36,8 +36,11 @@ def test_old_offline_workers_leave_the_list(client: TestClient, fake: Workers) -
     gone.close()
     context = client.app.state.context  # type: ignore[attr-defined]
     with context.db.session() as session:
-        session.execute(update(models.Worker).where(models.Worker.id == gone.id).values(
-            state="offline", last_seen_at=models.utcnow() - timedelta(days=2)))
+        session.execute(
+            update(models.Worker)
+            .where(models.Worker.id == gone.id)
+            .values(state="offline", last_seen_at=models.utcnow() - timedelta(days=2))
+        )
     names = [w["name"] for w in client.get("/api/workers").json()["data"]]
     assert names == ["here"]
     every = client.get("/api/workers", params={"include_retired": True}).json()["data"]
@@ -51,10 +54,20 @@ def test_nobody_takes_a_connected_workers_id(client: TestClient, fake: Workers) 
     secret its worker was given is refused, and the worker keeps its connection."""
     real = fake("w1")
     for secret in (None, "guessed"):
-        with client.websocket_connect("/ws/worker", headers=WORKER) as socket, \
-                pytest.raises(WebSocketDisconnect) as refused:
-            socket.send_json({"type": "hello", "name": "w1", "host": "127.0.0.1",
-                              "worker_id": real.id, "secret": secret, "runs": []})
+        with (
+            client.websocket_connect("/ws/worker", headers=WORKER) as socket,
+            pytest.raises(WebSocketDisconnect) as refused,
+        ):
+            socket.send_json(
+                {
+                    "type": "hello",
+                    "name": "w1",
+                    "host": "127.0.0.1",
+                    "worker_id": real.id,
+                    "secret": secret,
+                    "runs": [],
+                }
+            )
             socket.receive_json()
         assert refused.value.code == 4401 and "another worker's" in refused.value.reason
     real.expect_ack(real.send({"type": "events", "run_id": 1, "events": []}))

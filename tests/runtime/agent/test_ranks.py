@@ -12,22 +12,48 @@ from tests.runtime.engine.helpers import make_plan, model_args
 PLAN = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
 REASON = "loss is NaN at step 3 (stage 1)"
 #: What rank 0 reports after its wait on rank 1 failed, and what rank 1 reports.
-SECONDARY = {"type": "error", "rank": 0, "stage": 0, "replica": 0, "root_rank": 1,
-             "message": f"rank 0 (stage 0 replica 0) stopped while receiving: {REASON}",
-             "retry": False}
-CAUSE = {"type": "error", "rank": 1, "stage": 1, "replica": 0, "root_rank": 1,
-         "message": REASON, "cause": "nonfinite_loss", "retry": False}
+SECONDARY = {
+    "type": "error",
+    "rank": 0,
+    "stage": 0,
+    "replica": 0,
+    "root_rank": 1,
+    "message": f"rank 0 (stage 0 replica 0) stopped while receiving: {REASON}",
+    "retry": False,
+}
+CAUSE = {
+    "type": "error",
+    "rank": 1,
+    "stage": 1,
+    "replica": 0,
+    "root_rank": 1,
+    "message": REASON,
+    "cause": "nonfinite_loss",
+    "retry": False,
+}
 
 
 def _config(**settings: Any) -> dict[str, Any]:
-    return {"plan": PLAN.model_dump(mode="json"), "model": "mlp",
-            "model_args": model_args("mlp"), "steps": 4, "device": "cpu", **settings}
+    return {
+        "plan": PLAN.model_dump(mode="json"),
+        "model": "mlp",
+        "model_args": model_args("mlp"),
+        "steps": 4,
+        "device": "cpu",
+        **settings,
+    }
 
 
 def _ended(events: list[dict[str, Any]], codes: list[int | None]) -> list[tuple[Any, ...]]:
     ends: list[tuple[Any, ...]] = []
-    group = RankGroup(1, engine_config(_config()), [0, 1], None,  # type: ignore[arg-type]
-                      on_event=lambda event: None, on_end=lambda *end: ends.append(end))
+    group = RankGroup(
+        1,
+        engine_config(_config()),
+        [0, 1],
+        None,  # type: ignore[arg-type]
+        on_event=lambda event: None,
+        on_end=lambda *end: ends.append(end),
+    )
     for event in events:
         group.note_error(event)
     group.end(codes)
@@ -35,8 +61,7 @@ def _ended(events: list[dict[str, Any]], codes: list[int | None]) -> list[tuple[
 
 
 @pytest.mark.parametrize("order", [[SECONDARY, CAUSE], [CAUSE, SECONDARY]])
-def test_the_cause_is_reported_first_and_not_worth_retrying(
-        order: list[dict[str, Any]]) -> None:
+def test_the_cause_is_reported_first_and_not_worth_retrying(order: list[dict[str, Any]]) -> None:
     assert _ended(order, [1, 1]) == [("failed", REASON, False)]
 
 

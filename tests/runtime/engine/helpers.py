@@ -24,26 +24,59 @@ def builder(name: str) -> Callable[[], ModelSpec]:
     return partial(MODELS[name], **TINY[name])
 
 
-def make_plan(model: str, stages: list[list[str]], schedule: str, *, replicas: list[int] | None
-              = None, num_microbatches: int = 4, microbatch_size: int = 2,
-              optimizer: str = "adam", policies: dict[str, str] | None = None,
-              vertical_sync: bool = False, precision: str = "fp32") -> Plan:
+def make_plan(
+    model: str,
+    stages: list[list[str]],
+    schedule: str,
+    *,
+    replicas: list[int] | None = None,
+    num_microbatches: int = 4,
+    microbatch_size: int = 2,
+    optimizer: str = "adam",
+    policies: dict[str, str] | None = None,
+    vertical_sync: bool = False,
+    precision: str = "fp32",
+) -> Plan:
     replicas = replicas or [1] * len(stages)
-    return parse_document(Plan, {
-        "model": model, "schedule": schedule, "vertical_sync": vertical_sync,
-        "num_microbatches": num_microbatches, "microbatch_size": microbatch_size,
-        "optimizer": optimizer, "policies": policies or {}, "precision": precision,
-        "stages": [{"layers": layers, "replicas": r}
-                   for layers, r in zip(stages, replicas, strict=True)]})
+    return parse_document(
+        Plan,
+        {
+            "model": model,
+            "schedule": schedule,
+            "vertical_sync": vertical_sync,
+            "num_microbatches": num_microbatches,
+            "microbatch_size": microbatch_size,
+            "optimizer": optimizer,
+            "policies": policies or {},
+            "precision": precision,
+            "stages": [
+                {"layers": layers, "replicas": r}
+                for layers, r in zip(stages, replicas, strict=True)
+            ],
+        },
+    )
 
 
-def run(plan: Plan, model: str, steps: int, folder: Path, sink: Callable[[dict[str, Any]],
-        None] | None = None, **settings: Any) -> TrainResult:
+def run(
+    plan: Plan,
+    model: str,
+    steps: int,
+    folder: Path,
+    sink: Callable[[dict[str, Any]], None] | None = None,
+    **settings: Any,
+) -> TrainResult:
     """A forked job with one thread per rank that checkpoints into ``folder``."""
     start_method = settings.pop("start_method", "forkserver")
-    config = EngineConfig(plan=plan, model=model, model_args=model_args(model), steps=steps,
-                          threads_per_rank=1, checkpoint_dir=str(folder),
-                          timeout_s=settings.pop("timeout_s", 15.0), **settings)
+    config = EngineConfig(
+        plan=plan,
+        model=model,
+        model_args=model_args(model),
+        steps=steps,
+        threads_per_rank=1,
+        checkpoint_dir=str(folder),
+        timeout_s=settings.pop("timeout_s", 15.0),
+        **settings,
+    )
     return launch(config, sink, start_method=start_method)
 
 
@@ -54,8 +87,11 @@ def final_params(folder: Path, plan: Plan, layer_names: list[str]) -> Params:
     params: Params = {}
     for stage_idx, stage in enumerate(plan.stages):
         names = [name for name in layer_names if name in stage.layers]
-        state = torch.load(folder / meta["path"] / f"stage{stage_idx}-replica0.pt",
-                           weights_only=False, map_location="cpu")
+        state = torch.load(
+            folder / meta["path"] / f"stage{stage_idx}-replica0.pt",
+            weights_only=False,
+            map_location="cpu",
+        )
         for key, value in state["model"].items():
             pos, _, rest = key.partition(".")
             full = f"{names[int(pos)]}.{rest}"
@@ -67,5 +103,6 @@ def final_params(folder: Path, plan: Plan, layer_names: list[str]) -> Params:
 def max_relative_difference(got: Params, expected: Params) -> float:
     """The largest ``|got - expected| / |expected|`` (Frobenius norms) over the tensors."""
     assert set(got) == set(expected), set(got) ^ set(expected)
-    return max(float((got[k] - expected[k]).norm() / expected[k].norm().clamp_min(1e-12))
-               for k in expected)
+    return max(
+        float((got[k] - expected[k]).norm() / expected[k].norm().clamp_min(1e-12)) for k in expected
+    )

@@ -35,8 +35,7 @@ Params = dict[str, Tensor]
 BF16_TOLERANCE = 1e-5
 
 
-def _optimizer(plan: Plan, params: list[nn.Parameter], lr: float | None
-               ) -> torch.optim.Optimizer:
+def _optimizer(plan: Plan, params: list[nn.Parameter], lr: float | None) -> torch.optim.Optimizer:
     optimizer = make_optimizer(plan.optimizer, params)
     if lr is not None:
         for group in optimizer.param_groups:
@@ -45,8 +44,11 @@ def _optimizer(plan: Plan, params: list[nn.Parameter], lr: float | None
 
 
 def layer_params(spec: ModelSpec) -> Params:
-    return {f"{name}.{key}": value.detach().clone() for name, module in spec.layers
-            for key, value in module.named_parameters()}
+    return {
+        f"{name}.{key}": value.detach().clone()
+        for name, module in spec.layers
+        for key, value in module.named_parameters()
+    }
 
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -58,8 +60,9 @@ def autocast(plan: Plan) -> torch.autocast:
     return torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
 
 
-def train_single(build: Callable[[], ModelSpec], plan: Plan, steps: int,
-                 lr: float | None = None) -> Params:
+def train_single(
+    build: Callable[[], ModelSpec], plan: Plan, steps: int, lr: float | None = None
+) -> Params:
     """Plain training; a bf16 or fp16 plan's forwards (loss included) run under CPU
     autocast over the float32 weights, as mixed-precision training does (``autocast``)."""
     params, _ = _train(build, plan, steps, lr, torch.amp.GradScaler("cpu", enabled=False))
@@ -70,26 +73,38 @@ def train_single(build: Callable[[], ModelSpec], plan: Plan, steps: int,
 Poison = Callable[[int, dict[str, nn.Parameter]], None]
 
 
-def train_scaled(build: Callable[[], ModelSpec], plan: Plan, steps: int, init_scale: float,
-                 growth_interval: int, poison: Poison | None = None
-                 ) -> tuple[Params, list[tuple[float, bool]]]:
+def train_scaled(
+    build: Callable[[], ModelSpec],
+    plan: Plan,
+    steps: int,
+    init_scale: float,
+    growth_interval: int,
+    poison: Poison | None = None,
+) -> tuple[Params, list[tuple[float, bool]]]:
     """``train_single`` for an fp16 plan with ``torch.amp.GradScaler``: the parameters and,
     per step, the scale it ran with and whether its update was skipped (an overflow: the
     only event that lowers the scale)."""
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale,
-                                  growth_interval=growth_interval)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
     return _train(build, plan, steps, None, scaler, poison)
 
 
-def _train(build: Callable[[], ModelSpec], plan: Plan, steps: int, lr: float | None,
-           scaler: torch.amp.GradScaler, poison: Poison | None = None
-           ) -> tuple[Params, list[tuple[float, bool]]]:
+def _train(
+    build: Callable[[], ModelSpec],
+    plan: Plan,
+    steps: int,
+    lr: float | None,
+    scaler: torch.amp.GradScaler,
+    poison: Poison | None = None,
+) -> tuple[Params, list[tuple[float, bool]]]:
     """Micro-batch by micro-batch with accumulated gradients and one update per step,
     through ``scaler`` (a disabled one scales nothing and always steps)."""
     spec = build()
     model = spec.as_module()
-    named = {f"{name}.{key}": param for name, module in spec.layers
-             for key, param in module.named_parameters()}
+    named = {
+        f"{name}.{key}": param
+        for name, module in spec.layers
+        for key, param in module.named_parameters()
+    }
     optimizer = _optimizer(plan, list(model.parameters()), lr)
     num_mb, size = plan.num_microbatches, plan.microbatch_size
     scales = []
@@ -112,31 +127,39 @@ def _train(build: Callable[[], ModelSpec], plan: Plan, steps: int, lr: float | N
 class _Stage:
     """One stage of the emulation: live layers, optimizer, op queue, weight history."""
 
-    def __init__(self, spec: ModelSpec, plan: Plan, idx: int, num_mb_total: int,
-                 lr: float | None) -> None:
+    def __init__(
+        self, spec: ModelSpec, plan: Plan, idx: int, num_mb_total: int, lr: float | None
+    ) -> None:
         self.names = [name for name in spec.layer_names if name in plan.stages[idx].layers]
         self.live = nn.ModuleDict({name: dict(spec.layers)[name] for name in self.names})
         self.optimizer = _optimizer(plan, list(self.live.parameters()), lr)
-        self.ops = worker_order("pipedream", list(range(num_mb_total)),
-                                plan.warmup_forwards(idx))
+        self.ops = worker_order("pipedream", list(range(num_mb_total)), plan.warmup_forwards(idx))
         self.history = [copy.deepcopy(self.live)]  # version v: the weights after v updates
-        self.stash: dict[int, tuple[nn.ModuleDict, dict[str, Tensor], dict[str, Tensor],
-                                    Tensor | None]] = {}
+        self.stash: dict[
+            int, tuple[nn.ModuleDict, dict[str, Tensor], dict[str, Tensor], Tensor | None]
+        ] = {}
 
 
-def train_pipedream(build: Callable[[], ModelSpec], plan: Plan, steps: int,
-                    lr: float | None = None) -> Params:
+def train_pipedream(
+    build: Callable[[], ModelSpec], plan: Plan, steps: int, lr: float | None = None
+) -> Params:
     spec = build()
     assert all(stage.replicas == 1 for stage in plan.stages)
     inputs = spec.graph_inputs()
     total = steps * plan.num_microbatches
     stages = [_Stage(spec, plan, idx, total, lr) for idx in range(plan.num_stages)]
     stage_of = {name: idx for idx, stage in enumerate(stages) for name in stage.names}
-    outputs: dict[tuple[int, str], Tensor] = {}   # (mb, layer) -> activation sent on
+    outputs: dict[tuple[int, str], Tensor] = {}  # (mb, layer) -> activation sent on
     grads: dict[tuple[int, str], list[Tensor]] = {}  # (mb, layer) -> gradients came back
     version0: dict[int, int] = {}
-    consumers = {name: {stage_of[r] for r, srcs in inputs.items() if name in srcs
-                        and stage_of[r] != stage_of[name]} for name in spec.layer_names}
+    consumers = {
+        name: {
+            stage_of[r]
+            for r, srcs in inputs.items()
+            if name in srcs and stage_of[r] != stage_of[name]
+        }
+        for name in spec.layer_names
+    }
     while any(stage.ops for stage in stages):
         progressed = False
         for idx, stage in enumerate(stages):
@@ -144,8 +167,12 @@ def train_pipedream(build: Callable[[], ModelSpec], plan: Plan, steps: int,
                 continue
             kind, mb = stage.ops[0]
             if kind == FORWARD:
-                needed = [(mb, src) for name in stage.names for src in inputs[name]
-                          if src != DATA and stage_of[src] != idx]
+                needed = [
+                    (mb, src)
+                    for name in stage.names
+                    for src in inputs[name]
+                    if src != DATA and stage_of[src] != idx
+                ]
                 if any(key not in outputs for key in needed):
                     continue
                 _forward(spec, plan, stages, idx, mb, outputs, version0, consumers)
@@ -160,9 +187,16 @@ def train_pipedream(build: Callable[[], ModelSpec], plan: Plan, steps: int,
     return layer_params(spec)
 
 
-def _forward(spec: ModelSpec, plan: Plan, stages: list[_Stage], idx: int, mb: int,
-             outputs: dict[tuple[int, str], Tensor], version0: dict[int, int],
-             consumers: dict[str, set[int]]) -> None:
+def _forward(
+    spec: ModelSpec,
+    plan: Plan,
+    stages: list[_Stage],
+    idx: int,
+    mb: int,
+    outputs: dict[tuple[int, str], Tensor],
+    version0: dict[int, int],
+    consumers: dict[str, set[int]],
+) -> None:
     stage = stages[idx]
     if idx == 0:
         version0[mb] = len(stage.history) - 1
@@ -201,9 +235,11 @@ def _backward(stage: _Stage, mb: int, grads: dict[tuple[int, str], list[Tensor]]
     torch.autograd.backward(roots, root_grads)
     for src, leaf in received.items():
         grads.setdefault((mb, src), []).append(
-            leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
-    for (name, live), (_, stashed) in zip(stage.live.named_parameters(),
-                                          weights.named_parameters(), strict=True):
+            leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        )
+    for (name, live), (_, stashed) in zip(
+        stage.live.named_parameters(), weights.named_parameters(), strict=True
+    ):
         assert name
         live.grad = None if stashed.grad is None else stashed.grad.clone()
     stage.optimizer.step()

@@ -52,16 +52,20 @@ def test_resume_equals_the_uninterrupted_run(schedule: str, tmp_path: Path) -> N
 def test_a_bf16_run_resumed_equals_the_single_process_autocast_run(tmp_path: Path) -> None:
     """A bf16 run stopped after step 3 and resumed ends where single-process autocast
     training does (``reference.BF16_TOLERANCE``), with a recomputed layer."""
-    plan = make_plan("gpt", [["embed", "block0"], ["block1", "head"]], "1f1b",
-                     optimizer="momentum", policies={"block1": "recompute"},
-                     precision="bf16")
+    plan = make_plan(
+        "gpt",
+        [["embed", "block0"], ["block1", "head"]],
+        "1f1b",
+        optimizer="momentum",
+        policies={"block1": "recompute"},
+        precision="bf16",
+    )
     assert run(plan, "gpt", 3, tmp_path).ok
     result = run(plan, "gpt", 5, tmp_path, resume=True)
     assert result.ok, result.message
     assert result.summary is not None and result.summary["steps"] == [3, 4]
     got = final_params(tmp_path, plan, builder("gpt")().layer_names)
-    assert max_relative_difference(got, train_single(builder("gpt"), plan, 5)
-                                   ) <= BF16_TOLERANCE
+    assert max_relative_difference(got, train_single(builder("gpt"), plan, 5)) <= BF16_TOLERANCE
     in_fp32 = train_single(builder("gpt"), plan.model_copy(update={"precision": "fp32"}), 5)
     assert max_relative_difference(got, in_fp32) > 100 * BF16_TOLERANCE  # bf16 did run
 
@@ -84,9 +88,14 @@ def _stop_at(step: int, rank: int, op: Any) -> None:
         raise RuntimeError(f"stopped after the checkpoint of step {step - 1}")
 
 
-def _stop_and_resume(plan: Plan, migrations: RepartitionConfig, steps: int, checkpoint: int,
-                     stopped: str, tmp_path: Path
-                     ) -> tuple[list[dict], dict[str, Any], list[dict]]:
+def _stop_and_resume(
+    plan: Plan,
+    migrations: RepartitionConfig,
+    steps: int,
+    checkpoint: int,
+    stopped: str,
+    tmp_path: Path,
+) -> tuple[list[dict], dict[str, Any], list[dict]]:
     """Train ``steps`` steps unbroken, checkpointing every ``checkpoint``; again, stopped
     after the checkpoint of step ``checkpoint`` (at the run's end, or by a fault in the
     next step) and resumed to ``steps``, which must end where the unbroken run ends (on
@@ -94,20 +103,33 @@ def _stop_and_resume(plan: Plan, migrations: RepartitionConfig, steps: int, chec
     ``latest.json`` and the resumed run's events."""
     names = builder("mlp")().layer_names
     unbroken: list[dict] = []
-    assert run(plan, "mlp", steps, tmp_path / "whole", unbroken.append,
-               checkpoint_every=checkpoint, repartition=migrations).ok
+    assert run(
+        plan,
+        "mlp",
+        steps,
+        tmp_path / "whole",
+        unbroken.append,
+        checkpoint_every=checkpoint,
+        repartition=migrations,
+    ).ok
     broken = tmp_path / "broken"
     if stopped == "at its end":
         assert run(plan, "mlp", checkpoint, broken, repartition=migrations).ok
     else:
-        result = run(plan, "mlp", steps, broken, checkpoint_every=checkpoint,
-                     repartition=migrations, before_op=partial(_stop_at, checkpoint + 1))
+        result = run(
+            plan,
+            "mlp",
+            steps,
+            broken,
+            checkpoint_every=checkpoint,
+            repartition=migrations,
+            before_op=partial(_stop_at, checkpoint + 1),
+        )
         assert not result.ok
     meta = json.loads((broken / "latest.json").read_text())
     assert meta["step"] == checkpoint
     resumed: list[dict] = []
-    result = run(plan, "mlp", steps, broken, resumed.append, resume=True,
-                 repartition=migrations)
+    result = run(plan, "mlp", steps, broken, resumed.append, resume=True, repartition=migrations)
     assert result.ok, result.message
     final = new_plan(plan, [m for s in migrations.migrations for m in s.moves], names)
     got = final_params(broken, final, names)
@@ -117,46 +139,58 @@ def _stop_and_resume(plan: Plan, migrations: RepartitionConfig, steps: int, chec
 
 @pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
 @pytest.mark.parametrize("stopped", ["at its end", "by a fault"])
-def test_a_resumed_run_makes_each_scripted_migration_once(schedule: str, stopped: str,
-                                                          tmp_path: Path) -> None:
+def test_a_resumed_run_makes_each_scripted_migration_once(
+    schedule: str, stopped: str, tmp_path: Path
+) -> None:
     """Migrations at steps 2, 4 and 6; the run resumes from its checkpoint of step 4. A run
     that ended at step 4 had not made the migration of step 4, which the resumed run
     makes at once; one stopped at step 5 had, and its checkpoint holds it. Either way the
     resumed run ends where the unbroken one does."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], schedule)
-    moves = RepartitionConfig(migrations=[ScriptedMigration(2, (("block1", 1),)),
-                                          ScriptedMigration(4, (("block1", 0),)),
-                                          ScriptedMigration(6, (("block1", 1),))])
+    moves = RepartitionConfig(
+        migrations=[
+            ScriptedMigration(2, (("block1", 1),)),
+            ScriptedMigration(4, (("block1", 0),)),
+            ScriptedMigration(6, (("block1", 1),)),
+        ]
+    )
     unbroken, _, resumed = _stop_and_resume(plan, moves, 8, 4, stopped, tmp_path)
     made = _scheduled(unbroken)
     assert 4 in made  # (pipedream's lead moves the others)
-    assert _scheduled(resumed) == [step for step in made
-                                   if step > 4 or (step == 4 and stopped == "at its end")]
+    assert _scheduled(resumed) == [
+        step for step in made if step > 4 or (step == 4 and stopped == "at its end")
+    ]
 
 
 @pytest.mark.parametrize("stopped", ["at its end", "by a fault"])
 def test_a_migration_postponed_past_the_checkpoint_is_made_after_resuming(
-        stopped: str, tmp_path: Path) -> None:
+    stopped: str, tmp_path: Path
+) -> None:
     """Migrations scripted at steps 2, 2 and 3 follow one another at steps 2, 3 and 4. A
     run stopped by a fault after its checkpoint of step 3 had decided all three, and that
     checkpoint holds the first two: the resumed run makes the third, at 4. A run that
     ended at step 3 had made only the first: the resumed run makes the others at once, at
     3 and 4. Either way it ends where the unbroken one does."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
-    moves = RepartitionConfig(migrations=[ScriptedMigration(2, (("block1", 1),)),
-                                          ScriptedMigration(2, (("block1", 0),)),
-                                          ScriptedMigration(3, (("block1", 1),))])
+    moves = RepartitionConfig(
+        migrations=[
+            ScriptedMigration(2, (("block1", 1),)),
+            ScriptedMigration(2, (("block1", 0),)),
+            ScriptedMigration(3, (("block1", 1),)),
+        ]
+    )
     unbroken, meta, resumed = _stop_and_resume(plan, moves, 6, 3, stopped, tmp_path)
     assert _scheduled(unbroken) == [2, 3, 4]
     record = meta["repartition"]
     assert record["scripted"] == [  # each made or queued
         {"index": 0, "step": 2, "moves": [["block1", 1]], "due": None},
         {"index": 1, "step": 2, "moves": [["block1", 0]], "due": None},
-        {"index": 2, "step": 3, "moves": [["block1", 1]], "due": None}]
-    queued = [(q["request"]["index"], q["request"]["step"], q["effective"])
-              for q in record["queued"]]
-    assert queued == ([(1, 2, None), (2, 3, None)] if stopped == "at its end"
-                      else [(2, 3, 4)])
+        {"index": 2, "step": 3, "moves": [["block1", 1]], "due": None},
+    ]
+    queued = [
+        (q["request"]["index"], q["request"]["step"], q["effective"]) for q in record["queued"]
+    ]
+    assert queued == ([(1, 2, None), (2, 3, None)] if stopped == "at its end" else [(2, 3, 4)])
     assert _scheduled(resumed) == ([3, 4] if stopped == "at its end" else [4])
 
 
@@ -166,15 +200,24 @@ def test_a_run_resumed_twice_makes_every_migration(tmp_path: Path) -> None:
     second resumption still makes the migrations due at 5 and 6, which the first had not
     taken up when it checkpointed step 4."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
-    moves = RepartitionConfig(migrations=[ScriptedMigration(2, (("block1", 1 - i % 2),))
-                                          for i in range(5)])
+    moves = RepartitionConfig(
+        migrations=[ScriptedMigration(2, (("block1", 1 - i % 2),)) for i in range(5)]
+    )
     folder = tmp_path / "run"
     scheduled = []
     for resume, stop in ((False, 3), (True, 4), (True, None)):
         events: list[dict] = []
-        result = run(plan, "mlp", 8, folder, events.append, checkpoint_every=1,
-                     repartition=moves, resume=resume,
-                     before_op=partial(_stop_at, stop) if stop else None)
+        result = run(
+            plan,
+            "mlp",
+            8,
+            folder,
+            events.append,
+            checkpoint_every=1,
+            repartition=moves,
+            resume=resume,
+            before_op=partial(_stop_at, stop) if stop else None,
+        )
         assert result.ok == (stop is None), result.message
         scheduled.append(_scheduled(events))
     assert scheduled[0] == [2, 3, 4, 5, 6] and scheduled[1][0] == 4
@@ -194,11 +237,22 @@ def test_a_move_added_before_the_step_resumed_at_is_reported(tmp_path: Path) -> 
     made = ScriptedMigration(2, (("block1", 1),))
     folder = tmp_path / "run"
     assert run(plan, "mlp", 4, folder, repartition=RepartitionConfig(migrations=[made])).ok
-    later = [ScriptedMigration(1, (("block0", 1),)), made,
-             ScriptedMigration(3, (("block1", 0),)), ScriptedMigration(5, (("block1", 0),))]
+    later = [
+        ScriptedMigration(1, (("block0", 1),)),
+        made,
+        ScriptedMigration(3, (("block1", 0),)),
+        ScriptedMigration(5, (("block1", 0),)),
+    ]
     events: list[dict] = []
-    result = run(plan, "mlp", 7, folder, events.append, resume=True,
-                 repartition=RepartitionConfig(migrations=later))
+    result = run(
+        plan,
+        "mlp",
+        7,
+        folder,
+        events.append,
+        resume=True,
+        repartition=RepartitionConfig(migrations=later),
+    )
     assert result.ok, result.message
     assert _scheduled(events) == [5]
     rejected = [e for e in events if e["type"] == "migration" and e["phase"] == "rejected"]
@@ -206,13 +260,21 @@ def test_a_move_added_before_the_step_resumed_at_is_reported(tmp_path: Path) -> 
     assert "--migrate 1:block0@1 is for step 1, before step 4" in rejected[0]["reason"]
     assert "--migrate 3:block1@0 is for step 3, before step 4" in rejected[1]["reason"]
     again: list[dict] = []
-    assert run(plan, "mlp", 9, folder, again.append, resume=True,
-               repartition=RepartitionConfig(migrations=later)).ok
+    assert run(
+        plan,
+        "mlp",
+        9,
+        folder,
+        again.append,
+        resume=True,
+        repartition=RepartitionConfig(migrations=later),
+    ).ok
     assert _scheduled(again) == []
-    reasons = [e["reason"] for e in again if e["type"] == "migration"
-               and e["phase"] == "rejected"]
+    reasons = [e["reason"] for e in again if e["type"] == "migration" and e["phase"] == "rejected"]
     assert [reason.split(" is for")[0] for reason in reasons] == [
-        "--migrate 1:block0@1", "--migrate 3:block1@0"]
+        "--migrate 1:block0@1",
+        "--migrate 3:block1@0",
+    ]
 
 
 def test_a_checkpoint_cut_takes_one_migration_the_next_comes_after_it(tmp_path: Path) -> None:
@@ -220,18 +282,19 @@ def test_a_checkpoint_cut_takes_one_migration_the_next_comes_after_it(tmp_path: 
     one decided with it, moving the same layer back, waits until after the cut (step 6)
     instead of switching at the same micro-batch."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "pipedream")
-    moves = RepartitionConfig(migrations=[ScriptedMigration(5, (("block1", 1),)),
-                                          ScriptedMigration(5, (("block1", 0),))])
+    moves = RepartitionConfig(
+        migrations=[ScriptedMigration(5, (("block1", 1),)), ScriptedMigration(5, (("block1", 0),))]
+    )
     events: list[dict] = []
-    result = run(plan, "mlp", 8, tmp_path, events.append, checkpoint_every=4,
-                 repartition=moves)
+    result = run(plan, "mlp", 8, tmp_path, events.append, checkpoint_every=4, repartition=moves)
     assert result.ok, result.message
     assert _scheduled(events) == [4, 6]
 
 
 @pytest.mark.parametrize("directory", ["the same", "a fresh one"])
 def test_a_resumed_run_reads_the_control_directory_on_from_where_it_stopped(
-        directory: str, tmp_path: Path) -> None:
+    directory: str, tmp_path: Path
+) -> None:
     """Commands read before the checkpoint are not read again (the migration of step 2 is
     not made a second time); one read but not in effect yet (step 5) is made. A resumed
     run given a fresh directory (as the agent does for each attempt) reads all of its
@@ -241,8 +304,14 @@ def test_a_resumed_run_reads_the_control_directory_on_from_where_it_stopped(
     first = old.migrate([("block1", 1)], step=2)
     second = old.migrate([("block1", 0)], step=5)
     events: list[dict] = []
-    assert run(plan, "mlp", 4, tmp_path / "run", events.append,
-               repartition=RepartitionConfig(control_dir=old.control_dir)).ok
+    assert run(
+        plan,
+        "mlp",
+        4,
+        tmp_path / "run",
+        events.append,
+        repartition=RepartitionConfig(control_dir=old.control_dir),
+    ).ok
     assert _scheduled(events) == [2] and old.status(first)["step"] == 2
     record = json.loads((tmp_path / "run" / "latest.json").read_text())["repartition"]
     assert record["seen"] == 2
@@ -250,8 +319,15 @@ def test_a_resumed_run_reads_the_control_directory_on_from_where_it_stopped(
     new = old if directory == "the same" else Controller(str(tmp_path / "fresh"))
     later = new.migrate([("block1", 1)], step=6)
     events = []
-    assert run(plan, "mlp", 8, tmp_path / "run", events.append, resume=True,
-               repartition=RepartitionConfig(control_dir=new.control_dir)).ok
+    assert run(
+        plan,
+        "mlp",
+        8,
+        tmp_path / "run",
+        events.append,
+        resume=True,
+        repartition=RepartitionConfig(control_dir=new.control_dir),
+    ).ok
     assert _scheduled(events) == [5, 6]
     assert old.status(first)["step"] == 2 and new.status(later)["step"] == 6
     if directory == "the same":
@@ -270,7 +346,8 @@ def test_the_online_planner_goes_on_measuring_after_a_resume(tmp_path: Path) -> 
     stopped: list[dict] = []
     assert run(plan, "mlp", 3, tmp_path / "run", stopped.append, repartition=settings).ok
     resumed: list[dict] = []
-    assert run(plan, "mlp", 10, tmp_path / "run", resumed.append, resume=True,
-               repartition=settings).ok
+    assert run(
+        plan, "mlp", 10, tmp_path / "run", resumed.append, resume=True, repartition=settings
+    ).ok
     windows = [e["window_step"] for e in resumed if e["type"] == "proposal"]
     assert windows and windows[0] == 5 and set(windows) <= {5, 7, 9}

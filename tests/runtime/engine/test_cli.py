@@ -10,20 +10,76 @@ from pipestudio.cli import main
 from pipestudio.planner.result import OpKind
 from tests.runtime.engine.helpers import make_plan
 
-TINY_MLP = ["--model", "mlp", "--model-arg", "layers=2", "--model-arg", "width=32",
-            "--model-arg", "in_features=16"]
+TINY_MLP = [
+    "--model",
+    "mlp",
+    "--model-arg",
+    "layers=2",
+    "--model-arg",
+    "width=32",
+    "--model-arg",
+    "in_features=16",
+]
 
 
 def test_profile_plan_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     profile, plan = str(tmp_path / "profile.json"), str(tmp_path / "plan.json")
     metrics, trace = tmp_path / "metrics.jsonl", tmp_path / "trace.json"
-    assert main(["profile", *TINY_MLP, "--microbatch-size", "2", "--repeats", "1",
-                 "--warmup", "1", "--threads", "1", "-o", profile]) == 0
-    assert main(["plan", profile, "--algorithm", "balance-time", "--stages", "2",
-                 "--microbatches", "4", "--schedule", "1f1b", "-o", plan]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                *TINY_MLP,
+                "--microbatch-size",
+                "2",
+                "--repeats",
+                "1",
+                "--warmup",
+                "1",
+                "--threads",
+                "1",
+                "-o",
+                profile,
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "plan",
+                profile,
+                "--algorithm",
+                "balance-time",
+                "--stages",
+                "2",
+                "--microbatches",
+                "4",
+                "--schedule",
+                "1f1b",
+                "-o",
+                plan,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    status = main(["train", "--plan", plan, *TINY_MLP, "--steps", "3", "--threads-per-rank",
-                   "1", "--metrics", str(metrics), "--trace", str(trace)])
+    status = main(
+        [
+            "train",
+            "--plan",
+            plan,
+            *TINY_MLP,
+            "--steps",
+            "3",
+            "--threads-per-rank",
+            "1",
+            "--metrics",
+            str(metrics),
+            "--trace",
+            str(trace),
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 0, err
     assert "step 2: loss" in err and f"wrote {trace}" in err
@@ -34,8 +90,14 @@ def test_profile_plan_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     ops = [event for event in events if event["type"] == "op"]
     assert {op["op"] for op in ops} <= set(OpKind.__args__)  # type: ignore[attr-defined]
     assert {(op["stage"], op["op"]) for op in ops} >= {
-        (0, "forward"), (0, "backward"), (0, "update"), (0, "send_activation"),
-        (1, "forward"), (1, "backward"), (1, "send_gradient")}
+        (0, "forward"),
+        (0, "backward"),
+        (0, "update"),
+        (0, "send_activation"),
+        (1, "forward"),
+        (1, "backward"),
+        (1, "send_gradient"),
+    }
     assert all(op["end_ms"] >= op["start_ms"] for op in ops)
     summary = next(event for event in events if event["type"] == "summary")
     assert summary["steps"] == [0, 1, 2] and all(loss > 0 for loss in summary["loss"])
@@ -46,27 +108,48 @@ def test_profile_plan_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "step" in capsys.readouterr().out and calibrated.exists()
 
 
-def test_a_plan_for_another_model_exits_2(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_plan_for_another_model_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"format": "pipestudio.plan", "version": 1, "model": "gpt",
-                                "schedule": "gpipe", "num_microbatches": 2,
-                                "microbatch_size": 1, "stages": [{"layers": ["head"]}]}))
+    plan.write_text(
+        json.dumps(
+            {
+                "format": "pipestudio.plan",
+                "version": 1,
+                "model": "gpt",
+                "schedule": "gpipe",
+                "num_microbatches": 2,
+                "microbatch_size": 1,
+                "stages": [{"layers": ["head"]}],
+            }
+        )
+    )
     assert main(["train", "--plan", str(plan), *TINY_MLP, "--steps", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines() == ["error: the plan is for model 'gpt' but the model built is "
-                                "'mlp'"]
+    assert err.splitlines() == ["error: the plan is for model 'gpt' but the model built is 'mlp'"]
 
 
 @pytest.mark.parametrize("on_nonfinite_loss,status", [("fail", 1), ("continue", 0)])
 def test_a_nonfinite_loss_fails_train_unless_told_to_continue(
-        on_nonfinite_loss: str, status: int, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    on_nonfinite_loss: str, status: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plan = tmp_path / "plan.json"
-    plan.write_text(make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
-                    .model_dump_json())
-    argv = ["train", "--plan", str(plan), *TINY_MLP, "--model-arg", "out_features=5",
-            "--steps", "2", "--threads-per-rank", "1", "--lr", "1e15"]
+    plan.write_text(make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b").model_dump_json())
+    argv = [
+        "train",
+        "--plan",
+        str(plan),
+        *TINY_MLP,
+        "--model-arg",
+        "out_features=5",
+        "--steps",
+        "2",
+        "--threads-per-rank",
+        "1",
+        "--lr",
+        "1e15",
+    ]
     if on_nonfinite_loss == "continue":
         argv += ["--on-nonfinite-loss", "continue"]
     assert main(argv) == status
@@ -80,17 +163,20 @@ def test_a_nonfinite_loss_fails_train_unless_told_to_continue(
 
 
 def test_fp16_pipedream_and_bad_loss_scales_are_refused(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plan = make_plan("mlp", [["block0"], ["block1", "head"]], "pipedream", precision="fp16")
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
     assert main(["train", "--plan", str(path), *TINY_MLP, "--steps", "1"]) == 2
     assert "precision 'fp16' needs a loss scale that all stages agree on" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     path.write_text(plan.model_copy(update={"schedule": "1f1b"}).to_json())
-    for flag, value, message in (("--loss-scale", "0", "loss scale must be a finite number"),
-                                 ("--loss-scale", "inf", "got inf"),
-                                 ("--loss-scale-growth-interval", "0", "got 0")):
-        assert main(["train", "--plan", str(path), *TINY_MLP, "--steps", "1", flag,
-                     value]) == 2
+    for flag, value, message in (
+        ("--loss-scale", "0", "loss scale must be a finite number"),
+        ("--loss-scale", "inf", "got inf"),
+        ("--loss-scale-growth-interval", "0", "got 0"),
+    ):
+        assert main(["train", "--plan", str(path), *TINY_MLP, "--steps", "1", flag, value]) == 2
         assert message in capsys.readouterr().err

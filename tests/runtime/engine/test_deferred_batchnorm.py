@@ -45,11 +45,23 @@ class _WholeBatchNorm(nn.BatchNorm2d):
     def forward(self, x: Tensor) -> Tensor:
         assert self.num_batches_tracked is not None
         with torch.no_grad():
-            F.batch_norm(x, self.running_mean, self.running_var, None, None, True,
-                         self.momentum or 0.0, self.eps)
+            F.batch_norm(
+                x,
+                self.running_mean,
+                self.running_var,
+                None,
+                None,
+                True,
+                self.momentum or 0.0,
+                self.eps,
+            )
             self.num_batches_tracked += 1
-        return torch.cat([F.batch_norm(part, None, None, self.weight, self.bias, True, 0.0,
-                                       self.eps) for part in x.chunk(self.chunks)])
+        return torch.cat(
+            [
+                F.batch_norm(part, None, None, self.weight, self.bias, True, 0.0, self.eps)
+                for part in x.chunk(self.chunks)
+            ]
+        )
 
 
 def _train_whole_batch(plan: Plan, steps: int) -> Params:
@@ -68,8 +80,11 @@ def _train_whole_batch(plan: Plan, steps: int) -> Params:
         spec.loss(model(data), targets).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return {f"{name}.{key}": value.detach().clone() for name, layer in spec.layers
-            for key, value in layer.state_dict().items()}
+    return {
+        f"{name}.{key}": value.detach().clone()
+        for name, layer in spec.layers
+        for key, value in layer.state_dict().items()
+    }
 
 
 def _final_state(folder: Path, plan: Plan, layer_names: list[str]) -> Params:
@@ -79,8 +94,11 @@ def _final_state(folder: Path, plan: Plan, layer_names: list[str]) -> Params:
     state: Params = {}
     for stage_idx, stage in enumerate(plan.stages):
         names = [name for name in layer_names if name in stage.layers]
-        saved = torch.load(folder / meta["path"] / f"stage{stage_idx}-replica0.pt",
-                           weights_only=False, map_location="cpu")["model"]
+        saved = torch.load(
+            folder / meta["path"] / f"stage{stage_idx}-replica0.pt",
+            weights_only=False,
+            map_location="cpu",
+        )["model"]
         for key, value in saved.items():
             pos, _, rest = key.partition(".")
             state[f"{names[int(pos)]}.{rest}"] = value
@@ -90,21 +108,27 @@ def _final_state(folder: Path, plan: Plan, layer_names: list[str]) -> Params:
 def _split(state: Params) -> tuple[Params, Params]:
     """(parameters, running means and variances)."""
     stats = {key: value for key, value in state.items() if ".running_" in key}
-    params = {key: value for key, value in state.items()
-              if key not in stats and "num_batches_tracked" not in key}
+    params = {
+        key: value
+        for key, value in state.items()
+        if key not in stats and "num_batches_tracked" not in key
+    }
     return params, stats
 
 
 STAGES_3 = [["stem", "block0"], ["block1"], ["block2", "head"]]
 
 
-@pytest.mark.parametrize(("schedule", "stages", "policies"), [
-    ("gpipe", STAGES_3, {}),
-    ("1f1b", [["stem", "block0", "block1"], ["block2", "head"]], {"block0": "recompute"}),
-])
+@pytest.mark.parametrize(
+    ("schedule", "stages", "policies"),
+    [
+        ("gpipe", STAGES_3, {}),
+        ("1f1b", [["stem", "block0", "block1"], ["block2", "head"]], {"block0": "recompute"}),
+    ],
+)
 def test_deferred_batchnorm_equals_whole_minibatch_training(
-        schedule: str, stages: list[list[str]], policies: dict[str, str],
-        tmp_path: Path) -> None:
+    schedule: str, stages: list[list[str]], policies: dict[str, str], tmp_path: Path
+) -> None:
     plan = make_plan("resnet", stages, schedule, optimizer="momentum", policies=policies)
     result = run(plan, "resnet", STEPS, tmp_path, deferred_batchnorm=True)
     assert result.ok, result.message
@@ -114,8 +138,9 @@ def test_deferred_batchnorm_equals_whole_minibatch_training(
     expected_params, expected_stats = _split(expected)
     assert max_relative_difference(got_stats, expected_stats) <= 1e-5
     assert max_relative_difference(got_params, expected_params) <= 1e-5
-    assert all(int(value) == STEPS for key, value in got.items()
-               if key.endswith("num_batches_tracked"))
+    assert all(
+        int(value) == STEPS for key, value in got.items() if key.endswith("num_batches_tracked")
+    )
 
 
 def test_without_it_running_statistics_follow_microbatches(tmp_path: Path) -> None:
@@ -129,25 +154,48 @@ def test_without_it_running_statistics_follow_microbatches(tmp_path: Path) -> No
 
 
 def test_the_cli_trains_resnet_operators_with_deferred_batchnorm(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "launch", functools.partial(engine.launch,
-                                                            start_method="forkserver"))
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        engine, "launch", functools.partial(engine.launch, start_method="forkserver")
+    )
     ops = op_spec(builder("resnet")(), 2)
     cut = ops.layer_names.index("block1.bn2")  # block0's output skips to block1.shortcut
-    plan = make_plan("resnet", [ops.layer_names[:cut], ops.layer_names[cut:]], "1f1b",
-                     optimizer="momentum")
+    plan = make_plan(
+        "resnet", [ops.layer_names[:cut], ops.layer_names[cut:]], "1f1b", optimizer="momentum"
+    )
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(plan.model_dump_json())
-    status = main(["train", "--plan", str(plan_path), "--model", "resnet",
-                   *(arg for key, value in model_args("resnet").items()
-                     for arg in ("--model-arg", f"{key}={value}")),
-                   "--steps", "2", "--threads-per-rank", "1", "--granularity", "op",
-                   "--deferred-batchnorm", "--checkpoint-dir", str(tmp_path / "ckpt")])
+    status = main(
+        [
+            "train",
+            "--plan",
+            str(plan_path),
+            "--model",
+            "resnet",
+            *(
+                arg
+                for key, value in model_args("resnet").items()
+                for arg in ("--model-arg", f"{key}={value}")
+            ),
+            "--steps",
+            "2",
+            "--threads-per-rank",
+            "1",
+            "--granularity",
+            "op",
+            "--deferred-batchnorm",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        ]
+    )
     assert status == 0, capsys.readouterr().err
     by_op = _final_state(tmp_path / "ckpt", plan, ops.layer_names)
-    rename = {f"{name}.{key}": f"{source_layer(piece)}.{key}" for name, piece in ops.layers
-              for key in piece.state_dict()}
+    rename = {
+        f"{name}.{key}": f"{source_layer(piece)}.{key}"
+        for name, piece in ops.layers
+        for key in piece.state_dict()
+    }
     got_params, got_stats = _split({rename[key]: value for key, value in by_op.items()})
     expected_params, expected_stats = _split(_train_whole_batch(plan, 2))
     assert max_relative_difference(got_stats, expected_stats) <= 1e-5

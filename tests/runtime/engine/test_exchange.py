@@ -26,8 +26,9 @@ class _Payload:
 
 def _rank(rank: int, port: int, evil: str | None, results: Any) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
-                            timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=30)
+    )
     if evil is not None and rank == 1:
         raw = bytearray(pickle.dumps(_Payload(evil)))
         exchange._encoded = lambda _value: torch.frombuffer(raw, dtype=torch.uint8)
@@ -47,8 +48,9 @@ def _run(evil: str | None) -> dict[int, tuple[Any, ...]]:
         probe = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
         port = probe.port
         del probe
-        processes = [context.Process(target=_rank, args=(rank, port, evil, results))
-                     for rank in range(2)]
+        processes = [
+            context.Process(target=_rank, args=(rank, port, evil, results)) for rank in range(2)
+        ]
         for process in processes:
             process.start()
         for process in processes:

@@ -21,9 +21,16 @@ def hang_at_step_1(rank: int, op: Op) -> None:
 
 
 def _launch(hook: object, timeout_s: float, grace_s: float, tmp_path: Path) -> tuple:
-    config = EngineConfig(plan=PLAN, model="mlp", model_args=model_args("mlp"), steps=6,
-                          threads_per_rank=1, timeout_s=timeout_s, before_op=hook,  # type: ignore[arg-type]
-                          metrics_path=str(tmp_path / "metrics.jsonl"))
+    config = EngineConfig(
+        plan=PLAN,
+        model="mlp",
+        model_args=model_args("mlp"),
+        steps=6,
+        threads_per_rank=1,
+        timeout_s=timeout_s,
+        before_op=hook,  # type: ignore[arg-type]
+        metrics_path=str(tmp_path / "metrics.jsonl"),
+    )
     started = time.monotonic()
     result = launch(config, start_method="forkserver", grace_s=grace_s)
     return result, time.monotonic() - started
@@ -37,8 +44,9 @@ def test_a_killed_rank_is_named_by_every_other_rank(tmp_path: Path) -> None:
     assert result.exit_codes[0] == 1 and result.exit_codes[2] == 1
     assert elapsed_s < 30.0
     for rank in (0, 2):
-        assert "rank 1 (stage 1 replica 0) is dead or frozen" in result.errors[rank], \
-            result.errors[rank]
+        assert "rank 1 (stage 1 replica 0) is dead or frozen" in result.errors[rank], result.errors[
+            rank
+        ]
     assert result.message.startswith("rank 1 exited with status 13")
 
 
@@ -48,6 +56,8 @@ def test_a_hung_rank_is_named_by_every_other_rank(tmp_path: Path) -> None:
     assert result.exit_codes[0] == 1 and result.exit_codes[2] == 1
     assert result.exit_codes[1] not in (0, 1)  # the launcher terminated it
     for rank in (0, 2):
-        assert "rank 1 (stage 1 replica 0) hung: busy with the forward of micro-batch" in \
-            result.errors[rank], result.errors[rank]
+        assert (
+            "rank 1 (stage 1 replica 0) hung: busy with the forward of micro-batch"
+            in result.errors[rank]
+        ), result.errors[rank]
     assert elapsed_s < 30.0

@@ -18,8 +18,10 @@ from tests.runtime.engine.helpers import (
 from tests.runtime.engine.reference import train_single
 from tests.runtime.engine.test_migration import hand_on_large_layers
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
@@ -29,11 +31,20 @@ def test_cuda_policies_change_nothing(schedule: str, tmp_path: Path) -> None:
     mixed = make_plan("mlp", stages, schedule, replicas=[2, 1], policies=policies)
     kept = make_plan("mlp", stages, schedule, replicas=[2, 1])
     events: list[dict[str, Any]] = []
-    result = run(mixed, "mlp", 3, tmp_path / "mixed", events.append, device="cuda",
-                 start_method="spawn", timeout_s=60.0)
+    result = run(
+        mixed,
+        "mlp",
+        3,
+        tmp_path / "mixed",
+        events.append,
+        device="cuda",
+        start_method="spawn",
+        timeout_s=60.0,
+    )
     assert result.ok, result.message
-    assert run(kept, "mlp", 3, tmp_path / "kept", device="cuda", start_method="spawn",
-               timeout_s=60.0).ok
+    assert run(
+        kept, "mlp", 3, tmp_path / "kept", device="cuda", start_method="spawn", timeout_s=60.0
+    ).ok
     names = builder("mlp")().layer_names
     got = final_params(tmp_path / "mixed", mixed, names)
     assert max_relative_difference(got, final_params(tmp_path / "kept", kept, names)) <= 1e-6
@@ -63,13 +74,22 @@ def test_cuda_a_stage_lets_go_of_the_layers_it_hands_on(schedule: str, tmp_path:
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
-def test_cuda_a_layer_that_comes_straight_back_stays_on_the_device(schedule: str,
-                                                                    tmp_path: Path) -> None:
+def test_cuda_a_layer_that_comes_straight_back_stays_on_the_device(
+    schedule: str, tmp_path: Path
+) -> None:
     """A layer handed on and brought back by the next migration, which the stage began
     before the hand-off, stays on the GPU (the hand-off leaves it to that partition): the
     run would fail on a layer left in host memory."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], schedule)
     migrations = [ScriptedMigration(3, (("block1", 1),)), ScriptedMigration(3, (("block1", 0),))]
-    result = run(plan, "mlp", 7, tmp_path, device="cuda", start_method="spawn",
-                 timeout_s=60.0, repartition=RepartitionConfig(migrations=migrations))
+    result = run(
+        plan,
+        "mlp",
+        7,
+        tmp_path,
+        device="cuda",
+        start_method="spawn",
+        timeout_s=60.0,
+        repartition=RepartitionConfig(migrations=migrations),
+    )
     assert result.ok, result.message

@@ -25,7 +25,7 @@ from tests.runtime.engine.reference import BF16_TOLERANCE, train_scaled, train_s
 STEPS = 10
 #: Large enough that the first steps overflow by themselves in every stage (float16 ends
 #: at 65504), and a growth interval short enough that the scale also grows in the run.
-INIT_SCALE = 2.0 ** 22
+INIT_SCALE = 2.0**22
 GROWTH_INTERVAL = 2
 #: The step at which one parameter of the first stage gets an infinite gradient: an
 #: overflow that only the ranks of stage 0 can see.
@@ -53,24 +53,42 @@ def _scales(events: list[dict[str, Any]], plan: Plan) -> dict[tuple[int, int], l
     result: dict[tuple[int, int], list] = {}
     for event in sorted((e for e in events if e["type"] == "step"), key=lambda e: e["step"]):
         result.setdefault((event["stage"], event["replica"]), []).append(
-            (event["loss_scale"], event["overflowed"]))
+            (event["loss_scale"], event["overflowed"])
+        )
     assert len(result) == sum(stage.replicas for stage in plan.stages)
     return result
 
 
-@pytest.mark.parametrize(("schedule", "replicas", "policies"), [
-    ("gpipe", [1, 1], {"block1": "swap"}), ("1f1b", [2, 1], {"block1": "recompute"})])
+@pytest.mark.parametrize(
+    ("schedule", "replicas", "policies"),
+    [("gpipe", [1, 1], {"block1": "swap"}), ("1f1b", [2, 1], {"block1": "recompute"})],
+)
 def test_every_rank_skips_the_steps_single_process_scaling_skips(
-        schedule: str, replicas: list[int], policies: dict[str, str], tmp_path: Path) -> None:
-    plan = make_plan("mlp", [["block0"], ["block1", "head"]], schedule, replicas=replicas,
-                     policies=policies, precision="fp16")
+    schedule: str, replicas: list[int], policies: dict[str, str], tmp_path: Path
+) -> None:
+    plan = make_plan(
+        "mlp",
+        [["block0"], ["block1", "head"]],
+        schedule,
+        replicas=replicas,
+        policies=policies,
+        precision="fp16",
+    )
     events: list[dict[str, Any]] = []
-    result = run(plan, "mlp", STEPS, tmp_path, events.append, loss_scale=INIT_SCALE,
-                 loss_scale_growth_interval=GROWTH_INTERVAL,
-                 before_update=partial(poison_rank, at=POISONED_STEP))
+    result = run(
+        plan,
+        "mlp",
+        STEPS,
+        tmp_path,
+        events.append,
+        loss_scale=INIT_SCALE,
+        loss_scale_growth_interval=GROWTH_INTERVAL,
+        before_update=partial(poison_rank, at=POISONED_STEP),
+    )
     assert result.ok, result.message
-    expected, scales = train_scaled(builder("mlp"), plan, STEPS, INIT_SCALE, GROWTH_INTERVAL,
-                                    partial(poison, at=POISONED_STEP))
+    expected, scales = train_scaled(
+        builder("mlp"), plan, STEPS, INIT_SCALE, GROWTH_INTERVAL, partial(poison, at=POISONED_STEP)
+    )
     # the reference overflowed by itself at first, at the poisoned step, and grew between
     skipped = [step for step, (_, overflowed) in enumerate(scales) if overflowed]
     assert skipped[0] == 0 and POISONED_STEP in skipped and len(skipped) < STEPS - 2
@@ -81,8 +99,7 @@ def test_every_rank_skips_the_steps_single_process_scaling_skips(
     assert max_relative_difference(got, expected) <= FP16_TOLERANCE
     unpoisoned, _ = train_scaled(builder("mlp"), plan, STEPS, INIT_SCALE, GROWTH_INTERVAL)
     assert max_relative_difference(got, unpoisoned) > 100 * FP16_TOLERANCE  # a step was lost
-    in_fp32 = train_single(builder("mlp"), plan.model_copy(update={"precision": "fp32"}),
-                           STEPS)
+    in_fp32 = train_single(builder("mlp"), plan.model_copy(update={"precision": "fp32"}), STEPS)
     assert max_relative_difference(got, in_fp32) > 100 * FP16_TOLERANCE  # fp16 did run
 
 
@@ -97,8 +114,7 @@ def test_a_resumed_run_goes_on_with_the_scale_it_stopped_at(tmp_path: Path) -> N
     result = run(plan, "mlp", STEPS, broken, resumed.append, resume=True, **settings)
     assert result.ok, result.message
     names = builder("mlp")().layer_names
-    got, expected = final_params(broken, plan, names), final_params(tmp_path / "whole", plan,
-                                                                     names)
+    got, expected = final_params(broken, plan, names), final_params(tmp_path / "whole", plan, names)
     assert all(torch.equal(got[key], expected[key]) for key in expected)
     assert _scales(resumed, plan)[(0, 0)] == _scales(whole, plan)[(0, 0)][4:]
     assert len({scale for scale, _ in _scales(whole, plan)[(0, 0)]}) > 2  # it did change

@@ -23,8 +23,15 @@ class FakeMarker:
         return mark
 
 
-def _op(recorder: Recorder, marker: FakeMarker, kind: str, step: int, start_ms: float,
-        end_ms: float, microbatch: int | None = 0) -> None:
+def _op(
+    recorder: Recorder,
+    marker: FakeMarker,
+    kind: str,
+    step: int,
+    start_ms: float,
+    end_ms: float,
+    microbatch: int | None = 0,
+) -> None:
     marker.now_ms = start_ms
     record = recorder.start(kind, microbatch, step)
     marker.now_ms = end_ms

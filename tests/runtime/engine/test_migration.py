@@ -55,11 +55,14 @@ NAMES = [f"block{i}" for i in range(6)] + ["head"]
 #: stages, then two migrations (step, moves): each moves a stage's first or last layer,
 #: one boundary upstream and another downstream.
 CASES: dict[int, tuple[list[list[str]], list[tuple[int, tuple[tuple[str, int], ...]]]]] = {
-    3: ([NAMES[0:2], NAMES[2:5], NAMES[5:7]],
-        [(2, (("block1", 1), ("block4", 2))), (4, (("block1", 0), ("block3", 2)))]),
-    4: ([NAMES[0:2], NAMES[2:4], NAMES[4:6], NAMES[6:7]],
-        [(2, (("block2", 0), ("block5", 3))),
-         (4, (("block1", 1), ("block2", 1), ("block5", 2)))]),
+    3: (
+        [NAMES[0:2], NAMES[2:5], NAMES[5:7]],
+        [(2, (("block1", 1), ("block4", 2))), (4, (("block1", 0), ("block3", 2)))],
+    ),
+    4: (
+        [NAMES[0:2], NAMES[2:4], NAMES[4:6], NAMES[6:7]],
+        [(2, (("block2", 0), ("block5", 3))), (4, (("block1", 1), ("block2", 1), ("block5", 2)))],
+    ),
 }
 
 
@@ -67,18 +70,30 @@ def build() -> ModelSpec:
     return MODELS["mlp"](**MODEL_ARGS)
 
 
-def _run(plan: Plan, folder: Path, migrations: list[ScriptedMigration] | None,
-         events: list[dict[str, Any]]) -> None:
+def _run(
+    plan: Plan,
+    folder: Path,
+    migrations: list[ScriptedMigration] | None,
+    events: list[dict[str, Any]],
+) -> None:
     repartition = RepartitionConfig(migrations=migrations) if migrations else None
-    config = EngineConfig(plan=plan, model="mlp", steps=STEPS, threads_per_rank=1,
-                          model_args={k: str(v) for k, v in MODEL_ARGS.items()},
-                          checkpoint_dir=str(folder), timeout_s=20.0, repartition=repartition)
+    config = EngineConfig(
+        plan=plan,
+        model="mlp",
+        steps=STEPS,
+        threads_per_rank=1,
+        model_args={k: str(v) for k, v in MODEL_ARGS.items()},
+        checkpoint_dir=str(folder),
+        timeout_s=20.0,
+        repartition=repartition,
+    )
     result = launch(config, events.append, start_method="forkserver")
     assert result.ok, result.message
 
 
-def _plans(plan: Plan, migrations: list[tuple[int, tuple[tuple[str, int], ...]]]
-           ) -> list[tuple[int, Plan]]:
+def _plans(
+    plan: Plan, migrations: list[tuple[int, tuple[tuple[str, int], ...]]]
+) -> list[tuple[int, Plan]]:
     """(first step, plan) of each partition of the run."""
     result = [(0, plan)]
     for step, moves in migrations:
@@ -87,11 +102,20 @@ def _plans(plan: Plan, migrations: list[tuple[int, tuple[tuple[str, int], ...]]]
 
 
 @pytest.mark.parametrize("num_stages", [3, 4])
-@pytest.mark.parametrize("schedule,vertical_sync,optimizer", [
-    ("gpipe", False, "adam"), ("1f1b", False, "adam"), ("pipedream", True, "adam"),
-    ("pipedream", False, "adam"), ("1f1b", False, "momentum"), ("pipedream", True, "momentum")])
-def test_migrations_change_nothing(num_stages: int, schedule: str, vertical_sync: bool,
-                                   optimizer: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "schedule,vertical_sync,optimizer",
+    [
+        ("gpipe", False, "adam"),
+        ("1f1b", False, "adam"),
+        ("pipedream", True, "adam"),
+        ("pipedream", False, "adam"),
+        ("1f1b", False, "momentum"),
+        ("pipedream", True, "momentum"),
+    ],
+)
+def test_migrations_change_nothing(
+    num_stages: int, schedule: str, vertical_sync: bool, optimizer: str, tmp_path: Path
+) -> None:
     stages, moves = CASES[num_stages]
     plan = make_plan("mlp", stages, schedule, vertical_sync=vertical_sync, optimizer=optimizer)
     scripted = [ScriptedMigration(step, m) for step, m in moves]
@@ -126,15 +150,22 @@ def test_migrations_change_nothing(num_stages: int, schedule: str, vertical_sync
 
 
 @pytest.mark.parametrize("schedule,vertical_sync", [("1f1b", False), ("pipedream", True)])
-def test_bf16_runs_that_migrate_equal_the_autocast_reference(schedule: str, vertical_sync: bool,
-                                                             tmp_path: Path) -> None:
+def test_bf16_runs_that_migrate_equal_the_autocast_reference(
+    schedule: str, vertical_sync: bool, tmp_path: Path
+) -> None:
     """Under bf16 autocast, a run that migrates layers twice (with a swapped and a
     recomputed layer among those moved) ends where the single-process reference does
     (plain training for 1f1b, weight stashing with vertical sync for pipedream), to
     ``reference.BF16_TOLERANCE``."""
     stages, moves = CASES[3]
-    plan = make_plan("mlp", stages, schedule, vertical_sync=vertical_sync,
-                     policies={"block1": "swap", "block4": "recompute"}, precision="bf16")
+    plan = make_plan(
+        "mlp",
+        stages,
+        schedule,
+        vertical_sync=vertical_sync,
+        policies={"block1": "swap", "block4": "recompute"},
+        precision="bf16",
+    )
     events: list[dict[str, Any]] = []
     _run(plan, tmp_path, [ScriptedMigration(step, m) for step, m in moves], events)
     assert len([e for e in events if e["type"] == "migration" and e["phase"] == "done"]) > 0
@@ -148,8 +179,7 @@ def test_bf16_runs_that_migrate_equal_the_autocast_reference(schedule: str, vert
 def _forward_versions(plan: Plan, stage_idx: int, num_mb: int) -> dict[int, int]:
     """Micro-batches whose gradients stage ``stage_idx`` applied before each forward."""
     applied, result = 0, {}
-    for kind, mb in worker_order("pipedream", list(range(num_mb)),
-                                 plan.warmup_forwards(stage_idx)):
+    for kind, mb in worker_order("pipedream", list(range(num_mb)), plan.warmup_forwards(stage_idx)):
         if kind == BACKWARD:
             applied += 1
         else:
@@ -161,8 +191,9 @@ def _stage_of(plan: Plan) -> dict[str, int]:
     return {name: i for i, stage in enumerate(plan.stages) for name in stage.layers}
 
 
-def emulate_pipedream(build_spec: Any, partitions: list[tuple[int, Plan]], plan: Plan,
-                      num_mb: int) -> dict[str, Tensor]:
+def emulate_pipedream(
+    build_spec: Any, partitions: list[tuple[int, Plan]], plan: Plan, num_mb: int
+) -> dict[str, Tensor]:
     """Weight stashing, one micro-batch at a time: micro-batch ``mb`` runs each layer on that
     layer's parameters after the gradients of the first ``V`` micro-batches, ``V`` counted
     on the stage that runs the layer for ``mb`` (stage 0's count with vertical sync), but
@@ -170,14 +201,19 @@ def emulate_pipedream(build_spec: Any, partitions: list[tuple[int, Plan]], plan:
     most ``M``, the smaller of it and the count of the stage it came from."""
     spec = build_spec()
     versions = [_forward_versions(plan, s, num_mb) for s in range(plan.num_stages)]
-    history = {name: [{k: v.detach().clone() for k, v in module.named_parameters()}]
-               for name, module in spec.layers}
-    optimizers = {name: make_optimizer(plan.optimizer, list(module.parameters()))
-                  for name, module in spec.layers}
+    history = {
+        name: [{k: v.detach().clone() for k, v in module.named_parameters()}]
+        for name, module in spec.layers
+    }
+    optimizers = {
+        name: make_optimizer(plan.optimizer, list(module.parameters()))
+        for name, module in spec.layers
+    }
     inputs = spec.graph_inputs()
     for mb in range(num_mb):
-        index = max(i for i, (first, _) in enumerate(partitions)
-                    if first * plan.num_microbatches <= mb)
+        index = max(
+            i for i, (first, _) in enumerate(partitions) if first * plan.num_microbatches <= mb
+        )
         switch_mb = partitions[index][0] * plan.num_microbatches
         stage_of = _stage_of(partitions[index][1])
         before = _stage_of(partitions[max(index - 1, 0)][1])
@@ -187,13 +223,15 @@ def emulate_pipedream(build_spec: Any, partitions: list[tuple[int, Plan]], plan:
             version = versions[stage_idx][mb]
             if not plan.vertical_sync and before[name] != stage_idx and version <= switch_mb:
                 version = min(version, versions[before[name]][mb])
-            weights[name] = {k: v.clone().requires_grad_(True)
-                             for k, v in history[name][version].items()}
+            weights[name] = {
+                k: v.clone().requires_grad_(True) for k, v in history[name][version].items()
+            }
         data, targets = spec.sample(plan.microbatch_size, mb)
         acts: dict[str, Tensor] = {DATA: data}
         for name, module in spec.layers:
-            acts[name] = torch.func.functional_call(module, weights[name],
-                                                    tuple(acts[s] for s in inputs[name]))
+            acts[name] = torch.func.functional_call(
+                module, weights[name], tuple(acts[s] for s in inputs[name])
+            )
         loss = spec.loss(acts[NAMES[-1]], targets) / plan.num_microbatches
         loss.backward()
         for name, module in spec.layers:
@@ -202,8 +240,11 @@ def emulate_pipedream(build_spec: Any, partitions: list[tuple[int, Plan]], plan:
             optimizers[name].step()
             optimizers[name].zero_grad(set_to_none=True)
             history[name].append({k: v.detach().clone() for k, v in module.named_parameters()})
-    return {f"{name}.{k}": v.detach() for name, module in spec.layers
-            for k, v in module.named_parameters()}
+    return {
+        f"{name}.{k}": v.detach()
+        for name, module in spec.layers
+        for k, v in module.named_parameters()
+    }
 
 
 def test_a_moved_layer_first_runs_on_the_upstream_stages_version() -> None:
@@ -228,8 +269,9 @@ def test_a_moved_layer_first_runs_on_the_upstream_stages_version() -> None:
     assert last[switch] == switch
     assert needed_versions(plan, 2, 3, step, 0, STEPS, 0) == {switch: before_last[switch]}
     for schedule in ("gpipe", "1f1b"):
-        assert needed_versions(make_plan("mlp", CASES[4][0], schedule), 1, 2, step, 0,
-                               STEPS, 0) == {}
+        assert (
+            needed_versions(make_plan("mlp", CASES[4][0], schedule), 1, 2, step, 0, STEPS, 0) == {}
+        )
 
 
 def test_a_forward_runs_a_layer_from_upstream_on_its_older_version() -> None:
@@ -244,9 +286,16 @@ def test_a_forward_runs_a_layer_from_upstream_on_its_older_version() -> None:
         fetched.append((version, names))
         return {name: older[name] for name in names}
 
-    versions = WeightVersions(live, 1, 5, [5, 6], None,
-                              on_snapshot=lambda v, skip: snapshots.append((v, set(skip))),
-                              fetch=fetch, older=lambda mb, v: {"b": 4} if mb == 5 else {})
+    versions = WeightVersions(
+        live,
+        1,
+        5,
+        [5, 6],
+        None,
+        on_snapshot=lambda v, skip: snapshots.append((v, set(skip))),
+        fetch=fetch,
+        older=lambda mb, v: {"b": 4} if mb == 5 else {},
+    )
     weights = versions.for_forward(5, ["a.w", "b.w"])
     assert snapshots == [(5, {"b"})] and fetched == [(4, ["b.w"])]
     assert torch.equal(weights["b.w"], older["b.w"]) and torch.equal(weights["a.w"], live["a.w"])
@@ -286,15 +335,28 @@ def _same(a: Any, b: Any) -> None:
 
 def test_messages_go_raw_and_come_back_equal() -> None:
     weight, bias = torch.randn(5, 3), torch.randn(5)
-    message = {"block0": {"params": {"weight": weight.t(), "bias": bias},
-                          "buffers": {"count": torch.tensor(7), "none": torch.empty(0)},
-                          "grads": {},
-                          "optimizer": {"weight": {"step": torch.tensor(3.0),
-                                                   "exp_avg": torch.randn(3, 5, dtype=torch.half),
-                                                   "momentum_buffer": None}}},
-               "head": {}}
-    sent = {**message, "block0": {**message["block0"], "params": {
-        "weight": weight.t().clone(), "bias": bias.clone()}}}
+    message = {
+        "block0": {
+            "params": {"weight": weight.t(), "bias": bias},
+            "buffers": {"count": torch.tensor(7), "none": torch.empty(0)},
+            "grads": {},
+            "optimizer": {
+                "weight": {
+                    "step": torch.tensor(3.0),
+                    "exp_avg": torch.randn(3, 5, dtype=torch.half),
+                    "momentum_buffer": None,
+                }
+            },
+        },
+        "head": {},
+    }
+    sent = {
+        **message,
+        "block0": {
+            **message["block0"],
+            "params": {"weight": weight.t().clone(), "bias": bias.clone()},
+        },
+    }
     version = Outgoing(message, frozen=False)
     pieces = version.pieces(described=True, announce=None)
     weight.add_(1.0)  # the sender trains on: a version keeps what it was when sent
@@ -312,15 +374,20 @@ def test_messages_go_raw_and_come_back_equal() -> None:
 
 
 def test_leads_carry_what_the_receiver_needs_to_post_and_check() -> None:
-    weights = {"block0": {"params": {"weight": torch.randn(4, 3), "bias": torch.randn(4)},
-                          "buffers": {}}}
-    training = {"block0": {"grads": {"bias": torch.randn(4)},
-                           "optimizer": {"bias": {"step": torch.tensor(2.0),
-                                                  "exp_avg": torch.randn(4)}}}}
+    weights = {
+        "block0": {"params": {"weight": torch.randn(4, 3), "bias": torch.randn(4)}, "buffers": {}}
+    }
+    training = {
+        "block0": {
+            "grads": {"bias": torch.randn(4)},
+            "optimizer": {"bias": {"step": torch.tensor(2.0), "exp_avg": torch.randn(4)}},
+        }
+    }
     state = Outgoing(training, frozen=True)
     # a known layout: the receiver derives the header from its own copy of the layer
-    copy = {"block0": {"params": {"weight": torch.zeros(4, 3), "bias": torch.zeros(4)},
-                       "buffers": {}}}
+    copy = {
+        "block0": {"params": {"weight": torch.zeros(4, 3), "bias": torch.zeros(4)}, "buffers": {}}
+    }
     header = describe(copy)
     pieces = Outgoing(weights, frozen=True).pieces(described=False, announce=state)
     assert pieces[0].numel() * pieces[0].element_size() == 64
@@ -360,8 +427,9 @@ class _Watch:
 
 
 def _mismatch_rank(rank: int, init: str, answers: Any) -> None:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
-                            timeout=timedelta(seconds=20))
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=20)
+    )
     torch.set_num_threads(1)
     channel = Channel(rank, 20.0, _Watch())  # type: ignore[arg-type]
     try:
@@ -383,8 +451,9 @@ def test_a_layout_that_differs_from_the_senders_is_refused(tmp_path: Path) -> No
     context = mp.get_context("spawn")
     answers = context.Queue()
     init = f"file://{tmp_path / 'store'}"
-    ranks = [context.Process(target=_mismatch_rank, args=(rank, init, answers))
-             for rank in range(2)]
+    ranks = [
+        context.Process(target=_mismatch_rank, args=(rank, init, answers)) for rank in range(2)
+    ]
     for process in ranks:
         process.start()
     answer = answers.get(timeout=60)
@@ -397,24 +466,33 @@ def test_a_layout_that_differs_from_the_senders_is_refused(tmp_path: Path) -> No
 LARGE_WIDTH = 4096
 
 
-def hand_on_large_layers(schedule: str, folder: Path, device: str = "cpu"
-                         ) -> tuple[dict[tuple[int, int], dict[str, Any]], int]:
+def hand_on_large_layers(
+    schedule: str, folder: Path, device: str = "cpu"
+) -> tuple[dict[tuple[int, int], dict[str, Any]], int]:
     """Stage 0 hands ``block1`` and ``block2`` (4096 x 4096 weights) to stage 1 at step 5
     of 9: each stage's ``memory`` event by (stage, step), and the bytes of one moved
     weight. SGD with momentum (one buffer per weight, updated in place), so memory moves by
     whole buffers and not by an optimizer's temporaries."""
-    args = {"layers": "3", "width": str(LARGE_WIDTH), "in_features": "8",
-            "out_features": "4"}
-    plan = make_plan("mlp", [["block0", "block1", "block2"], ["head"]], schedule,
-                     optimizer="momentum")
+    args = {"layers": "3", "width": str(LARGE_WIDTH), "in_features": "8", "out_features": "4"}
+    plan = make_plan(
+        "mlp", [["block0", "block1", "block2"], ["head"]], schedule, optimizer="momentum"
+    )
     migration = ScriptedMigration(5, (("block1", 1), ("block2", 1)))
     events: list[dict[str, Any]] = []
-    config = EngineConfig(plan=plan, model="mlp", steps=9, threads_per_rank=1,
-                          model_args=args, checkpoint_dir=str(folder), timeout_s=60.0,
-                          repartition=RepartitionConfig(migrations=[migration]),
-                          device=device)
-    result = launch(config, events.append,
-                    start_method="forkserver" if device == "cpu" else "spawn")
+    config = EngineConfig(
+        plan=plan,
+        model="mlp",
+        steps=9,
+        threads_per_rank=1,
+        model_args=args,
+        checkpoint_dir=str(folder),
+        timeout_s=60.0,
+        repartition=RepartitionConfig(migrations=[migration]),
+        device=device,
+    )
+    result = launch(
+        config, events.append, start_method="forkserver" if device == "cpu" else "spawn"
+    )
     assert result.ok, result.message
     memory = {(e["stage"], e["step"]): e for e in events if e["type"] == "memory"}
     return memory, LARGE_WIDTH * LARGE_WIDTH * 4

@@ -14,20 +14,37 @@ from pipestudio.runtime.engine.repartition import RepartitionConfig
 from tests.runtime.engine.helpers import make_plan
 
 MLP = {"layers": "3", "width": "16", "in_features": "8", "out_features": "4"}
-DYNAMIC = {"layers": "4", "width": "64", "heads": "2", "seq_len": "32", "vocab": "64",
-           "num_active": "4", "switch_every": "100"}
+DYNAMIC = {
+    "layers": "4",
+    "width": "64",
+    "heads": "2",
+    "seq_len": "32",
+    "vocab": "64",
+    "num_active": "4",
+    "switch_every": "100",
+}
 
 
-def _config(plan: Any, model: str, args: dict[str, str], steps: int,
-            repartition: RepartitionConfig) -> EngineConfig:
-    return EngineConfig(plan=plan, model=model, model_args=args, steps=steps,
-                        threads_per_rank=1, timeout_s=20.0, repartition=repartition)
+def _config(
+    plan: Any, model: str, args: dict[str, str], steps: int, repartition: RepartitionConfig
+) -> EngineConfig:
+    return EngineConfig(
+        plan=plan,
+        model=model,
+        model_args=args,
+        steps=steps,
+        threads_per_rank=1,
+        timeout_s=20.0,
+        repartition=repartition,
+    )
 
 
 def test_controller_migrates_a_running_job(tmp_path: Path) -> None:
     plan = make_plan("mlp", [["block0"], ["block1", "block2"], ["head"]], "1f1b")
-    job = Job(_config(plan, "mlp", MLP, 12, RepartitionConfig(control_dir=str(tmp_path))),
-              start_method="forkserver").start()
+    job = Job(
+        _config(plan, "mlp", MLP, 12, RepartitionConfig(control_dir=str(tmp_path))),
+        start_method="forkserver",
+    ).start()
     while job.last_step() < 1 and job.result is None:
         time.sleep(0.05)
     seq = job.controller.migrate(moves=[("block1", 0)])
@@ -43,8 +60,12 @@ def test_controller_migrates_a_running_job(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("auto", [True, False])
 def test_online_planner_repairs_an_imbalance(auto: bool, tmp_path: Path) -> None:
-    plan = make_plan("dynamic", [["embed"], ["block0", "block1", "block2", "block3", "head"]],
-                     "1f1b", microbatch_size=4)
+    plan = make_plan(
+        "dynamic",
+        [["embed"], ["block0", "block1", "block2", "block3", "head"]],
+        "1f1b",
+        microbatch_size=4,
+    )
     settings = RepartitionConfig(every=2, auto=auto, control_dir=str(tmp_path))
     job = Job(_config(plan, "dynamic", DYNAMIC, 8, settings), start_method="forkserver").start()
     result = job.wait(180)
@@ -62,14 +83,21 @@ def test_online_planner_repairs_an_imbalance(auto: bool, tmp_path: Path) -> None
         assert held and held[0]["status"] == "held" and held[0]["proposal"]["worthwhile"]
 
 
-def test_cli_refuses_bad_migrations(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                    ) -> None:
-    plan = make_plan("mlp", [["block0"], ["block1", "block2", "head"]], "1f1b",
-                     replicas=[2, 1])
+def test_cli_refuses_bad_migrations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = make_plan("mlp", [["block0"], ["block1", "block2", "head"]], "1f1b", replicas=[2, 1])
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
-    argv = ["train", "--plan", str(path), "--model", "mlp", "--model-arg", "layers=3",
-            "--steps", "2"]
+    argv = [
+        "train",
+        "--plan",
+        str(path),
+        "--model",
+        "mlp",
+        "--model-arg",
+        "layers=3",
+        "--steps",
+        "2",
+    ]
     assert main([*argv, "--migrate", "2:block1"]) == 2
     assert "LAYER@STAGE" in capsys.readouterr().err
     assert main([*argv, "--migrate", "1:block1@0"]) == 2

@@ -28,8 +28,9 @@ OPTIMIZER = {"mlp": "adam", "gpt": "momentum", "unet": "adam"}
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("model", sorted(SPLITS))
-def test_synchronous_schedules_equal_single_process(model: str, schedule: str,
-                                                    tmp_path: Path) -> None:
+def test_synchronous_schedules_equal_single_process(
+    model: str, schedule: str, tmp_path: Path
+) -> None:
     plan = make_plan(model, SPLITS[model], schedule, optimizer=OPTIMIZER[model])
     result = run(plan, model, STEPS, tmp_path)
     assert result.ok, result.message
@@ -41,19 +42,26 @@ def test_synchronous_schedules_equal_single_process(model: str, schedule: str,
     assert max_relative_difference(got, initial) > 1e-4  # it did train
 
 
-@pytest.mark.parametrize(("schedule", "policies"), [
-    ("gpipe", {}), ("1f1b", {}), ("1f1b", {"block1": "recompute"}),
-    ("gpipe", {"block0": "swap", "block1": "recompute"})])
-def test_bf16_pipelines_equal_single_process_autocast(schedule: str, policies: dict[str, str],
-                                                      tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("schedule", "policies"),
+    [
+        ("gpipe", {}),
+        ("1f1b", {}),
+        ("1f1b", {"block1": "recompute"}),
+        ("gpipe", {"block0": "swap", "block1": "recompute"}),
+    ],
+)
+def test_bf16_pipelines_equal_single_process_autocast(
+    schedule: str, policies: dict[str, str], tmp_path: Path
+) -> None:
     split = [["embed", "block0"], ["block1", "head"]]
-    plan = make_plan("gpt", split, schedule, optimizer="momentum", policies=policies,
-                     precision="bf16")
+    plan = make_plan(
+        "gpt", split, schedule, optimizer="momentum", policies=policies, precision="bf16"
+    )
     result = run(plan, "gpt", STEPS, tmp_path)
     assert result.ok, result.message
     got = final_params(tmp_path, plan, builder("gpt")().layer_names)
     expected = train_single(builder("gpt"), plan, STEPS)
     assert max_relative_difference(got, expected) <= BF16_TOLERANCE
-    in_fp32 = train_single(builder("gpt"), plan.model_copy(update={"precision": "fp32"}),
-                           STEPS)
+    in_fp32 = train_single(builder("gpt"), plan.model_copy(update={"precision": "fp32"}), STEPS)
     assert max_relative_difference(got, in_fp32) > 100 * BF16_TOLERANCE  # bf16 did run

@@ -15,17 +15,33 @@ from tests.runtime.engine.helpers import (
 
 CASES = {
     # Two-layer recompute run, a swapped layer, a recomputed head that feeds the loss.
-    "gpt-1f1b": ("gpt", "1f1b", [["embed", "block0", "block1"], ["head"]],
-                 {"embed": "swap", "block0": "recompute", "block1": "recompute",
-                  "head": "recompute"}),
+    "gpt-1f1b": (
+        "gpt",
+        "1f1b",
+        [["embed", "block0", "block1"], ["head"]],
+        {"embed": "swap", "block0": "recompute", "block1": "recompute", "head": "recompute"},
+    ),
     # Recomputation on stashed weights: it must replay the forward's version.
-    "mlp-pipedream": ("mlp", "pipedream", [["block0"], ["block1"], ["head"]],
-                      {"block0": "swap", "block1": "recompute", "head": "recompute"}),
+    "mlp-pipedream": (
+        "mlp",
+        "pipedream",
+        [["block0"], ["block1"], ["head"]],
+        {"block0": "swap", "block1": "recompute", "head": "recompute"},
+    ),
     # A recomputed run that reads tensors received over a long skip; ``head`` saves
     # nothing but its input (which stays), so swapping it moves nothing.
-    "unet-gpipe": ("unet", "gpipe", [["enc0", "enc1"], ["bottom", "dec1", "dec0", "head"]],
-                   {"enc0": "swap", "bottom": "recompute", "dec1": "swap",
-                    "dec0": "recompute", "head": "swap"}),
+    "unet-gpipe": (
+        "unet",
+        "gpipe",
+        [["enc0", "enc1"], ["bottom", "dec1", "dec0", "head"]],
+        {
+            "enc0": "swap",
+            "bottom": "recompute",
+            "dec1": "swap",
+            "dec0": "recompute",
+            "head": "swap",
+        },
+    ),
 }
 
 
@@ -44,10 +60,15 @@ def test_policies_change_nothing(case: str, tmp_path: Path) -> None:
     assert max_relative_difference(got, final_params(tmp_path / "kept", kept, names)) <= 1e-6
     ops = [event for event in events if event["type"] == "op"]
     recomputed = {op["stage"] for op in ops if op["op"] == "recompute"}
-    swapped = {(op["stage"], op["op"]) for op in ops if op["op"].startswith("swap")
-               and op["bytes"] > 0}
-    assert recomputed == {idx for idx, layers in enumerate(stages)
-                          if any(policies.get(n) == "recompute" for n in layers)}
-    swap_stages = {idx for idx, layers in enumerate(stages)
-                   if any(policies.get(n) == "swap" for n in layers)}
+    swapped = {
+        (op["stage"], op["op"]) for op in ops if op["op"].startswith("swap") and op["bytes"] > 0
+    }
+    assert recomputed == {
+        idx
+        for idx, layers in enumerate(stages)
+        if any(policies.get(n) == "recompute" for n in layers)
+    }
+    swap_stages = {
+        idx for idx, layers in enumerate(stages) if any(policies.get(n) == "swap" for n in layers)
+    }
     assert swapped == {(idx, op) for idx in swap_stages for op in ("swap_out", "swap_in")}

@@ -32,8 +32,9 @@ def _layers(precision: str) -> list[tuple[str, nn.Module, tuple[Tensor, ...]]]:
     return layers
 
 
-def _grads(layer: nn.Module, inputs: tuple[Tensor, ...], precision: str,
-           space: SwapSpace | None) -> list[Tensor]:
+def _grads(
+    layer: nn.Module, inputs: tuple[Tensor, ...], precision: str, space: SwapSpace | None
+) -> list[Tensor]:
     fresh = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
     layer.zero_grad(set_to_none=True)
     static = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), *layer.buffers())}
@@ -55,8 +56,7 @@ def test_swapped_bytes_are_the_profiled_saved_bytes(precision: str) -> None:
     """Inputs stay, every storage moves once: bytes moved = the profile's ``saved_bytes``."""
     for name, layer, inputs in _layers(precision):
         space = SwapSpace(CPU, rehearse=True)
-        static = {t.untyped_storage().data_ptr()
-                  for t in (*layer.parameters(), *layer.buffers())}
+        static = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), *layer.buffers())}
         with forwards(precision, CPU):
             with space.saving(0, static, inputs):
                 layer(*inputs)

@@ -10,8 +10,11 @@ pytestmark = pytest.mark.parametrize("name", sorted(MODELS))
 
 
 def parameters(spec: ModelSpec) -> dict[str, torch.Tensor]:
-    return {f"{layer}.{key}": value for layer, module in spec.layers
-            for key, value in module.state_dict().items()}
+    return {
+        f"{layer}.{key}": value
+        for layer, module in spec.layers
+        for key, value in module.state_dict().items()
+    }
 
 
 def test_builds_with_defaults(name: str) -> None:
@@ -24,12 +27,16 @@ def test_builds_with_defaults(name: str) -> None:
 
 
 def test_same_seed_same_weights(name: str) -> None:
-    first, second, other = parameters(tiny(name)), parameters(tiny(name)), parameters(
-        tiny(name, seed=1))
+    first, second, other = (
+        parameters(tiny(name)),
+        parameters(tiny(name)),
+        parameters(tiny(name, seed=1)),
+    )
     assert first.keys() == second.keys() == other.keys()
     assert all(torch.equal(first[key], second[key]) for key in first)
-    assert any(not torch.equal(first[key], other[key]) for key in first
-               if first[key].is_floating_point())
+    assert any(
+        not torch.equal(first[key], other[key]) for key in first if first[key].is_floating_point()
+    )
 
 
 def test_building_leaves_the_global_generator_alone(name: str) -> None:
@@ -59,7 +66,10 @@ def test_reference_run_trains_every_parameter(name: str) -> None:
     loss = spec.loss(module(inputs), targets)
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()
-    missing = [key for key, p in module.named_parameters()
-               if p.grad is None or not torch.isfinite(p.grad).all()]
+    missing = [
+        key
+        for key, p in module.named_parameters()
+        if p.grad is None or not torch.isfinite(p.grad).all()
+    ]
     assert not missing
     assert next(module.parameters()) is next(spec.layers[0][1].parameters())

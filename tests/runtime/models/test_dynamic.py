@@ -31,13 +31,20 @@ def test_random_schedule_holds_for_a_phase_then_redraws() -> None:
     assert len({frozenset(active) for active in phases}) > 1
     again = dynamic(**TINY, schedule="random", switch_every=3, num_active=2)
     assert [again.active_blocks(step) for step in range(24)] == [
-        spec.active_blocks(step) for step in range(24)]
+        spec.active_blocks(step) for step in range(24)
+    ]
 
 
 def test_grow_schedule_adds_one_block_per_phase() -> None:
     spec = dynamic(**TINY, schedule="grow", switch_every=2, num_active=1)
     assert [spec.active_blocks(step) for step in (0, 1, 2, 4, 6, 100)] == [
-        {0}, {0}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3}, {0, 1, 2, 3}]
+        {0},
+        {0},
+        {0, 1},
+        {0, 1, 2},
+        {0, 1, 2, 3},
+        {0, 1, 2, 3},
+    ]
 
 
 def test_apply_step_switches_blocks_and_training_skips_inactive_ones() -> None:
@@ -51,11 +58,14 @@ def test_apply_step_switches_blocks_and_training_skips_inactive_ones() -> None:
     assert all(p.grad is None for p in spec.blocks[2].parameters())
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"schedule": "cyclic"}, "schedule 'cyclic' is unknown; expected one of random, grow"),
-    ({"switch_every": 0}, "switch_every must be >= 1 step, got 0"),
-    ({"num_active": 5}, "num_active must be between 0 and layers \\(4\\), got 5"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"schedule": "cyclic"}, "schedule 'cyclic' is unknown; expected one of random, grow"),
+        ({"switch_every": 0}, "switch_every must be >= 1 step, got 0"),
+        ({"num_active": 5}, "num_active must be between 0 and layers \\(4\\), got 5"),
+    ],
+)
 def test_bad_schedules_are_named(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ModelError, match=message):
         dynamic(**TINY, **kwargs)  # type: ignore[arg-type]

@@ -26,8 +26,15 @@ def test_the_names_are_the_built_layers(name: str) -> None:
         assert builtin_layer_names(name, args) == built, (name, count)
 
 
-@pytest.mark.parametrize("value,words", [("x", "'x' is not a whole number"), ("0", "outside"),
-                                         (str(MAX_BLOCKS + 1), "outside"), ("1.5", "whole")])
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ("x", "'x' is not a whole number"),
+        ("0", "outside"),
+        (str(MAX_BLOCKS + 1), "outside"),
+        ("1.5", "whole"),
+    ],
+)
 def test_counts_that_cannot_be_built_are_named(value: str, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         builtin_layer_names("gpt", {"layers": value})

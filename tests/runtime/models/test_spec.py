@@ -14,9 +14,13 @@ class Add(nn.Module):
 
 
 def make(layers: list[tuple[str, nn.Module]], inputs: dict[str, list[str]] | None) -> ModelSpec:
-    return ModelSpec(name="toy", layers=layers, inputs=inputs,
-                     sample=lambda n, i: (torch.ones(n, 2), torch.zeros(n)),
-                     loss=lambda out, _: out.mean())
+    return ModelSpec(
+        name="toy",
+        layers=layers,
+        inputs=inputs,
+        sample=lambda n, i: (torch.ones(n, 2), torch.zeros(n)),
+        loss=lambda out, _: out.mean(),
+    )
 
 
 def test_chain_inputs_and_edges() -> None:
@@ -27,26 +31,35 @@ def test_chain_inputs_and_edges() -> None:
 
 def test_a_dag_runs_its_layers_with_inputs_in_the_listed_order() -> None:
     double, triple = nn.Linear(2, 2), nn.Linear(2, 2)
-    spec = make([("x2", double), ("x3", triple), ("sum", Add())],
-                {"x2": [DATA], "x3": ["x2"], "sum": ["x3", "x2"]})
+    spec = make(
+        [("x2", double), ("x3", triple), ("sum", Add())],
+        {"x2": [DATA], "x3": ["x2"], "sum": ["x3", "x2"]},
+    )
     assert spec.edges() == [("x2", "x3"), ("x3", "sum"), ("x2", "sum")]
     data = torch.randn(4, 2)
     expected = triple(double(data)) + double(data)
     assert torch.allclose(SpecModule(spec)(data), expected)
 
 
-@pytest.mark.parametrize("layers,inputs,message", [
-    ([], None, "has no layers"),
-    ([("a", nn.ReLU()), ("a", nn.ReLU())], None, "layer name 'a' is empty or repeated"),
-    ([("input", nn.ReLU())], None, "layer name 'input' is reserved for the data"),
-    ([("a", lambda x: x)], None, "layer 'a' is a function, not a torch.nn.Module"),
-    ([("a", nn.ReLU()), ("b", nn.ReLU())], {"a": ["b"], "b": ["input"]},
-     "layer 'a' reads \\['b'\\], which are not layers listed before it"),
-    ([("a", nn.ReLU())], {"a": ["input"], "z": ["a"]}, "inputs name unknown layers \\['z'\\]"),
-    ([("a", nn.ReLU()), ("b", nn.ReLU())], {"a": ["input"]}, "layer 'b' has no inputs"),
-])
-def test_bad_specs_are_named(layers: list[tuple[str, nn.Module]],
-                             inputs: dict[str, list[str]] | None, message: str) -> None:
+@pytest.mark.parametrize(
+    "layers,inputs,message",
+    [
+        ([], None, "has no layers"),
+        ([("a", nn.ReLU()), ("a", nn.ReLU())], None, "layer name 'a' is empty or repeated"),
+        ([("input", nn.ReLU())], None, "layer name 'input' is reserved for the data"),
+        ([("a", lambda x: x)], None, "layer 'a' is a function, not a torch.nn.Module"),
+        (
+            [("a", nn.ReLU()), ("b", nn.ReLU())],
+            {"a": ["b"], "b": ["input"]},
+            "layer 'a' reads \\['b'\\], which are not layers listed before it",
+        ),
+        ([("a", nn.ReLU())], {"a": ["input"], "z": ["a"]}, "inputs name unknown layers \\['z'\\]"),
+        ([("a", nn.ReLU()), ("b", nn.ReLU())], {"a": ["input"]}, "layer 'b' has no inputs"),
+    ],
+)
+def test_bad_specs_are_named(
+    layers: list[tuple[str, nn.Module]], inputs: dict[str, list[str]] | None, message: str
+) -> None:
     with pytest.raises(ModelError, match=message):
         make(layers, inputs)
 
@@ -57,4 +70,4 @@ def test_sample_generators_differ_by_seed_index_and_stream() -> None:
 
     assert torch.equal(draw(1, 0), draw(1, 0))
     draws = [draw(1, 0), draw(0, 1), draw(1, 1), draw(1, 0, "other")]
-    assert all(not torch.equal(a, b) for i, a in enumerate(draws) for b in draws[i + 1:])
+    assert all(not torch.equal(a, b) for i, a in enumerate(draws) for b in draws[i + 1 :])

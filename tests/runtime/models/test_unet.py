@@ -10,8 +10,7 @@ from pipestudio.runtime.models import DATA, unet
 def test_decoders_read_the_matching_encoder() -> None:
     spec = unet(depth=3, width=4, image_size=16)
     assert not spec.is_chain
-    assert spec.layer_names == ["enc0", "enc1", "enc2", "bottom", "dec2", "dec1", "dec0",
-                                "head"]
+    assert spec.layer_names == ["enc0", "enc1", "enc2", "bottom", "dec2", "dec1", "dec0", "head"]
     assert spec.graph_inputs()["enc0"] == [DATA]
     assert spec.graph_inputs()["dec2"] == ["bottom", "enc2"]
     assert spec.graph_inputs()["dec0"] == ["dec1", "enc0"]
