@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from pipestudio.planner import Profile, cluster_template, load_document
-from pipestudio.planner.min_memory import attempt, search_min_memory, with_device_memory
-from pipestudio.planner.pipedream_import import import_pipedream
-from pipestudio.planner.planners import PLANNERS
-from pipestudio.planner.request import PlanOutcome, PlanRequest, plan_cost, run_planner
+from pipestudio.planner.algorithms import PLANNERS
+from pipestudio.planner.algorithms.min_memory import attempt, search_min_memory, with_device_memory
+from pipestudio.planner.algorithms.request import PlanOutcome, PlanRequest, plan_cost, run_planner
+from pipestudio.planner.formats.pipedream import import_pipedream
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "img"

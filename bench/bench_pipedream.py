@@ -5,7 +5,8 @@ setting; tests/planner/data/pipedream_reference.json) this plans the same profil
 cluster and prints our time (best of three, pinned to one CPU), the optimizer's recorded wall
 time, their ratio, and whether the objective, the stage count and replicas, and the stage
 node sets agree with the reference (ties between equally fast plans may differ in the last
-two; see tests/planner/test_pipedream_planner.py). Target: every configuration under 1 s.
+two; see tests/planner/algorithms/pipedream/test_pipedream_planner.py). Target: every
+configuration under 1 s.
 Exits non-zero when a configuration is slower than that or its objective differs.
 """
 
@@ -19,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from pipestudio.planner import Profile, cluster_template
+from pipestudio.planner.algorithms.pipedream.planner import pipedream
+from pipestudio.planner.algorithms.request import PlannerOutput, PlanRequest
 from pipestudio.planner.errors import PlannerError
-from pipestudio.planner.pipedream_import import import_pipedream
-from pipestudio.planner.planners.pipedream import pipedream
-from pipestudio.planner.request import PlannerOutput, PlanRequest
+from pipestudio.planner.formats.pipedream import import_pipedream
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "planner" / "data" / "pipedream_reference.json"

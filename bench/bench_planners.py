@@ -11,9 +11,9 @@ import sys
 from dataclasses import replace
 
 from pipestudio.planner import Profile, cluster_template
-from pipestudio.planner.plan import SCHEDULES
-from pipestudio.planner.planners import PLANNERS
-from pipestudio.planner.request import PlanRequest, run_planner
+from pipestudio.planner.algorithms import PLANNERS
+from pipestudio.planner.algorithms.request import PlanRequest, run_planner
+from pipestudio.planner.formats.plan import SCHEDULES
 
 TARGET_S = 1.0
 

@@ -13,7 +13,7 @@ For each model (``gpt``, ``resnet``) and stage count (2, 4) this
    bandwidth measured here (two processes ping-pong a tensor as large as the model's
    median layer output over gloo; one-way bytes over one-way time), unlimited memory;
 3. plans with ``balance-time`` (``--algorithm``) and predicts the step time with
-   ``pipestudio.planner.simulate``, the code ``pipestudio simulate`` runs;
+   ``pipestudio.planner.simulator.simulate``, the code ``pipestudio simulate`` runs;
 4. trains the plan with the engine, warming up for ``--warm-seconds`` (at least
    ``--warm-steps``) and timing at least ``--half-seconds`` per half (at least ``--steps`` steps in
    all) at the predicted pace, and takes the mean of the timed steps' times
@@ -31,7 +31,7 @@ stages on one device one op at a time, which is what time-sharing a core amounts
 Every run's profile, cluster, plan and prediction are written to ``--out`` so that
 ``pipestudio simulate PROFILE PLAN --cluster CLUSTER`` reproduces each prediction.
 
-Calibration (``pipestudio.planner.calibrate``, as ``pipestudio calibrate`` runs it): the
+Calibration (``pipestudio.planner.simulator.calibrate``, as ``pipestudio calibrate`` runs it): the
 run's op events of the first half of its timed steps make a calibrated profile and
 cluster, and the second half's mean step is compared with the prediction before and after
 (``error_before``, ``error_after``: measured / predicted - 1). The op times hold whatever
@@ -57,10 +57,10 @@ import torch.distributed as dist
 from runtime_vs_torch import wait_for_quiet
 
 from pipestudio.planner import Cluster, Plan, Profile, cluster_template, simulate
-from pipestudio.planner.calibrate import Sharing, calibrate
-from pipestudio.planner.placement import Host, shared_placement
-from pipestudio.planner.planners import PLANNERS
-from pipestudio.planner.request import PlanRequest
+from pipestudio.planner.algorithms import PLANNERS
+from pipestudio.planner.algorithms.request import PlanRequest
+from pipestudio.planner.simulator.calibrate import Sharing, calibrate
+from pipestudio.planner.simulator.placement import Host, shared_placement
 from pipestudio.runtime.engine import EngineConfig, launch
 from pipestudio.runtime.models import load_model
 from pipestudio.runtime.profiler import median_profile, profile_model

@@ -33,7 +33,7 @@ On one GPU this
 
 ``--precision`` (fp32, tf32, bf16, fp16) profiles and trains in that arithmetic
 (``runtime/precision.py``); the TFLOP/s are then set beside the device's peak for it
-(``planner/peaks.py``) as the model FLOP utilisation.
+(``planner/simulator/peaks.py``) as the model FLOP utilisation.
 
 Target: swapping at least half of the stage's saved bytes lowers its peak by at least 40%
 (peak ratio <= 0.60) and costs at most 10% step time (time ratio <= 1.10). The verdict is
@@ -55,8 +55,8 @@ import torch
 from runtime_fidelity import measure_gloo_gbps
 
 from pipestudio.planner import Plan, Profile, cluster_template, simulate
-from pipestudio.planner.documents import PRECISIONS
-from pipestudio.planner.peaks import peak_tflops
+from pipestudio.planner.formats.documents import PRECISIONS
+from pipestudio.planner.simulator.peaks import peak_tflops
 from pipestudio.runtime.engine import EngineConfig, launch
 from pipestudio.runtime.models import load_model
 from pipestudio.runtime.profiler import profile_model

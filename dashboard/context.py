@@ -12,7 +12,7 @@ from typing import Any
 
 from pipestudio.dashboard.api import ApiClient
 from pipestudio.planner import Cluster, Profile
-from pipestudio.planner.documents import parse_document
+from pipestudio.planner.formats.documents import parse_document
 
 _KEEP = 16
 

@@ -16,8 +16,8 @@ from collections import OrderedDict
 from typing import Any
 
 from pipestudio.planner import Cluster, Plan, Profile, SimResult, simulate
-from pipestudio.planner.documents import parse_document
-from pipestudio.planner.request import memory_only_cluster
+from pipestudio.planner.algorithms.request import memory_only_cluster
+from pipestudio.planner.formats.documents import parse_document
 
 Editor = dict[str, Any]
 _KEEP = 8

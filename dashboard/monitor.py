@@ -293,7 +293,8 @@ def status_text(view: RunView) -> str:
 
 def measured_trace(ops: list[dict[str, Any]], run_id: int) -> str:
     """Chrome trace (Trace Event Format, microseconds) of measured ops: one process per
-    stage replica, one thread per stream, as ``pipestudio.planner.trace`` draws predictions."""
+    stage replica, one thread per stream, as ``pipestudio.planner.simulator.trace`` draws
+    predictions."""
     threads = {"compute": 0, "send": 1, "swap": 2, "allreduce": 3}
     workers = sorted({(op["stage"], op.get("replica", 0)) for op in ops})
     pid = {worker: idx for idx, worker in enumerate(workers)}

@@ -13,10 +13,10 @@ from pipestudio.dashboard.components.style import Figure, format_bytes
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.editor import Editor, build_plan, editor_cluster, predict
 from pipestudio.planner import Cluster, PlannerError, SimResult
-from pipestudio.planner.documents import parse_document
-from pipestudio.planner.plan import Plan
-from pipestudio.planner.planners.optimal import step_claim
-from pipestudio.planner.trace import chrome_trace
+from pipestudio.planner.algorithms.optimal.planner import step_claim
+from pipestudio.planner.formats.documents import parse_document
+from pipestudio.planner.formats.plan import Plan
+from pipestudio.planner.simulator.trace import chrome_trace
 
 
 def planner_body(

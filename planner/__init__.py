@@ -4,9 +4,6 @@ Pure Python: this package imports no torch and no web or database package, so th
 the dashboard and scripts can use it anywhere (a test enforces it).
 """
 
-from pipestudio.planner.budget import DEFAULT_MAX_SIMULATED_OPS
-from pipestudio.planner.cluster import Cluster, Device, Level, cluster_template
-from pipestudio.planner.documents import DocumentError, load_document, parse_document
 from pipestudio.planner.errors import (
     ClusterError,
     ImportFormatError,
@@ -16,12 +13,15 @@ from pipestudio.planner.errors import (
     ProfileError,
     WorkBudgetError,
 )
-from pipestudio.planner.pipedream_import import import_pipedream, parse_pipedream
-from pipestudio.planner.plan import Plan, Stage, plan_template, resolve_plan
-from pipestudio.planner.profile import Edge, Layer, Profile
-from pipestudio.planner.result import SimResult
-from pipestudio.planner.simulate import simulate
-from pipestudio.planner.trace import chrome_trace, write_chrome_trace
+from pipestudio.planner.formats.cluster import Cluster, Device, Level, cluster_template
+from pipestudio.planner.formats.documents import DocumentError, load_document, parse_document
+from pipestudio.planner.formats.pipedream import import_pipedream, parse_pipedream
+from pipestudio.planner.formats.plan import Plan, Stage, plan_template, resolve_plan
+from pipestudio.planner.formats.profile import Edge, Layer, Profile
+from pipestudio.planner.formats.result import SimResult
+from pipestudio.planner.simulator.budget import DEFAULT_MAX_SIMULATED_OPS
+from pipestudio.planner.simulator.simulate import simulate
+from pipestudio.planner.simulator.trace import chrome_trace, write_chrome_trace
 
 __all__ = [
     "DEFAULT_MAX_SIMULATED_OPS",

@@ -25,8 +25,8 @@ class InfeasibleError(PlannerError):
     """No plan fits device memory.
 
     ``min_memory_bytes`` is the smallest memory per device at which the planner's plan fits,
-    found to within ``precision_bytes`` (``min_memory.py``); None where it is not known, or
-    where no memory is enough.
+    found to within ``precision_bytes`` (``algorithms/min_memory.py``); None where it is not
+    known, or where no memory is enough.
     """
 
     def __init__(
@@ -39,7 +39,7 @@ class InfeasibleError(PlannerError):
 
 class WorkBudgetError(PlannerError):
     """A request would cost more work than allowed, so it is refused before it starts: a
-    simulation would build more ops (``budget.py``), or a planner would search more
+    simulation would build more ops (``simulator/budget.py``), or a planner would search more
     (``request.check_request_budget``).
 
     ``field`` names the input most responsible (``num_microbatches``, ``num_steps``,

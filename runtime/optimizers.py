@@ -1,7 +1,7 @@
 """The optimizers a plan may name, by the names the planner's memory model uses.
 
 ``sgd``, ``momentum`` and ``adam`` keep 0, 1 and 2 tensors of state per parameter, which is
-what ``pipestudio.planner.plan.OPTIMIZER_STATE_FACTOR`` counts.
+what ``pipestudio.planner.formats.plan.OPTIMIZER_STATE_FACTOR`` counts.
 """
 
 from collections.abc import Callable, Iterable

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from pipestudio.planner.documents import PRECISIONS
+from pipestudio.planner.formats.documents import PRECISIONS
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

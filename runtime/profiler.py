@@ -137,7 +137,7 @@ PEAK_TRIES = 3
 def measured_peak_tflops(precision: str) -> float:
     """The best TFLOP/s of a few ``PEAK_MATMUL``-square CPU matmuls in the dtype the
     precision's matmuls run in (float32 for fp32 and tf32), on torch's current threads:
-    the denominator of a CPU's model FLOP utilisation (``planner/peaks.py``)."""
+    the denominator of a CPU's model FLOP utilisation (``planner/simulator/peaks.py``)."""
     dtype = autocast_dtype(precision) or torch.float32
     size = PEAK_MATMUL
     generator = torch.Generator().manual_seed(0)

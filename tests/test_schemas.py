@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from pipestudio.planner import cluster_template, import_pipedream, plan_template, simulate
-from pipestudio.planner.schemas import DOCUMENTS, json_schema
+from pipestudio.planner.formats.schemas import DOCUMENTS, json_schema
 from tests.conftest import PIPEDREAM_DIR
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "docs" / "schemas"

@@ -15,7 +15,7 @@ from pipestudio.backend.schemas.profiles import (
     ProfilesPublic,
 )
 from pipestudio.backend.services import profiles as service
-from pipestudio.planner.documents import MAX_MICROBATCH_SIZE
+from pipestudio.planner.formats.documents import MAX_MICROBATCH_SIZE
 
 router = APIRouter(prefix="/api/profiles", tags=["profiles"], responses=ERRORS)
 

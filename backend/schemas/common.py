@@ -8,7 +8,7 @@ from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from pipestudio.backend.protocol import MAX_DB_INT
-from pipestudio.planner.documents import Integral
+from pipestudio.planner.formats.documents import Integral
 
 
 class ErrorPublic(BaseModel):

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import DbId, Public, Request, choice, one_of
 from pipestudio.planner import Plan
-from pipestudio.planner.documents import (
+from pipestudio.planner.formats.documents import (
     MAX_LAYERS,
     MAX_NAME_CHARS,
     Integral,

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import Public, Request, choice, one_of
 from pipestudio.planner import Profile
-from pipestudio.planner.documents import MAX_MICROBATCH_SIZE, Integral, Precision
+from pipestudio.planner.formats.documents import MAX_MICROBATCH_SIZE, Integral, Precision
 
 
 class _ProfileSource(Request):

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import DbId, Public, Request, choice, one_of
 from pipestudio.planner import Profile
-from pipestudio.planner.proposal import Proposal
+from pipestudio.planner.formats.proposal import Proposal
 
 ProposalState = Literal["pending", "approved", "rejected", "applied", "failed"]
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import DbId, Public, Request
-from pipestudio.planner.documents import Integral, Precision
+from pipestudio.planner.formats.documents import Integral, Precision
 
 RunState = Literal["starting", "running", "resuming", "finished", "failed", "stopped"]
 MetricKind = Literal["step", "memory", "op"]

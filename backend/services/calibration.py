@@ -1,7 +1,7 @@
 """A run's calibrated profile: its plan's profile made to match what the run measured.
 
 The measurements are the run's stored ``op`` metrics of its latest attempt
-(``planner/calibrate.py`` turns them into per-stage factors and link bandwidths). A run
+(``planner/simulator/calibrate.py`` turns them into per-stage factors and link bandwidths). A run
 that migrated layers runs another partition from the migration's step on, so only the
 steps since the last migration the engine reported are used, with the partition the
 migrations made; the first step of the run, which warms caches up, is left out, and so is
@@ -19,14 +19,14 @@ from pipestudio.backend.errors import ConflictError
 from pipestudio.backend.repositories import Clusters, Plans, Profiles, Runs
 from pipestudio.backend.services.messages import TERMINAL_RUN_STATES
 from pipestudio.planner import Cluster, Plan, Profile
-from pipestudio.planner.calibrate import (
+from pipestudio.planner.simulator.calibrate import (
     CalibrationError,
     Sharing,
     calibrate,
     op_events,
     report,
 )
-from pipestudio.planner.placement import Host
+from pipestudio.planner.simulator.placement import Host
 
 #: Op events read at most for one calibration (a run's window of steps, all its ops).
 MAX_OPS = 100_000

@@ -25,15 +25,15 @@ from pipestudio.planner import (
     WorkBudgetError,
     simulate,
 )
-from pipestudio.planner.documents import parse_document
-from pipestudio.planner.plan import resolve_plan
-from pipestudio.planner.planners import PLANNERS
-from pipestudio.planner.request import (
+from pipestudio.planner.algorithms import PLANNERS
+from pipestudio.planner.algorithms.request import (
     PlanOutcome,
     PlanRequest,
     memory_only_cluster,
     run_planner,
 )
+from pipestudio.planner.formats.documents import parse_document
+from pipestudio.planner.formats.plan import resolve_plan
 
 T = TypeVar("T")
 

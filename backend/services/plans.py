@@ -28,8 +28,8 @@ from pipestudio.backend.schemas.plans import (
 )
 from pipestudio.backend.services import planning
 from pipestudio.planner import Cluster, Plan, Profile, SimResult
-from pipestudio.planner.planners import PLANNERS
-from pipestudio.planner.request import check_request_budget, run_planner
+from pipestudio.planner.algorithms import PLANNERS
+from pipestudio.planner.algorithms.request import check_request_budget, run_planner
 
 
 def documents(

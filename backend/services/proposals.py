@@ -33,8 +33,8 @@ from pipestudio.backend.services.messages import TERMINAL_RUN_STATES, worker_lab
 from pipestudio.backend.services.plans import documents
 from pipestudio.backend.services.runs import Send, command
 from pipestudio.planner import Plan, PlannerError, Profile
-from pipestudio.planner.proposal import Proposal
-from pipestudio.planner.replan import evaluate_replan
+from pipestudio.planner.formats.proposal import Proposal
+from pipestudio.planner.replan.online import evaluate_replan
 
 
 def _evaluate(session: Session, run: models.Run, data: AnyProposalCreate) -> Proposal:

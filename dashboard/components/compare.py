@@ -12,7 +12,7 @@ from pipestudio.dashboard.components.style import (
     empty_figure,
     format_bytes,
 )
-from pipestudio.planner.result import SimResult
+from pipestudio.planner.formats.result import SimResult
 
 
 @dataclass(frozen=True)

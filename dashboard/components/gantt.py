@@ -28,7 +28,7 @@ from pipestudio.dashboard.components.style import (
     base_layout,
     empty_figure,
 )
-from pipestudio.planner.result import COMPUTE_OPS, SimResult
+from pipestudio.planner.formats.result import COMPUTE_OPS, SimResult
 
 #: (top, bottom) of each lane inside a row, in row units from the row's middle.
 _LANES = {"compute": (-0.42, 0.08), "send": (0.12, 0.25), "swap": (0.27, 0.40)}

@@ -15,7 +15,7 @@ from pipestudio.dashboard.components.style import (
     byte_unit,
     empty_figure,
 )
-from pipestudio.planner.result import SimResult
+from pipestudio.planner.formats.result import SimResult
 
 #: Most lines with a legend entry each: Plotly's colour cycle has ten colours.
 MAX_LEGEND_LINES = 10

@@ -7,7 +7,7 @@ from pipestudio.dashboard.components.style import (
     empty_figure,
     samples,
 )
-from pipestudio.planner.profile import Profile
+from pipestudio.planner.formats.profile import Profile
 
 _HOVER = "layer %{x}: %{customdata[0]} (%{customdata[1]})<br>%{fullData.name}: %{y:.3f} "
 

@@ -13,7 +13,7 @@ from pipestudio.dashboard.components.style import (
     empty_figure,
     format_bytes,
 )
-from pipestudio.planner.result import SimResult
+from pipestudio.planner.formats.result import SimResult
 
 _NO_PLAN = "No plan yet: run a planner or make one by hand."
 

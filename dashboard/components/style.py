@@ -10,7 +10,7 @@ from typing import Any
 #: A Plotly figure in its JSON form.
 Figure = dict[str, Any]
 
-#: One colour per op kind of the timeline (``pipestudio.planner.result.OpKind``).
+#: One colour per op kind of the timeline (``pipestudio.planner.formats.result.OpKind``).
 OP_COLORS: dict[str, str] = {
     "forward": "#4C78A8",
     "backward": "#F58518",

@@ -10,8 +10,8 @@ from pipestudio.dashboard.components.gantt import schedule_gantt
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.pages import planner_callbacks
 from pipestudio.dashboard.widgets import field, graph, section
-from pipestudio.planner.plan import SCHEDULES
-from pipestudio.planner.planners import PLANNERS
+from pipestudio.planner.algorithms import PLANNERS
+from pipestudio.planner.formats.plan import SCHEDULES
 
 PATH = "/planner"
 NAME = "Planner"

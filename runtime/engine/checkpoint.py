@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipestudio.planner.plan import Plan
+from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.scaling import LossScaler
 

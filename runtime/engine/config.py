@@ -24,7 +24,7 @@ from typing import Literal, get_args
 
 import torch
 
-from pipestudio.planner.plan import Plan
+from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.batchnorm import defer_batchnorm
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.ops import Op

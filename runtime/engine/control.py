@@ -32,7 +32,7 @@ The coordinator schedules, in order: scripted migrations (``--migrate``), comman
 the control directory (``commands.py``), and the online planner's proposals. Every
 ``every`` steps each rank publishes its window of measurements (``observe.py``); once
 every rank's window is in, the coordinator builds the observed profile and runs
-``pipestudio.planner.replan.evaluate_replan`` in a thread, so training does not wait for
+``pipestudio.planner.replan.online.evaluate_replan`` in a thread, so training does not wait for
 it. A worthwhile proposal is applied (``auto``) or held for approval; each evaluation is
 a ``proposal`` event, and each scheduled migration a ``migration`` event (phase
 ``scheduled``; each rank adds phase ``done`` with its bytes and waits, ``live.py``).
@@ -45,11 +45,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pipestudio.planner.cluster import Cluster
-from pipestudio.planner.documents import load_document
-from pipestudio.planner.plan import Plan
-from pipestudio.planner.proposal import Proposal
-from pipestudio.planner.replan import evaluate_replan
+from pipestudio.planner.formats.cluster import Cluster
+from pipestudio.planner.formats.documents import load_document
+from pipestudio.planner.formats.plan import Plan
+from pipestudio.planner.formats.proposal import Proposal
+from pipestudio.planner.replan.online import evaluate_replan
 from pipestudio.runtime.engine.checkpoint import read_latest
 from pipestudio.runtime.engine.commands import pending_commands, write_json
 from pipestudio.runtime.engine.config import EngineConfig

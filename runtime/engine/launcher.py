@@ -34,7 +34,7 @@ from typing import Any, cast
 
 import torch.distributed as dist
 
-from pipestudio.planner.plan import Plan
+from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.config import EngineConfig, build_model
 from pipestudio.runtime.engine.errors import EngineError, WorkerFailure
 from pipestudio.runtime.engine.layout import EngineLayout

@@ -4,7 +4,7 @@ Ranks are numbered stage by stage: stage 0's replicas first, then stage 1's, and
 A tensor made by a layer of stage a and read by layers of a later stage c goes straight
 from a to c (torchgpipe's portals, Kim et al. 2020 §3.3), once per destination stage however
 many layers there read it, exactly as the simulator counts boundary bytes
-(``pipestudio.planner.costs.boundary_bytes``). Micro-batch ``mb`` runs on replica
+(``pipestudio.planner.simulator.costs.boundary_bytes``). Micro-batch ``mb`` runs on replica
 ``mb % replicas`` of every stage, as in the simulator. The data (``"input"``) is never
 sent: every stage that reads it draws it from the model's deterministic ``sample``.
 """
@@ -12,7 +12,7 @@ sent: every stage that reads it draws it from the model's deterministic ``sample
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pipestudio.planner.plan import Plan
+from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.errors import EngineError
 
 DATA = "input"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
-from pipestudio.planner.plan import Plan
+from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.handoff import (
     TRAINING_SLOT,

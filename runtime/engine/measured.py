@@ -1,5 +1,5 @@
 """A measured run in the simulator's terms: the ``summary`` event and a SimResult whose
-timeline is the measured one, so ``pipestudio.planner.trace`` draws it like a prediction.
+timeline is the measured one, so ``pipestudio.planner.simulator.trace`` draws it like a prediction.
 
 Steps are cut as the simulator cuts them: a step ends when its last op (of any worker)
 ends, and the first begins with the run's first op, so ``step_times_ms`` compare one to one.
@@ -15,8 +15,8 @@ limit, so ``fits`` is true.
 from itertools import pairwise
 from typing import Any
 
-from pipestudio.planner.plan import Plan
-from pipestudio.planner.result import (
+from pipestudio.planner.formats.plan import Plan
+from pipestudio.planner.formats.result import (
     MemoryBreakdown,
     MemoryTrack,
     SimResult,

@@ -1,8 +1,9 @@
 """Measured ops, steps and memory of one worker, published as events to a sink.
 
-Every op is recorded with the simulator's vocabulary (``pipestudio.planner.result.TimelineOp``:
-stage, replica, op, microbatch, step, start_ms, end_ms, and for transfers the peer and the
-bytes) on the job's shared clock (``clock.py``). Events are plain dicts with a ``"type"``:
+Every op is recorded with the simulator's vocabulary
+(``pipestudio.planner.formats.result.TimelineOp``: stage, replica, op, microbatch, step,
+start_ms, end_ms, and for transfers the peer and the bytes) on the job's shared clock
+(``clock.py``). Events are plain dicts with a ``"type"``:
 
 ``op``          one measured op (the fields above);
 ``step``        a worker finished its part of a step: its span, compute (``busy_ms``),

@@ -12,7 +12,7 @@ memory a forward keeps that the engine can see without intercepting autograd.
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipestudio.planner.profile import Layer, Profile
+from pipestudio.planner.formats.profile import Layer, Profile
 from pipestudio.runtime.engine.meter import LayerMeter
 from pipestudio.runtime.engine.metrics import Recorder
 

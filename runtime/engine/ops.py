@@ -1,6 +1,6 @@
 """The op sequence of one worker: its schedule's forwards and backwards, all-reduces, updates.
 
-The forwards and backwards come from ``pipestudio.planner.schedule.worker_order``, the
+The forwards and backwards come from ``pipestudio.planner.simulator.schedule.worker_order``, the
 order the simulator uses, so a measured timeline lines up with the predicted one:
 
 - ``gpipe`` and ``1f1b`` run one step at a time (a flush), then all-reduce the gradients
@@ -15,8 +15,8 @@ Micro-batch ``k`` of step ``t`` has the global index ``t * num_microbatches + k`
 
 from dataclasses import dataclass
 
-from pipestudio.planner.plan import Plan
-from pipestudio.planner.schedule import BACKWARD, FORWARD, worker_order
+from pipestudio.planner.formats.plan import Plan
+from pipestudio.planner.simulator.schedule import BACKWARD, FORWARD, worker_order
 
 
 @dataclass(frozen=True)

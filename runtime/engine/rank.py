@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import torch
 
 from pipestudio.heap import settle_heap
-from pipestudio.planner.trace import write_chrome_trace
+from pipestudio.planner.simulator.trace import write_chrome_trace
 from pipestudio.runtime.engine import checkpoint as ckpt
 from pipestudio.runtime.engine.config import EngineConfig, build_model
 from pipestudio.runtime.engine.errors import WorkerFailure

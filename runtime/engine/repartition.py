@@ -15,7 +15,7 @@ interleave with the migration's, which this runtime does not do.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pipestudio.planner.plan import Plan
+from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.errors import EngineError
 
 

@@ -8,7 +8,7 @@ layers of the stage. Each layer runs on the weights it is given: the live parame
 ``torch.func.functional_call``, so a recomputation during the backward runs on the same
 version as the forward did.
 
-Policies (``pipestudio.planner.costs``): ``keep`` layers run as they are; each run of
+Policies (``pipestudio.planner.simulator.costs``): ``keep`` layers run as they are; each run of
 consecutive ``recompute`` layers runs under ``torch.utils.checkpoint`` (non-reentrant), which
 keeps only the run's inputs and repeats its forward during the backward (GPipe's
 rematerialization); ``swap`` layers run inside the ``SwapSpace``'s saved-tensor hooks.

@@ -40,7 +40,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from pipestudio.planner.plan import Plan
+from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.layout import EngineLayout, StageIO
 from pipestudio.runtime.engine.ops import first_stage_versions, segments, worker_ops
 from pipestudio.runtime.engine.stage import StageRunner

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from pipestudio.planner import Profile, load_document
-from pipestudio.planner.cluster import cluster_template
+from pipestudio.planner.formats.cluster import cluster_template
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPEDREAM_DIR = ROOT / "profiles" / "pipedream"

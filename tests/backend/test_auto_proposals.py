@@ -10,7 +10,7 @@ from pipestudio.planner import Plan, Profile
 from tests.backend.conftest import AUTH, mlp_profile
 from tests.backend.fakes import FakeWorker
 from tests.backend.test_sockets import Workers, _start
-from tests.planner.test_calibrate import engine_events, truth
+from tests.planner.simulator.test_calibrate import engine_events, truth
 
 
 def _measure(

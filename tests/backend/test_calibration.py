@@ -4,7 +4,7 @@ from fastapi.testclient import TestClient
 
 from pipestudio.backend.services.calibration import _cpu_cores
 from pipestudio.planner import Plan, Profile, simulate
-from pipestudio.planner.placement import Host, shared_placement
+from pipestudio.planner.simulator.placement import Host, shared_placement
 from tests.backend.conftest import (
     ANONYMOUS,
     AUTH,
@@ -13,7 +13,7 @@ from tests.backend.conftest import (
     mlp_profile,
 )
 from tests.backend.test_sockets import Workers, _start
-from tests.planner.test_calibrate import engine_events, truth
+from tests.planner.simulator.test_calibrate import engine_events, truth
 
 
 def test_a_run_calibrates_its_profile_as_it_goes(client: TestClient, fake: Workers) -> None:

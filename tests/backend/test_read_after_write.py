@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from pipestudio.backend.app import create_app
 from pipestudio.backend.settings import Settings
-from pipestudio.planner.cluster import cluster_template
+from pipestudio.planner.formats.cluster import cluster_template
 from tests.backend.conftest import AUTH, small_profile
 from tests.backend.live import live_backend
 

@@ -7,8 +7,8 @@ import pytest
 
 from pipestudio.cli import main
 from pipestudio.planner import cluster_template, load_document
-from pipestudio.planner.proposal import Proposal
-from pipestudio.planner.schemas import json_schema
+from pipestudio.planner.formats.proposal import Proposal
+from pipestudio.planner.formats.schemas import json_schema
 from tests.planner.helpers import chain_profile, even_plan
 
 
@@ -20,7 +20,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, str]:
-    """The hand case of tests/planner/test_replan.py: layer 0 of 4 takes 3x as long."""
+    """The hand case of tests/planner/replan/test_replan.py: layer 0 of 4 takes 3x as long."""
     profile = chain_profile(4, output_bytes=0, input_bytes=0)
     observed = profile.model_copy(
         update={

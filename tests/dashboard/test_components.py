@@ -19,7 +19,7 @@ from pipestudio.dashboard.components import (
 from pipestudio.dashboard.components.style import OP_COLORS, byte_unit, format_bytes
 from pipestudio.dashboard.pages import planner_callbacks
 from pipestudio.planner import cluster_template, plan_template, simulate
-from pipestudio.planner.planners.optimal import step_claim
+from pipestudio.planner.algorithms.optimal.planner import step_claim
 from tests.dashboard.conftest import big_profile
 
 

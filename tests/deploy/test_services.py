@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 from pipestudio.backend.db import normalize_url
-from pipestudio.planner.cluster import cluster_template
+from pipestudio.planner.formats.cluster import cluster_template
 from tests.backend.conftest import database_url, postgres_database
 from tests.conftest import ROOT
 from tests.deploy.compose import TOKENS, load

@@ -20,19 +20,16 @@ import math
 from collections.abc import Iterator
 from dataclasses import replace
 
-from pipestudio.planner.chain_model import ChainCosts, StageEvaluator
-from pipestudio.planner.costs import StageCosts, layer_set_costs
-from pipestudio.planner.plan import Plan
-from pipestudio.planner.planners.optimal_program import DeviceLayout
-from pipestudio.planner.planners.optimal_refine import (
+from pipestudio.planner.algorithms.optimal.program import DeviceLayout
+from pipestudio.planner.algorithms.optimal.refine import (
     Candidate,
     PlannedStage,
     StageChoices,
     build,
 )
-from pipestudio.planner.request import PlanRequest
-from pipestudio.planner.simulate import simulate
-from pipestudio.planner.stage_model import (
+from pipestudio.planner.algorithms.request import PlanRequest
+from pipestudio.planner.cost_model.chain import ChainCosts, StageEvaluator
+from pipestudio.planner.cost_model.stage import (
     StageContext,
     link_time_ms,
     stage_context,
@@ -40,6 +37,9 @@ from pipestudio.planner.stage_model import (
     stage_time_ms,
     swap_times_ms,
 )
+from pipestudio.planner.formats.plan import Plan
+from pipestudio.planner.simulator.costs import StageCosts, layer_set_costs
+from pipestudio.planner.simulator.simulate import simulate
 
 
 def replica_counts(request: PlanRequest) -> list[int]:

@@ -1,7 +1,7 @@
 """Builders of small profiles, plans and clusters for the planner tests."""
 
 from pipestudio.planner import Cluster, Plan, Profile, cluster_template
-from pipestudio.planner.plan import plan_template
+from pipestudio.planner.formats.plan import plan_template
 
 
 def chain_profile(

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipestudio.planner.plan import OPTIMIZER_STATE_FACTOR
+from pipestudio.planner.formats.plan import OPTIMIZER_STATE_FACTOR
 from pipestudio.runtime.errors import SettingsError
 from pipestudio.runtime.optimizers import OPTIMIZERS, make_optimizer
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from pipestudio.cli.output import format_table, write_document
 from pipestudio.planner import Cluster, Plan, Profile, load_document
-from pipestudio.planner.calibrate import (
+from pipestudio.planner.simulator.calibrate import (
     CalibrationError,
     Sharing,
     calibrate,

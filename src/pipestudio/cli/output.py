@@ -4,7 +4,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipestudio.planner.documents import Document
+from pipestudio.planner.formats.documents import Document
 
 
 def write_document(document: Document, output: str | None) -> None:

@@ -21,10 +21,10 @@ from pipestudio.planner import (
     simulate,
     write_chrome_trace,
 )
-from pipestudio.planner.documents import PRECISIONS, parse_document
-from pipestudio.planner.peaks import model_flop_utilisation
-from pipestudio.planner.plan import SCHEDULES, check_precision
-from pipestudio.planner.schemas import DOCUMENTS, json_schema
+from pipestudio.planner.formats.documents import PRECISIONS, parse_document
+from pipestudio.planner.formats.plan import SCHEDULES, check_precision
+from pipestudio.planner.formats.schemas import DOCUMENTS, json_schema
+from pipestudio.planner.simulator.peaks import model_flop_utilisation
 from pipestudio.planner.units import format_bytes, parse_size
 
 _Formatter = argparse.RawDescriptionHelpFormatter

@@ -7,13 +7,22 @@ from typing import Any
 from pipestudio.cli.output import format_table, write_document
 from pipestudio.cli.planning import add_precision_option, describe_result
 from pipestudio.planner import Cluster, PlannerError, Profile, load_document
+from pipestudio.planner.algorithms import PLANNERS
+from pipestudio.planner.algorithms.maxbatch import (
+    MAX_MICROBATCH_SIZE,
+    MaxBatch,
+    max_microbatch_size,
+)
+from pipestudio.planner.algorithms.min_memory import smallest_device_memory
+from pipestudio.planner.algorithms.optimal.planner import step_claim
+from pipestudio.planner.algorithms.request import (
+    PlanOutcome,
+    PlanRequest,
+    memory_only_cluster,
+    run_planner,
+)
 from pipestudio.planner.errors import InfeasibleError
-from pipestudio.planner.maxbatch import MAX_MICROBATCH_SIZE, MaxBatch, max_microbatch_size
-from pipestudio.planner.min_memory import smallest_device_memory
-from pipestudio.planner.plan import SCHEDULES, check_precision
-from pipestudio.planner.planners import PLANNERS
-from pipestudio.planner.planners.optimal import step_claim
-from pipestudio.planner.request import PlanOutcome, PlanRequest, memory_only_cluster, run_planner
+from pipestudio.planner.formats.plan import SCHEDULES, check_precision
 from pipestudio.planner.units import format_bytes, parse_size
 
 _Formatter = argparse.RawDescriptionHelpFormatter

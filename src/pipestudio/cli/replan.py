@@ -5,8 +5,8 @@ from typing import Any
 
 from pipestudio.cli.output import format_table, write_document
 from pipestudio.planner import Cluster, Plan, Profile, load_document
-from pipestudio.planner.proposal import Proposal
-from pipestudio.planner.replan import ALGORITHMS, evaluate_replan
+from pipestudio.planner.formats.proposal import Proposal
+from pipestudio.planner.replan.online import ALGORITHMS, evaluate_replan
 from pipestudio.planner.units import format_bytes
 
 _Formatter = argparse.RawDescriptionHelpFormatter

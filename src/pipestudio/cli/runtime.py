@@ -5,7 +5,7 @@ import os
 import sys
 from typing import Any
 
-from pipestudio.planner.documents import PRECISIONS
+from pipestudio.planner.formats.documents import PRECISIONS
 
 _Formatter = argparse.RawDescriptionHelpFormatter
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from pipestudio.planner import Plan
-from pipestudio.planner.schedule import FORWARD, worker_order
+from pipestudio.planner.simulator.schedule import FORWARD, worker_order
 from pipestudio.runtime.models import DATA, ModelSpec
 from pipestudio.runtime.optimizers import make_optimizer
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipestudio.cli import main
-from pipestudio.planner.result import OpKind
+from pipestudio.planner.formats.result import OpKind
 from tests.runtime.engine.helpers import make_plan
 
 TINY_MLP = [

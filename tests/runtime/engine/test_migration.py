@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from pipestudio.planner import Plan
-from pipestudio.planner.schedule import BACKWARD, worker_order
+from pipestudio.planner.simulator.schedule import BACKWARD, worker_order
 from pipestudio.runtime.engine import EngineConfig, launch
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.handoff import (
