@@ -110,7 +110,7 @@ def run_case(profile: Profile, num_stages: int, schedule: str) -> dict[str, Any]
         schedule=schedule,
         num_stages=num_stages,
         cluster=cluster,
-        straight=True,
+        single_replica=True,
     )
     case: dict[str, Any] = {
         "profile": profile.model,

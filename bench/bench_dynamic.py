@@ -41,7 +41,7 @@ import matplotlib.pyplot as plt
 
 from pipestudio.planner import Plan, parse_document
 from pipestudio.runtime.engine import EngineConfig, launch
-from pipestudio.runtime.engine.repartition import RepartitionConfig
+from pipestudio.runtime.engine.migration.settings import MigrationSettings
 from pipestudio.runtime.models.dynamic import DynamicSpec, dynamic
 
 HERE = Path(__file__).resolve()
@@ -88,7 +88,7 @@ def run(kind: str, stages: list[list[str]]) -> dict[str, Any]:
             "stages": [{"layers": names} for names in stages],
         },
     )
-    repartition = RepartitionConfig(every=2, auto=kind == "auto", min_gain_fraction=0.05)
+    repartition = MigrationSettings(every=2, auto=kind == "auto", min_gain_fraction=0.05)
     model = f"{HERE}:{'build_all_on' if kind == 'best' else 'build'}"
     config = EngineConfig(
         plan=plan,
@@ -96,7 +96,7 @@ def run(kind: str, stages: list[list[str]]) -> dict[str, Any]:
         steps=STEPS,
         threads_per_rank=1,
         timeout_s=60.0,
-        repartition=repartition,
+        migration=repartition,
     )
     events: list[dict[str, Any]] = []
     result = launch(config, events.append)

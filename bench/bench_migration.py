@@ -47,7 +47,11 @@ import torch
 
 from pipestudio.planner import Plan, parse_document
 from pipestudio.runtime.engine import EngineConfig, launch
-from pipestudio.runtime.engine.repartition import RepartitionConfig, new_plan, parse_migration
+from pipestudio.runtime.engine.migration.settings import (
+    MigrationSettings,
+    new_plan,
+    parse_migration,
+)
 from pipestudio.runtime.models import MODELS
 
 ARGS = {"layers": "6", "width": "512", "in_features": "512", "out_features": "16"}
@@ -79,7 +83,7 @@ def train(
     """Wall seconds, the step times (0 for step 0) and the events of a run; each event
     gets ``seen_s``, when this process received it."""
     repartition = (
-        RepartitionConfig(migrations=[parse_migration(m) for m in migrations])
+        MigrationSettings(migrations=[parse_migration(m) for m in migrations])
         if migrations
         else None
     )
@@ -91,7 +95,7 @@ def train(
         threads_per_rank=1,
         checkpoint_dir=str(folder),
         timeout_s=60.0,
-        repartition=repartition,
+        migration=repartition,
         **settings,
     )
     events: list[dict[str, Any]] = []

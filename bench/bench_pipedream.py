@@ -47,7 +47,7 @@ def request_for(record: dict[str, Any]) -> PlanRequest:
         num_microbatches=NUM_MICROBATCHES,
         schedule="pipedream",
         cluster=cluster,
-        straight=record["straight"],
+        single_replica=record["straight"],
     )
 
 

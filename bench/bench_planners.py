@@ -6,35 +6,19 @@ planner's time, its objective and the simulated step time; then, for information
 proven gap and the replicas it chose."""
 
 import os
-import random
 import sys
 from dataclasses import replace
+from pathlib import Path
 
-from pipestudio.planner import Profile, cluster_template
+from pipestudio.planner import cluster_template
 from pipestudio.planner.algorithms import PLANNERS
 from pipestudio.planner.algorithms.request import PlanRequest, run_planner
 from pipestudio.planner.formats.plan import SCHEDULES
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.planner.helpers import block_chain
+
 TARGET_S = 1.0
-
-
-def chain(num_layers: int = 2000, seed: int = 3) -> Profile:
-    rng = random.Random(seed)
-    layers = [
-        {
-            "name": f"layer{idx}",
-            "kind": "Block",
-            "fwd_ms": rng.uniform(0.2, 1.0),
-            "bwd_ms": rng.uniform(0.4, 2.0),
-            "param_bytes": rng.randrange(2 * 10**6, 4 * 10**7),
-            "saved_bytes": rng.randrange(10**6, 6 * 10**7),
-            "output_bytes": rng.randrange(10**6, 8 * 10**6),
-            "workspace_bytes": rng.randrange(0, 10**7),
-            "update_ms": 0.01,
-        }
-        for idx in range(num_layers)
-    ]
-    return Profile.model_validate({"model": "bench-chain", "microbatch_size": 1, "layers": layers})
 
 
 def optimal_rows(request: PlanRequest) -> None:
@@ -45,7 +29,7 @@ def optimal_rows(request: PlanRequest) -> None:
     )
     for schedule in SCHEDULES:
         for straight in (False, True):
-            varied = replace(request, schedule=schedule, straight=straight)
+            varied = replace(request, schedule=schedule, single_replica=straight)
             outcome = run_planner("optimal", PLANNERS["optimal"], varied, with_timeline=False)
             seconds = outcome.planner_ms / 1e3
             if outcome.result is None:
@@ -63,7 +47,7 @@ def optimal_rows(request: PlanRequest) -> None:
 def main() -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    profile = chain()
+    profile = block_chain()
     cluster = cluster_template(
         [8, 2], [400.0, 100.0], device_memory_bytes=40 * 2**30, host_bandwidth_gbps=200.0
     )
@@ -73,7 +57,7 @@ def main() -> int:
         schedule="1f1b",
         num_stages=16,
         cluster=cluster,
-        straight=False,
+        single_replica=False,
     )
     worst = 0.0
     print(f"{'planner':<14} {'seconds':>8} {'objective ms':>13} {'step ms':>10} {'fits':>5}")

@@ -1,4 +1,12 @@
-"""Planning: the profile, cluster, plan and result formats, and the schedule simulator.
+"""Planning: the formats, the schedule simulator, the cost model, the planners and the
+online replanning.
+
+``formats/`` (Profile, Cluster, Plan, SimResult, Proposal and their machinery),
+``simulator/`` (the discrete-event simulator and what feeds it), ``cost_model/`` (the
+planners' stage and chain model, and the memory subproblem), ``algorithms/`` (the planners
+and their registry ``PLANNERS``), ``replan/`` (whether and how to migrate a running job);
+``errors.py`` and ``units.py`` serve them all. This module re-exports what most callers
+need. docs/architecture.md maps the code; docs/planners.md describes the planners.
 
 Pure Python: this package imports no torch and no web or database package, so the backend,
 the dashboard and scripts can use it anywhere (a test enforces it).

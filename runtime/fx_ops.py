@@ -28,7 +28,7 @@ no compute, no change to BatchNorm statistics).
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, fx, nn
@@ -39,6 +39,10 @@ from pipestudio.runtime.models.spec import DATA, ModelSpec
 
 #: Keys of ``GraphModule.meta`` (kept by deepcopy) describing an operator layer.
 KIND, SOURCE_LAYER, DESCRIPTION = "pipestudio.kind", "pipestudio.layer", "pipestudio.description"
+#: What a layer is, in a profile and in the engine: a module, or one of its tensor operators.
+Granularity = Literal["layer", "op"]
+GRANULARITIES: tuple[Granularity, ...] = get_args(Granularity)
+
 _CALLS = ("call_module", "call_function", "call_method")
 _IN_PLACE_OPERATORS = {
     "setitem",

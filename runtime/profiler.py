@@ -36,14 +36,19 @@ from pipestudio.runtime.activation_memory import (
 )
 from pipestudio.runtime.devices import describe_device, resolve_device
 from pipestudio.runtime.errors import SettingsError
-from pipestudio.runtime.fx_ops import op_description, op_kind, op_spec
+from pipestudio.runtime.fx_ops import (
+    GRANULARITIES,
+    Granularity,
+    op_description,
+    op_kind,
+    op_spec,
+)
 from pipestudio.runtime.models.spec import DATA, ModelSpec
 from pipestudio.runtime.optimizers import OPTIMIZERS, make_optimizer
 from pipestudio.runtime.precision import autocast_dtype, forwards, matmuls
 from pipestudio.runtime.profiler_ops import SavedInputs
 from pipestudio.runtime.timing import median_ms, nothing
 
-GRANULARITIES: tuple[str, ...] = ("layer", "op")
 _CUDA_WORKSPACE = (
     "peak of torch.cuda.max_memory_allocated over a forward and backward, less "
     "what was allocated before and the output and saved bytes"
@@ -59,7 +64,7 @@ class ProfileSettings:
     warmup: int
     repeats: int
     optimizer: str
-    granularity: str = "layer"
+    granularity: Granularity = "layer"
     precision: str = "fp32"  # ``runtime/precision.py``
 
 
@@ -73,7 +78,7 @@ def profile_model(
     *,
     optimizer: str = "adam",
     threads: int | None = None,
-    granularity: str = "layer",
+    granularity: Granularity = "layer",
     precision: str = "fp32",
 ) -> Profile:
     """Measure every layer of ``spec`` at ``microbatch_size`` samples per micro-batch.

@@ -114,3 +114,23 @@ def test_no_module_imports_a_folder_by_its_bare_name() -> None:
             }:
                 found[str(path.relative_to(ROOT))] = names
     assert not found, f"bare imports: {found}"
+
+
+@pytest.mark.parametrize("top", ["planner", "runtime/engine"])
+def test_each_package_docstring_lists_what_it_holds(top: str) -> None:
+    """A reader opening a package's ``__init__`` finds every module and subpackage in it
+    named (``name``, ``name/`` or ``name.py``)."""
+    missing = {}
+    for init in sorted((ROOT / top).rglob("__init__.py")):
+        folder = init.parent
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        names = {path.stem for path in folder.glob("*.py") if path.name != "__init__.py"}
+        names |= {path.name for path in folder.iterdir() if (path / "__init__.py").exists()}
+        unnamed = sorted(
+            name
+            for name in names
+            if not any(f"``{name}{end}``" in docstring for end in ("", "/", ".py"))
+        )
+        if unnamed:
+            missing[str(folder.relative_to(ROOT))] = unnamed
+    assert not missing, f"modules their package's docstring does not name: {missing}"

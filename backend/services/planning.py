@@ -56,7 +56,7 @@ def planner_request(
             microbatch_size=params.microbatch_size,
             optimizer=params.optimizer,
             cluster=cluster,
-            straight=params.straight,
+            single_replica=params.straight,
         )
     except PlannerError as exc:
         raise InputError("num_stages", str(exc)) from None

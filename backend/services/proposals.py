@@ -3,8 +3,8 @@
 A proposal is made from an observed profile (``planner.replan.evaluate_replan`` on the
 run's plan and cluster) or received whole. Approval sends a ``migrate`` command with the
 new plan and the moves to the worker holding rank 0, whose engine coordinates every
-repartition (``runtime/engine/control.py``); its answer decides whether the proposal was
-``applied`` or ``failed`` (``messages.apply_command_result``), and the engine's own
+migration (``runtime/engine/migration/coordinator.py``); its answer decides whether the
+proposal was ``applied`` or ``failed`` (``messages.apply_command_result``), and the engine's own
 ``migration`` events record each rank's part.
 
 Proposals also come by themselves (``auto_propose``, run by the backend every

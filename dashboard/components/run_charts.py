@@ -1,6 +1,6 @@
 """Live charts of a running job, from the engine's measured events.
 
-Inputs are the engine's event dicts (``runtime/engine/metrics.py``): ``step``
+Inputs are the engine's event dicts (``runtime/engine/telemetry/metrics.py``): ``step``
 events (per worker and step: ``start_ms``, ``end_ms``, ``busy_ms``, ``recompute_ms``,
 ``swap_bytes``, ``samples_per_s``, ``loss`` on the last stage) and ``memory`` events (per
 worker and step: ``peak_bytes``). Migrations are ``Marker``s drawn as dotted lines at their

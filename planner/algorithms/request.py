@@ -26,7 +26,14 @@ from pipestudio.planner.errors import InfeasibleError as InfeasibleError  # the 
 from pipestudio.planner.errors import PlanError, PlannerError, WorkBudgetError
 from pipestudio.planner.formats.cluster import Cluster, cluster_template
 from pipestudio.planner.formats.documents import MAX_MICROBATCH_SIZE, MAX_MICROBATCHES
-from pipestudio.planner.formats.plan import OPTIMIZER_STATE_FACTOR, SCHEDULES, Plan, resolve_plan
+from pipestudio.planner.formats.plan import (
+    OPTIMIZER_STATE_FACTOR,
+    SCHEDULES,
+    Optimizer,
+    Plan,
+    Schedule,
+    resolve_plan,
+)
 from pipestudio.planner.formats.profile import Profile
 from pipestudio.planner.formats.result import SimResult
 from pipestudio.planner.simulator.budget import StageWork, Workload, check_budget, most_boundaries
@@ -40,12 +47,13 @@ class PlanRequest:
 
     profile: Profile
     num_microbatches: int
-    schedule: str
+    schedule: Schedule
     num_stages: int | None = None
     microbatch_size: int | None = None
-    optimizer: str = "adam"
+    optimizer: Optimizer = "adam"
     cluster: Cluster | None = None
-    straight: bool = False
+    #: every stage one replica (PipeDream's "straight pipeline"; ``--straight``)
+    single_replica: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:

@@ -15,7 +15,7 @@ runtime; with one replica per stage the warm-up is p - s - 1 forwards.
 """
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -41,8 +41,8 @@ Schedule = Literal["gpipe", "1f1b", "pipedream"]
 Optimizer = Literal["sgd", "momentum", "adam"]
 Policy = Literal["keep", "recompute", "swap"]
 
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "pipedream")
-POLICIES: tuple[str, ...] = ("keep", "recompute", "swap")
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+POLICIES: tuple[Policy, ...] = get_args(Policy)
 
 #: Bytes of optimizer state kept per byte of parameters (momentum buffer; Adam's two moments).
 OPTIMIZER_STATE_FACTOR: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2}

@@ -1,2 +1,4 @@
-"""Online replanning: whether and how to repartition a running job (``online``), the
-candidates it weighs (``candidates``), and what a migration sends and costs (``migration``)."""
+"""Online replanning: ``online`` (whether and how to migrate a running job whose layers
+drifted), ``candidates`` (the migrations it weighs) and ``migration`` (what a migration
+sends between devices and how long that takes). docs/formats.md describes proposals.
+"""

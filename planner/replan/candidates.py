@@ -69,7 +69,7 @@ def plan_request(plan: Plan, profile: Profile, cluster: Cluster | None) -> PlanR
         microbatch_size=plan.microbatch_size,
         optimizer=plan.optimizer,
         cluster=cluster,
-        straight=True,
+        single_replica=True,
     )
 
 

@@ -24,6 +24,7 @@ best faster candidate and why it was refused (``evaluate_replan``, for the UI).
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from pipestudio.planner.algorithms.request import PlanRequest
 from pipestudio.planner.errors import PlanError
@@ -42,7 +43,10 @@ from pipestudio.planner.simulator.simulate import simulate
 from pipestudio.planner.units import format_bytes
 
 #: ``auto`` weighs every candidate that applies; the others restrict the search.
-ALGORITHMS = ("auto", "optimal", "refine")
+#: How the online planner searches: ``optimal``, ``refine`` (moves from the current plan), or
+#: ``auto`` (both).
+Algorithm = Literal["auto", "optimal", "refine"]
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
 
 
 class ReplanError(PlanError):
@@ -75,7 +79,7 @@ def replan(
     *,
     payback_steps: float = 100,
     min_gain_fraction: float = 0.02,
-    algorithm: str = "auto",
+    algorithm: Algorithm = "auto",
     num_steps: int = 1,
 ) -> Proposal | None:
     """A worthwhile repartition of ``plan`` for ``observed_profile``, or None (module
@@ -99,7 +103,7 @@ def evaluate_replan(
     *,
     payback_steps: float = 100,
     min_gain_fraction: float = 0.02,
-    algorithm: str = "auto",
+    algorithm: Algorithm = "auto",
     num_steps: int = 1,
 ) -> Proposal:
     """The best repartition found and its verdict, worthwhile or not (``reason`` says)."""
@@ -163,7 +167,7 @@ def _some(names: list[str]) -> str:
     return f"{len(names)} layer{'s' if len(names) > 1 else ''} ({shown}{more})"
 
 
-def _hysteresis(payback_steps: float, min_gain_fraction: float, algorithm: str) -> Hysteresis:
+def _hysteresis(payback_steps: float, min_gain_fraction: float, algorithm: Algorithm) -> Hysteresis:
     if not (payback_steps > 0 and math.isfinite(payback_steps)):
         raise ReplanError(f"payback steps must be a positive number, got {payback_steps}")
     if not 0 <= min_gain_fraction < 1:
@@ -175,7 +179,7 @@ def _hysteresis(payback_steps: float, min_gain_fraction: float, algorithm: str) 
     return Hysteresis(max_payback_steps=payback_steps, min_gain_fraction=min_gain_fraction)
 
 
-def _candidates(plan: Plan, request: PlanRequest, algorithm: str) -> list[Candidate]:
+def _candidates(plan: Plan, request: PlanRequest, algorithm: Algorithm) -> list[Candidate]:
     """The candidates ``algorithm`` asks for; the optimum only for straight plans."""
     replicated = [idx for idx, stage in enumerate(plan.stages) if stage.replicas > 1]
     result: list[Candidate] = []

@@ -12,7 +12,7 @@ threads, under this load. Per stage, over the steps chosen:
   proper, which keeps the measured sum of the two;
 - update: u = measured mean update / predicted mean update; where the profile predicts no
   update but the run took time, that time is shared among the stage's layers by parameter
-  bytes, as ``runtime/engine/observe.py`` does.
+  bytes, as ``runtime/engine/telemetry/observe.py`` does.
 
 Between two compute ops a worker also spends time the simulator does not have: posting the
 previous op's sends (gloo copies in the caller when the receiver is ready), posting

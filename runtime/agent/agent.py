@@ -178,8 +178,8 @@ class Agent:
         self.assignments.pop(key, None)
         group = self.groups.pop(key, None)
         self.stores.pop(key, None)
-        if group is not None and group.config.repartition is not None:
-            shutil.rmtree(str(group.config.repartition.control_dir), ignore_errors=True)
+        if group is not None and group.config.migration is not None:
+            shutil.rmtree(str(group.config.migration.control_dir), ignore_errors=True)
 
     def _keys(self, run_id: object, up_to: object = None) -> list[Key]:
         """This worker's attempts of the run (up to attempt ``up_to`` when it is given)."""

@@ -2,13 +2,14 @@
 
 import os
 import socket
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
+from pipestudio.runtime.engine.config import DeviceKind
 from pipestudio.runtime.engine.rank import host_cores
 
-DEVICE_KINDS = ("auto", "cpu", "cuda")
+DEVICE_KINDS: tuple[DeviceKind, ...] = get_args(DeviceKind)
 
 
 class DeviceError(ValueError):

@@ -25,10 +25,10 @@ import torch.distributed as dist
 
 from pipestudio.planner import Plan
 from pipestudio.runtime.engine import EngineConfig, check_config
-from pipestudio.runtime.engine.commands import Controller
+from pipestudio.runtime.engine.migration.commands import Controller
+from pipestudio.runtime.engine.migration.settings import MigrationSettings
 from pipestudio.runtime.engine.rank import exit_now, run_rank_reporting
 from pipestudio.runtime.engine.rendezvous import StoreAddress
-from pipestudio.runtime.engine.repartition import RepartitionConfig
 
 Event = dict[str, Any]
 _CONFIG_KEYS = (
@@ -57,7 +57,7 @@ def engine_config(config: dict[str, Any], control_dir: str | None = None) -> Eng
         **{key: config[key] for key in _CONFIG_KEYS if key in config and config[key] is not None},
     )
     if control_dir is not None and all(stage.replicas == 1 for stage in plan.stages):
-        engine.repartition = RepartitionConfig(control_dir=control_dir)
+        engine.migration = MigrationSettings(control_dir=control_dir)
     check_config(engine)
     return engine
 
@@ -169,7 +169,7 @@ class RankGroup:
 
     def migrate(self, stages: list[list[str]], timeout_s: float = 60.0) -> tuple[bool, str]:
         """Ask the job (through rank 0's control directory) to take these stages."""
-        repartition = self.config.repartition
+        repartition = self.config.migration
         if repartition is None or repartition.control_dir is None or 0 not in self.ranks:
             return False, "this worker does not hold rank 0 of a job that can repartition"
         controller = Controller(repartition.control_dir)

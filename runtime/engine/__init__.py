@@ -7,20 +7,23 @@ its *rank* (stage 0's replicas first); a *device* is where a worker computes; a
 followed by an update (``pipedream`` updates after every micro-batch, and a step is then a
 unit of reporting).
 
-Modules: ``layout`` (the plan against the model), ``ops`` (each worker's op order),
-``rendezvous`` (store, groups, device, clock), ``transport`` (point-to-point tensors),
-``stage`` (forward and backward under memory policies), ``swap``, ``weights`` (weight
-stashing, vertical sync), ``replicas`` (gradient all-reduce), ``worker`` (the loop),
-``metrics``/``clock``/``measured`` (measurements), ``checkpoint``, ``faults`` (who died),
-``rank`` (one process) and ``launcher`` (all of them). docs/runtime.md describes it.
+Modules: ``config`` (what a run needs) and ``errors``; ``launcher`` (all the processes of a
+job, or one rank under torchrun), ``rank`` (one process from start to end), ``rendezvous``
+(store, groups, device, clock), ``layout`` (the plan against the model), ``ops`` (each
+worker's op order), ``worker`` (the training loop), ``checkpoint``, ``faults`` (who died),
+``exchange`` (small JSON documents between ranks) and ``job`` (a job in a thread of this
+process, driven through its controller). Subpackages: ``execution/`` (a stage's forward
+and backward, transfers, swap, weight versions, replicas, loss scaling), ``telemetry/``
+(measurements) and ``migration/`` (live migration). docs/runtime.md describes the engine;
+docs/architecture.md maps the code.
 """
 
 from pipestudio.runtime.engine.config import EngineConfig, OpHook, build_model
 from pipestudio.runtime.engine.errors import EngineError, WorkerFailure
 from pipestudio.runtime.engine.launcher import TrainResult, check_config, launch, train_from_env
 from pipestudio.runtime.engine.layout import EngineLayout
-from pipestudio.runtime.engine.metrics import Event, EventSink, JsonlSink
 from pipestudio.runtime.engine.ops import Op
+from pipestudio.runtime.engine.telemetry.metrics import Event, EventSink, JsonlSink
 
 __all__ = [
     "EngineConfig",

@@ -8,7 +8,7 @@ Layout of ``DIR``::
 Each rank writes its own file (``torch.save`` to a temporary name, then an atomic rename):
 the stage's parameters and buffers, the optimizer state, the next step (the data position:
 micro-batch ``step * num_microbatches`` comes next), the random states of torch (CPU and
-CUDA) and of Python, and an fp16 run's loss scale (``scaling.py``). Rank 0 writes
+CUDA) and of Python, and an fp16 run's loss scale (``execution/scaling.py``). Rank 0 writes
 ``latest.json`` once every rank has written its file, then removes the previous step's
 directory, so a crash at any moment leaves a complete checkpoint behind. ``latest.json``
 also records the plan and the model, and a resume that differs in either is refused,
@@ -32,7 +32,7 @@ from torch import nn
 
 from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.errors import EngineError
-from pipestudio.runtime.engine.scaling import LossScaler
+from pipestudio.runtime.engine.execution.scaling import LossScaler
 
 
 def _step_dir(root: Path, step: int) -> Path:

@@ -13,7 +13,7 @@ diverged run would otherwise train on NaN weights to the end and checkpoint them
 
 ``loss_scale`` and ``loss_scale_growth_interval``: an ``fp16`` plan's dynamic loss scaling
 starts at that scale and doubles it after that many steps in a row without an overflow
-(``scaling.py``; GradScaler's defaults).
+(``execution/scaling.py``; GradScaler's defaults).
 """
 
 import inspect
@@ -27,10 +27,10 @@ import torch
 from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.batchnorm import defer_batchnorm
 from pipestudio.runtime.engine.errors import EngineError
+from pipestudio.runtime.engine.execution.scaling import GROWTH_INTERVAL, INIT_SCALE
+from pipestudio.runtime.engine.migration.settings import MigrationSettings, check_replicas
 from pipestudio.runtime.engine.ops import Op
-from pipestudio.runtime.engine.repartition import RepartitionConfig, check_replicas
-from pipestudio.runtime.engine.scaling import GROWTH_INTERVAL, INIT_SCALE
-from pipestudio.runtime.fx_ops import op_spec
+from pipestudio.runtime.fx_ops import GRANULARITIES, Granularity, op_spec
 from pipestudio.runtime.models import MODELS, ModelSpec, load_model
 from pipestudio.runtime.models.loading import import_factory
 
@@ -40,10 +40,10 @@ OpHook = Callable[[int, Op], None]
 #: Called by every rank before each update's overflow check with (rank, step, this rank's
 #: parameters by ``layer.param``); tests use it to inject an overflowing gradient. Picklable.
 UpdateHook = Callable[[int, int, Mapping[str, torch.nn.Parameter]], None]
-DEVICES = ("auto", "cpu", "cuda")
-GRANULARITIES = ("layer", "op")
+DeviceKind = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[DeviceKind, ...] = get_args(DeviceKind)
 OnNonfiniteLoss = Literal["fail", "continue"]
-ON_NONFINITE_LOSS: tuple[str, ...] = get_args(OnNonfiniteLoss)
+ON_NONFINITE_LOSS: tuple[OnNonfiniteLoss, ...] = get_args(OnNonfiniteLoss)
 
 
 @dataclass
@@ -63,11 +63,11 @@ class EngineConfig:
     checkpoint_every: int = 0
     resume: bool = False
     seed: int | None = None
-    device: str = "auto"
+    device: DeviceKind = "auto"
     timeout_s: float = 20.0
     before_op: OpHook | None = None
-    repartition: RepartitionConfig | None = None
-    granularity: str = "layer"
+    migration: MigrationSettings | None = None
+    granularity: Granularity = "layer"
     deferred_batchnorm: bool = False
     on_nonfinite_loss: OnNonfiniteLoss = "fail"
     loss_scale: float = INIT_SCALE
@@ -118,9 +118,9 @@ class EngineConfig:
             )
         if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
             raise EngineError("--resume and --checkpoint-every need --checkpoint-dir")
-        if self.repartition is not None:
-            self.repartition.check()
-            if self.repartition.enabled:
+        if self.migration is not None:
+            self.migration.check()
+            if self.migration.enabled:
                 check_replicas(self.plan)
 
 

@@ -4,11 +4,11 @@ import tempfile
 import threading
 from typing import Any
 
-from pipestudio.runtime.engine.commands import Controller
 from pipestudio.runtime.engine.config import EngineConfig
 from pipestudio.runtime.engine.launcher import TrainResult, launch
-from pipestudio.runtime.engine.metrics import Event, EventSink
-from pipestudio.runtime.engine.repartition import RepartitionConfig
+from pipestudio.runtime.engine.migration.commands import Controller
+from pipestudio.runtime.engine.migration.settings import MigrationSettings
+from pipestudio.runtime.engine.telemetry.metrics import Event, EventSink
 
 
 class Job:
@@ -17,10 +17,10 @@ class Job:
     def __init__(
         self, config: EngineConfig, sink: EventSink | None = None, **launch_args: Any
     ) -> None:
-        repartition = config.repartition or RepartitionConfig()
+        repartition = config.migration or MigrationSettings()
         if repartition.control_dir is None:
             repartition.control_dir = tempfile.mkdtemp(prefix="pipestudio-control-")
-        config.repartition = repartition
+        config.migration = repartition
         self.config, self.controller = config, Controller(repartition.control_dir)
         self.events: list[Event] = []
         self.result: TrainResult | None = None

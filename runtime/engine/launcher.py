@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from typing import Any, cast
+from typing import Any, Literal, cast, get_args
 
 import torch.distributed as dist
 
@@ -38,12 +38,13 @@ from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.config import EngineConfig, build_model
 from pipestudio.runtime.engine.errors import EngineError, WorkerFailure
 from pipestudio.runtime.engine.layout import EngineLayout
-from pipestudio.runtime.engine.metrics import Event, EventSink, JsonlSink
 from pipestudio.runtime.engine.rank import exit_now, run_rank, run_rank_reporting
 from pipestudio.runtime.engine.rendezvous import StoreAddress, address_from_env
+from pipestudio.runtime.engine.telemetry.metrics import Event, EventSink, JsonlSink
 
 #: How the launcher may start its children (see the module docstring).
-START_METHODS = ("spawn", "forkserver")
+StartMethod = Literal["spawn", "forkserver"]
+START_METHODS: tuple[StartMethod, ...] = get_args(StartMethod)
 
 
 @dataclass
@@ -89,7 +90,7 @@ def launch(
     config: EngineConfig,
     sink: EventSink | None = None,
     *,
-    start_method: str = "spawn",
+    start_method: StartMethod = "spawn",
     grace_s: float | None = None,
 ) -> TrainResult:
     """Run the job on this machine (see the module docstring)."""

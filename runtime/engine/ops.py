@@ -62,20 +62,20 @@ def worker_ops(
     replicated = plan.stages[stage_idx].replicas > 1
     mbs = _microbatches(plan, stage_idx, replica, first_step, num_steps)
     warmup = plan.warmup_forwards(stage_idx)
-    num_mb = plan.num_microbatches
+    num_microbatches = plan.num_microbatches
     ops: list[Op] = []
     if plan.schedule == "pipedream":
         for kind, mb in worker_order("pipedream", mbs, warmup):
             if kind == FORWARD:
-                ops.append(Op("forward", mb, mb // num_mb))
+                ops.append(Op("forward", mb, mb // num_microbatches))
                 continue
-            ops.append(Op("backward", mb, mb // num_mb))
+            ops.append(Op("backward", mb, mb // num_microbatches))
             if replicated:
-                ops.append(Op("allreduce", mb, mb // num_mb))
-            ops.append(Op("update", mb, mb // num_mb))
+                ops.append(Op("allreduce", mb, mb // num_microbatches))
+            ops.append(Op("update", mb, mb // num_microbatches))
         return ops
     for step in range(first_step, first_step + num_steps):
-        step_mbs = [mb for mb in mbs if mb // num_mb == step]
+        step_mbs = [mb for mb in mbs if mb // num_microbatches == step]
         for kind, mb in worker_order(plan.schedule, step_mbs, warmup):
             ops.append(Op("forward" if kind == FORWARD else "backward", mb, step))
         if replicated:

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from pipestudio.heap import settle_heap
+from pipestudio.gc_freeze import settle_heap
 from pipestudio.planner.simulator.trace import write_chrome_trace
 from pipestudio.runtime.engine import checkpoint as ckpt
 from pipestudio.runtime.engine.config import EngineConfig, build_model
@@ -28,9 +28,9 @@ from pipestudio.runtime.engine.errors import WorkerFailure
 from pipestudio.runtime.engine.exchange import gather_json
 from pipestudio.runtime.engine.faults import Watchdog
 from pipestudio.runtime.engine.layout import EngineLayout
-from pipestudio.runtime.engine.measured import measured_result, summary_event
-from pipestudio.runtime.engine.metrics import EventSink
 from pipestudio.runtime.engine.rendezvous import StoreAddress, join, leave
+from pipestudio.runtime.engine.telemetry.measured import measured_result, summary_event
+from pipestudio.runtime.engine.telemetry.metrics import EventSink
 from pipestudio.runtime.engine.worker import Worker
 from pipestudio.runtime.precision import matmuls
 

@@ -27,10 +27,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from pipestudio.runtime.engine.clock import Clock
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.exchange import all_gather_json
 from pipestudio.runtime.engine.layout import EngineLayout
+from pipestudio.runtime.engine.telemetry.clock import Clock
 
 #: The least time ranks wait for each other to start (see the module docstring).
 JOIN_TIMEOUT_S = 45.0

@@ -7,9 +7,9 @@ right after it keeps its swapped tensors on the device: they would only come str
 back. A forward waits for its inputs, runs the stage and sends its outputs; a backward
 waits for the gradients of what it sent, runs autograd and sends the gradients of what it
 received; an all-reduce sums the replicas' gradients; an update steps the optimizer. Under
-``pipedream`` the forward and backward run on stashed weight versions (``weights.py``).
+``pipedream`` the forward and backward run on stashed weight versions (``execution/weights.py``).
 When a step's last op is done the worker publishes the step's ops and metrics; after
-the first one it settles the heap (``src/pipestudio/heap.py``), so that no full collection
+the first one it settles the heap (``src/pipestudio/gc_freeze.py``), so that no full collection
 stalls the pipeline for 0.1-0.2 s later on.
 
 The last stage checks each step's loss there, once its ``step`` event is out: the loss is
@@ -23,11 +23,11 @@ attempt would not help) instead of a timeout.
 
 Under ``fp16`` the last stage's backwards start from the loss scale, and every update
 first agrees with all ranks whether any gradient of the step overflowed: if one did, no
-rank updates and the scale halves (``scaling.py``).
+rank updates and the scale halves (``execution/scaling.py``).
 
-Live repartition (``live.py``): each micro-batch runs on the partition in effect for it, so
-the stage's layers, the tensors it receives and sends, and its optimizer may change between
-two micro-batches; before the worker first touches an op of a step it learns the
+Live migration (``migration/executor.py``): each micro-batch runs on the partition in effect
+for it, so the stage's layers, the tensors it receives and sends, and its optimizer may
+change between two micro-batches; before the worker first touches an op of a step it learns the
 migrations announced for it, and its updates release the layer state due to move.
 """
 
@@ -39,25 +39,25 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from pipestudio.heap import settle_heap
+from pipestudio.gc_freeze import settle_heap
 from pipestudio.runtime.engine import checkpoint as ckpt
-from pipestudio.runtime.engine.clock import Marker
 from pipestudio.runtime.engine.config import EngineConfig
-from pipestudio.runtime.engine.control import ControlClient
 from pipestudio.runtime.engine.errors import NonFiniteLoss
+from pipestudio.runtime.engine.execution.replicas import allreduce_gradients
+from pipestudio.runtime.engine.execution.scaling import LossScaler
+from pipestudio.runtime.engine.execution.stage import ForwardState, StageRunner
+from pipestudio.runtime.engine.execution.swap import SwapSpace
+from pipestudio.runtime.engine.execution.transport import ACTIVATION, GRADIENT, Pending, Transport
+from pipestudio.runtime.engine.execution.weights import WeightVersions, set_gradients
 from pipestudio.runtime.engine.faults import Watchdog
 from pipestudio.runtime.engine.layout import EngineLayout, StageIO, Transfer
-from pipestudio.runtime.engine.live import LiveRepartition
-from pipestudio.runtime.engine.meter import LayerMeter
-from pipestudio.runtime.engine.metrics import EventSink, Recorder
+from pipestudio.runtime.engine.migration.coordinator import MigrationControl
+from pipestudio.runtime.engine.migration.executor import MigrationExecutor
 from pipestudio.runtime.engine.ops import Op, first_stage_versions, segments, worker_ops
 from pipestudio.runtime.engine.rendezvous import RankContext
-from pipestudio.runtime.engine.replicas import allreduce_gradients
-from pipestudio.runtime.engine.scaling import LossScaler
-from pipestudio.runtime.engine.stage import ForwardState, StageRunner
-from pipestudio.runtime.engine.swap import SwapSpace
-from pipestudio.runtime.engine.transport import ACTIVATION, GRADIENT, Pending, Transport
-from pipestudio.runtime.engine.weights import WeightVersions, set_gradients
+from pipestudio.runtime.engine.telemetry.clock import Marker
+from pipestudio.runtime.engine.telemetry.meter import LayerMeter
+from pipestudio.runtime.engine.telemetry.metrics import EventSink, Recorder
 from pipestudio.runtime.models import ModelSpec
 from pipestudio.runtime.optimizers import make_optimizer
 
@@ -114,16 +114,16 @@ class Worker:
         self.posted: dict[tuple[str, int], list[tuple[str, Pending]]] = {}
         self.versions: WeightVersions | None = None
         self.max_versions = 0
-        enabled = config.repartition is not None and config.repartition.enabled
+        enabled = config.migration is not None and config.migration.enabled
         self.control = (
-            ControlClient(config, spec, ctx.rank, ctx.world_size, ctx.store, self.recorder.sink)
+            MigrationControl(config, spec, ctx.rank, ctx.world_size, ctx.store, self.recorder.sink)
             if enabled
             else None
         )
         control = self.control
-        self.live = LiveRepartition(self, control)
+        self.live = MigrationExecutor(self, control)
         self.meter = LayerMeter(spec.layers) if control is not None and control.measures else None
-        #: Whether the heap was settled after the first step (``src/pipestudio/heap.py``).
+        #: Whether the heap was settled after the first step (``src/pipestudio/gc_freeze.py``).
         self.settled = False
         #: Per step of the current segment, the micro-batch of this worker's last backward.
         self.last_backward: dict[int, int | None] = {}
@@ -365,14 +365,14 @@ class Worker:
         if self.versions is not None:
             self.versions.after_update()
         self.recorder.stop(record)
-        num_mb = self.plan.num_microbatches
+        num_microbatches = self.plan.num_microbatches
         self.live.after_update(
-            op.microbatch + 1 if op.microbatch is not None else (op.step + 1) * num_mb
+            op.microbatch + 1 if op.microbatch is not None else (op.step + 1) * num_microbatches
         )
 
     def _overflowed(self, step: int) -> bool:
         """fp16: whether any rank's gradients of ``step`` overflowed, in which case this
-        rank drops its own; else they are unscaled (``scaling.py``)."""
+        rank drops its own; else they are unscaled (``execution/scaling.py``)."""
         if self.scaler is None:
             return False
         params = list(self.live.owned.values())
@@ -420,10 +420,10 @@ class Worker:
         """Write this rank's checkpoint; rank 0 publishes it once every rank has."""
         root = self.config.checkpoint_dir
         assert root is not None
-        first_mb = step * self.plan.num_microbatches
-        self.live.ensure_arrived(first_mb)
+        first_microbatch = step * self.plan.num_microbatches
+        self.live.ensure_arrived(first_microbatch)
         self.live.ensure_trainable()
-        part = self.live.partition(first_mb)
+        part = self.live.partition(first_microbatch)
         ckpt.save_rank(
             root,
             step,

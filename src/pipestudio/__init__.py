@@ -1,5 +1,9 @@
 """PipeStudio: plan, simulate and run pipeline-parallel training of PyTorch models.
 
+The package's parts are the checkout's top-level folders, linked in here: ``planner``,
+``runtime``, ``backend``, ``dashboard`` and ``migrations`` (``alembic/``); this folder
+holds the command line (``cli/``) and ``demo.py``. docs/architecture.md maps the code.
+
 Vocabulary, used the same way everywhere in the code, the formats and the docs:
 
 layer        the unit a profile measures and a plan places (a module, or an operator in

@@ -137,7 +137,7 @@ def test_nonfinite_loss_choices_match_the_engine() -> None:
 
 
 def test_loss_scale_defaults_match_the_engine() -> None:
-    from pipestudio.runtime.engine import scaling
+    from pipestudio.runtime.engine.execution import scaling
 
     assert (cli_runtime.INIT_SCALE, cli_runtime.GROWTH_INTERVAL) == (
         scaling.INIT_SCALE,

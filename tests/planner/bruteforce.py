@@ -44,7 +44,7 @@ from pipestudio.planner.simulator.simulate import simulate
 
 def replica_counts(request: PlanRequest) -> list[int]:
     num_devices = request.num_stages or 1
-    if request.straight:
+    if request.single_replica:
         return [1]
     return [r for r in range(1, num_devices + 1) if request.num_microbatches % r == 0]
 

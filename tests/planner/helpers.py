@@ -1,4 +1,6 @@
-"""Builders of small profiles, plans and clusters for the planner tests."""
+"""Builders of profiles, plans and clusters for the planner's tests and benchmarks."""
+
+import random
 
 from pipestudio.planner import Cluster, Plan, Profile, cluster_template
 from pipestudio.planner.formats.plan import plan_template
@@ -66,3 +68,24 @@ def single_level_cluster(
     return cluster_template(
         [num_devices], [bandwidth_gbps], device_memory_bytes=memory, host_bandwidth_gbps=host_gbps
     )
+
+
+def block_chain(num_layers: int = 2000, seed: int = 3) -> Profile:
+    """A long chain of random blocks: bench/bench_planners.py's workload (under 1 s for
+    every planner), which tests/planner/algorithms/pipedream checks the fast paths on."""
+    rng = random.Random(seed)
+    layers = [
+        {
+            "name": f"layer{idx}",
+            "kind": "Block",
+            "fwd_ms": rng.uniform(0.2, 1.0),
+            "bwd_ms": rng.uniform(0.4, 2.0),
+            "param_bytes": rng.randrange(2 * 10**6, 4 * 10**7),
+            "saved_bytes": rng.randrange(10**6, 6 * 10**7),
+            "output_bytes": rng.randrange(10**6, 8 * 10**6),
+            "workspace_bytes": rng.randrange(0, 10**7),
+            "update_ms": 0.01,
+        }
+        for idx in range(num_layers)
+    ]
+    return Profile.model_validate({"model": "bench-chain", "microbatch_size": 1, "layers": layers})

@@ -3,7 +3,7 @@
 For a chain of layers on D devices (``request.num_stages`` counts devices here), a plan is
 a sequence of stages, stage t holding r_t replicas on consecutive devices, sum r_t = D
 (every device is used), each r_t dividing the micro-batches (the Plan format needs it);
-``request.straight`` allows r_t = 1 only, which gives D stages. A dynamic program over
+``request.single_replica`` allows r_t = 1 only, which gives D stages. A dynamic program over
 devices used and chain prefixes (PipeDream §3.1 does the same over its cost model) finds
 
     best(d, j) = min over r, i of max(best(d - r, i), link(d - r, i), stage(i, j, d - r, r))
@@ -265,7 +265,7 @@ def optimal(request: PlanRequest) -> PlannerOutput:
     search = _Search(stages)
     band = Band.of(stages, layout)
     program = Program(chain, stages, links, layout, band)
-    kind = "straight pipeline" if request.straight else "pipeline"
+    kind = "straight pipeline" if request.single_replica else "pipeline"
     if not band.feasible:
         raise InfeasibleError(
             f"no {kind} on {num_devices} devices fits the device memory, even recomputing or "
@@ -354,7 +354,7 @@ def _output(
         "subproblems_solved": outcome.subproblems_solved,
         "num_devices": num_devices,
         "replicas": replicas,
-        "straight": request.straight,
+        "straight": request.single_replica,
     }
     plan = build(
         request,
@@ -365,7 +365,7 @@ def _output(
             "bottleneck_exact": bottleneck["exact"],
             "bottleneck_gap": bottleneck["gap"],
             "num_devices": num_devices,
-            "straight": request.straight,
+            "straight": request.single_replica,
         },
     )
     return PlannerOutput(plan, objective_ms, details)

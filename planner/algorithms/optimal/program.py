@@ -43,7 +43,9 @@ class DeviceLayout:
     def of(cls, request: PlanRequest, num_devices: int) -> "DeviceLayout":
         m = request.num_microbatches
         counts = (
-            (1,) if request.straight else tuple(r for r in range(1, num_devices + 1) if m % r == 0)
+            (1,)
+            if request.single_replica
+            else tuple(r for r in range(1, num_devices + 1) if m % r == 0)
         )
         contexts: list[StageContext] = []
         index: dict[tuple[int, int], int] = {}

@@ -39,7 +39,7 @@ def loosen(value: float) -> float:
     return value + abs(value) * SLACK
 
 
-def memory_caps(machines: int, memory_bytes: float | None, straight: bool) -> list[float]:
+def memory_caps(machines: int, memory_bytes: float | None, single_replica: bool) -> list[float]:
     """caps[q]: the most A + P bytes the first q machines of a level can hold, q < machines."""
     caps = [0.0] + [INF] * (machines - 1)
     if memory_bytes is None:
@@ -47,7 +47,7 @@ def memory_caps(machines: int, memory_bytes: float | None, straight: bool) -> li
     for used in range(1, machines):
         caps[used] = max(
             caps[used - replicas] + memory_bytes / math.ceil((machines - used) / replicas)
-            for replicas in range(1, 2 if straight else used + 1)
+            for replicas in range(1, 2 if single_replica else used + 1)
         )
     return caps
 
@@ -70,7 +70,7 @@ class SearchBounds:
         levels: Sequence["Level"],
         *,
         memory_bytes: float | None,
-        straight: bool,
+        single_replica: bool,
     ) -> None:
         self.costs, self.levels, self.memory_bytes = costs, levels, memory_bytes
         drop = _largest_drop(costs.parameter_bytes)
@@ -96,7 +96,9 @@ class SearchBounds:
             ),
             default=0.0,
         )
-        self.caps = [memory_caps(level.num_machines, memory_bytes, straight) for level in levels]
+        self.caps = [
+            memory_caps(level.num_machines, memory_bytes, single_replica) for level in levels
+        ]
         self.reach = (
             None
             if memory_bytes is None
@@ -104,7 +106,7 @@ class SearchBounds:
                 costs,
                 levels,
                 memory_bytes=memory_bytes,
-                straight=straight,
+                single_replica=single_replica,
                 below=self.below,
                 width=self.width,
                 shortfall=self.shortfall,

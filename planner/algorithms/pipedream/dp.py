@@ -15,10 +15,11 @@ states i..j on m+1 machines:
 T is the compute time at level 1 (C(s_j) - C(s_{i-1}), seconds) and A_{l-1}[i][j][N_{l-1}-1]
 above; P, out and the activations of the memory check are byte sums. With a memory size, a
 stage whose stash ceil(machines after it / its replicas) * (activations + parameters) exceeds
-it is skipped. ``straight`` allows one replica per stage only; ``activation_compression_ratio``
-None leaves the communication terms out, as PipeDream does by default. The answer is
-A_L[0][n-1][N_L-1]. Every term is computed with the same floating-point operations as the
-optimizer, so the optimum agrees to the last bits of its (set-ordered) compute sums.
+it is skipped. ``single_replica`` allows one replica per stage only (PipeDream's straight
+pipeline); ``activation_compression_ratio`` None leaves the communication terms out, as
+PipeDream does by default. The answer is A_L[0][n-1][N_L-1]. Every term is computed with
+the same floating-point operations as the optimizer, so the optimum agrees to the last bits
+of its (set-ordered) compute sums.
 
 Like the optimizer, the levels below the top evaluate every row i, and row i >= 1 also admits a
 first stage from s_{i-1} to an s_k that is not its descendant (an "irregular" stage: its cost
@@ -93,13 +94,13 @@ class HierarchicalDP:
         levels: Sequence[Level],
         *,
         memory_bytes: float | None = None,
-        straight: bool = False,
+        single_replica: bool = False,
         activation_compression_ratio: float | None = 1.0,
     ) -> None:
         self.costs = costs
         self.levels = list(levels)
         self.memory_bytes = memory_bytes
-        self.straight = straight
+        self.single_replica = single_replica
         self.ratio = activation_compression_ratio
         self.num_states = len(costs.compute_s)
         self.evaluations = 0
@@ -108,7 +109,9 @@ class HierarchicalDP:
         self._orders = AncestorOrders(
             costs.compute_s, costs.activation_bytes, costs.parameter_bytes, costs.ancestors
         )
-        self.bounds = SearchBounds(costs, self.levels, memory_bytes=memory_bytes, straight=straight)
+        self.bounds = SearchBounds(
+            costs, self.levels, memory_bytes=memory_bytes, single_replica=single_replica
+        )
 
     def optimum_s(self) -> float | None:
         """A_L[0][n-1][N_L-1] in seconds per minibatch; None when no plan is allowed."""
@@ -152,13 +155,13 @@ class HierarchicalDP:
         split: Split | None = None
         if m == 0 or col == row:
             return best, split
-        for replicas in range(1, 2 if self.straight else m + 1):
+        for replicas in range(1, 2 if self.single_replica else m + 1):
             best, split = self._scan(lv, row, col, m, replicas, best, split, cutoff)
         return best, split
 
     def _base(self, lv: int, row: int, col: int, m: int, cutoff: float) -> float:
         """One stage of states row..col on m+1 replicas (``compute_partitioning``'s first loop)."""
-        if self.straight and m > 0:
+        if self.single_replica and m > 0:
             return INF
         act, par = self.costs.activation_bytes, self.costs.parameter_bytes
         cum_act = act[col] - act[row - 1] if row > 0 else act[col]

@@ -2,7 +2,7 @@
 
 It answers what msr-fiddle/pipedream's ``optimizer/optimizer_graph_hierarchical.py`` (OGH
 below; commit 11c40c0) answers for ``-n <devices per level> -b <bandwidths>
---activation_compression_ratio 1``, plus ``--straight_pipeline`` when ``request.straight``
+--activation_compression_ratio 1``, plus ``--straight_pipeline`` when ``request.single_replica``
 and ``--use_memory_constraint -s M`` when the cluster's devices have a memory (M = the
 smallest): the split of the model into replicated stages that minimises the time per
 minibatch of the slowest stage, inter-stage communication included. The pieces:
@@ -231,7 +231,7 @@ def _infeasible(request: PlanRequest, dag: AntichainDag, memory: int | None) -> 
     sizes = [level.size for level in request.cluster.levels]
     devices = math.prod(sizes)
     shape = " x ".join(map(str, sizes))
-    if request.straight and devices > dag.longest_chain():
+    if request.single_replica and devices > dag.longest_chain():
         return PlannerError(
             f"a straight pipeline on {devices} devices ({shape}) needs {devices} stages, "
             f"but the graph of {request.profile.model!r} allows at most "
@@ -239,7 +239,7 @@ def _infeasible(request: PlanRequest, dag: AntichainDag, memory: int | None) -> 
         )
     if memory is not None:
         return InfeasibleError(
-            f"no {'straight ' if request.straight else ''}PipeDream plan on {shape} devices "
+            f"no {'straight ' if request.single_replica else ''}PipeDream plan on {shape} devices "
             f"fits {memory} bytes per device: each stage stashes ceil(later devices / "
             "replicas) x (its activations + parameters)"
         )
@@ -269,7 +269,7 @@ def pipedream(request: PlanRequest) -> PlannerOutput:
         state_costs(profile, graph, dag),
         levels,
         memory_bytes=memory,
-        straight=request.straight,
+        single_replica=request.single_replica,
         activation_compression_ratio=ACTIVATION_COMPRESSION_RATIO,
     )
     optimum_s = solver.optimum_s()
@@ -286,7 +286,7 @@ def pipedream(request: PlanRequest) -> PlannerOutput:
         planner="pipedream",
         settings={
             "devices_per_level": ",".join(str(level.num_machines) for level in levels),
-            "straight": request.straight,
+            "straight": request.single_replica,
             "memory_bytes": memory,
             "time_per_minibatch_s": optimum_s,
         },
@@ -316,7 +316,7 @@ def _details(
             }
             for level in levels
         ],
-        "straight": request.straight,
+        "straight": request.single_replica,
         "memory_bytes": memory,
         "activation_compression_ratio": ACTIVATION_COMPRESSION_RATIO,
         "num_states": dag.num_states,

@@ -46,7 +46,7 @@ class ChainReach:
         levels: Sequence["Level"],
         *,
         memory_bytes: float,
-        straight: bool,
+        single_replica: bool,
         below: Sequence[int],
         width: Sequence[int],
         shortfall: Sequence[float],
@@ -64,7 +64,7 @@ class ChainReach:
                 for act, par in zip(costs.activation_bytes, costs.parameter_bytes, strict=True)
             ),
         ]
-        self.levels, self.memory_bytes, self.straight = levels, memory_bytes, straight
+        self.levels, self.memory_bytes, self.single_replica = levels, memory_bytes, single_replica
         self.below, self.width, self.shortfall = below, width, shortfall
         self.slack, self.abs_slack_s, self.abs_slack_bytes = (
             relative_slack,
@@ -96,9 +96,9 @@ class ChainReach:
         end, reach = col + 1, [row]
         for used in range(1, m + 2):
             most = row
-            if used == 1 or not self.straight:
+            if used == 1 or not self.single_replica:
                 most = max(most, self._farthest(lv, row, end, used, used, limit, first=True))
-            for replicas in range(1, 2 if self.straight else used):
+            for replicas in range(1, 2 if self.single_replica else used):
                 start = reach[used - replicas]
                 most = max(most, start, self._farthest(lv, start, end, used, replicas, limit))
             if most >= end:

@@ -5,7 +5,7 @@ import sys
 from collections.abc import Sequence
 
 from pipestudio import __version__
-from pipestudio.cli import calibrate, planning, plans, replan, runtime, server
+from pipestudio.cli import calibrate, documents, planners, replan, runtime, server
 from pipestudio.planner.errors import PlannerError
 
 DESCRIPTION = """\
@@ -30,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pipestudio {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    planning.add_commands(commands)
-    plans.add_commands(commands)
+    documents.add_commands(commands)
+    planners.add_commands(commands)
     replan.add_commands(commands)
     calibrate.add_commands(commands)
     runtime.add_commands(commands)

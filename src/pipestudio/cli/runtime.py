@@ -15,7 +15,7 @@ BUILTIN_MODELS: tuple[str, ...] = ("dynamic", "gpt", "mlp", "resnet", "unet")
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 GRANULARITIES: tuple[str, ...] = ("layer", "op")
 ON_NONFINITE_LOSS: tuple[str, ...] = ("fail", "continue")
-#: fp16's loss scaling defaults (``runtime/engine/scaling.py``'s, spelled out likewise).
+#: fp16's loss scaling defaults (``runtime/engine/execution/scaling.py``'s, spelled out likewise).
 INIT_SCALE = 2.0**16
 GROWTH_INTERVAL = 2000
 
@@ -315,7 +315,7 @@ def _train(args: argparse.Namespace) -> int:
         on_nonfinite_loss=args.on_nonfinite_loss,
         loss_scale=args.loss_scale,
         loss_scale_growth_interval=args.loss_scale_growth_interval,
-        repartition=_repartition(args),
+        migration=_repartition(args),
     )
     config.check()
     last_stage = config.plan.num_stages - 1
@@ -405,9 +405,9 @@ def _add_repartition(parser: Any) -> None:
 
 
 def _repartition(args: argparse.Namespace) -> Any:
-    from pipestudio.runtime.engine.repartition import RepartitionConfig, parse_migration
+    from pipestudio.runtime.engine.migration.settings import MigrationSettings, parse_migration
 
-    return RepartitionConfig(
+    return MigrationSettings(
         migrations=[parse_migration(text) for text in args.migrate],
         control_dir=args.control_dir,
         every=args.repartition_every,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipestudio.backend.users import MAX_PASSWORD_CHARS, ROLES  # standard library only
-from pipestudio.heap import settle_heap
+from pipestudio.gc_freeze import settle_heap
 
 _Formatter = argparse.RawDescriptionHelpFormatter
 #: Addresses that mean "every interface": the dashboard reaches its backend on loopback.

@@ -96,7 +96,7 @@ def test_pipedream_memory_check_gets_the_same_treatment() -> None:
         profile=profile,
         num_microbatches=6,
         schedule="pipedream",
-        straight=True,
+        single_replica=True,
         cluster=cluster_template([3], [10.0], device_memory_bytes=2_499_999),
     )
     with pytest.raises(InfeasibleError, match="2499999 bytes per device"):

@@ -10,12 +10,13 @@ at most its precision below it that does not.
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipestudio.planner import Profile, cluster_template, resolve_plan
+from pipestudio.planner import cluster_template, resolve_plan
 from pipestudio.planner.algorithms import PLANNERS
 from pipestudio.planner.algorithms.min_memory import attempt, with_device_memory
 from pipestudio.planner.algorithms.request import PlanRequest, call_planner
 from pipestudio.planner.errors import InfeasibleError, PlannerError
 from pipestudio.planner.formats.plan import SCHEDULES
+from tests.planner.strategies import profiles
 
 MEMORY_AWARE = ("optimal", "vpipe", "dawnpiper")
 #: Planners whose InfeasibleError is checked (pipedream raises it from its own memory check).
@@ -27,44 +28,15 @@ PROPERTY_SETTINGS = settings(
 
 @st.composite
 def requests(draw: st.DrawFn) -> PlanRequest:
-    num_layers = draw(st.integers(1, 8))
-    sizes = st.integers(0, 10**6)
-    layers = [
-        {
-            "name": f"l{idx}",
-            "fwd_ms": draw(st.floats(0.01, 10)),
-            "bwd_ms": draw(st.floats(0.01, 10)),
-            "param_bytes": draw(sizes),
-            "saved_bytes": draw(sizes),
-            "output_bytes": draw(sizes),
-            "workspace_bytes": draw(st.sampled_from([0, 0, 10**4, 10**5])),
-            "update_ms": draw(st.sampled_from([0.0, 0.5])),
-        }
-        for idx in range(num_layers)
-    ]
-    edges = None
-    if num_layers > 1 and draw(st.booleans()):
-        pairs = {(i, i + 1) for i in range(num_layers - 1)}
-        pairs |= set(
-            draw(
-                st.lists(
-                    st.tuples(
-                        st.integers(0, num_layers - 1), st.integers(0, num_layers - 1)
-                    ).filter(lambda pair: pair[0] < pair[1]),
-                    max_size=4,
-                )
-            )
+    profile = draw(
+        profiles(
+            max_layers=8,
+            times=st.floats(0.01, 10),
+            workspaces=st.sampled_from([0, 0, 10**4, 10**5]),
+            microbatch_sizes=st.sampled_from([1, 2]),
         )
-        edges = [{"src": f"l{a}", "dst": f"l{b}"} for a, b in sorted(pairs)]
-    profile = Profile.model_validate(
-        {
-            "model": "random",
-            "microbatch_size": draw(st.sampled_from([1, 2])),
-            "layers": layers,
-            "input_bytes": draw(sizes),
-            "edges": edges,
-        }
     )
+    num_layers = len(profile.layers)
     num_stages = draw(st.integers(1, min(4, num_layers)))
     cluster = cluster_template(
         [num_stages],
@@ -79,7 +51,7 @@ def requests(draw: st.DrawFn) -> PlanRequest:
         microbatch_size=draw(st.one_of(st.none(), st.integers(1, 4))),
         optimizer=draw(st.sampled_from(["sgd", "momentum", "adam"])),
         cluster=cluster,
-        straight=draw(st.booleans()),
+        single_replica=draw(st.booleans()),
     )
     # Memory around what keeping every layer of an equal split takes, where planners differ.
     fraction = draw(st.one_of(st.none(), st.floats(0.2, 1.3)))

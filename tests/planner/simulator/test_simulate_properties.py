@@ -9,51 +9,17 @@ from hypothesis import strategies as st
 
 from pipestudio.planner import Cluster, Plan, Profile, SimResult, cluster_template, simulate
 from pipestudio.planner.formats.result import COMPUTE_OPS
+from tests.planner.strategies import profiles
 
 EPS = 1e-6
 
 
 @st.composite
 def cases(draw: st.DrawFn) -> tuple[Profile, Plan, Cluster | None]:
-    num_layers = draw(st.integers(1, 12))
-    times = st.one_of(st.just(0.0), st.floats(1e-6, 10))  # real times, not 1e-308 ms
-    sizes = st.integers(0, 10**6)
-    layers = [
-        {
-            "name": f"l{idx}",
-            "fwd_ms": draw(times),
-            "bwd_ms": draw(times),
-            "param_bytes": draw(sizes),
-            "saved_bytes": draw(sizes),
-            "output_bytes": draw(sizes),
-            "workspace_bytes": draw(sizes),
-            "update_ms": draw(st.sampled_from([0.0, 0.5])),
-        }
-        for idx in range(num_layers)
-    ]
-    edges = None
-    if num_layers > 1 and draw(st.booleans()):
-        pairs = {(i, i + 1) for i in range(num_layers - 1)}
-        pairs |= set(
-            draw(
-                st.lists(
-                    st.tuples(
-                        st.integers(0, num_layers - 1), st.integers(0, num_layers - 1)
-                    ).filter(lambda pair: pair[0] < pair[1]),
-                    max_size=6,
-                )
-            )
-        )
-        edges = [{"src": f"l{a}", "dst": f"l{b}"} for a, b in sorted(pairs)]
-    profile = Profile.model_validate(
-        {
-            "model": "random",
-            "microbatch_size": 2,
-            "layers": layers,
-            "input_bytes": draw(sizes),
-            "edges": edges,
-        }
-    )
+    # real times, not 1e-308 ms
+    times = st.one_of(st.just(0.0), st.floats(1e-6, 10))
+    profile = draw(profiles(max_layers=12, times=times, max_extra_edges=6))
+    num_layers = len(profile.layers)
     num_stages = draw(st.integers(1, min(4, num_layers)))
     cuts = (
         sorted(
@@ -69,7 +35,7 @@ def cases(draw: st.DrawFn) -> tuple[Profile, Plan, Cluster | None]:
     bounds = [0, *cuts, num_layers]
     replicas = [draw(st.sampled_from([1, 1, 2])) for _ in range(num_stages)]
     num_mb = draw(st.integers(1, 6)) * (2 if 2 in replicas else 1)
-    names = [layer["name"] for layer in layers]
+    names = [layer.name for layer in profile.layers]
     plan = Plan.model_validate(
         {
             "model": "random",

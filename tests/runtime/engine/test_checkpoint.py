@@ -11,10 +11,10 @@ import torch
 
 from pipestudio.planner import Plan
 from pipestudio.runtime.engine import checkpoint as ckpt
-from pipestudio.runtime.engine.commands import Controller
 from pipestudio.runtime.engine.errors import EngineError
-from pipestudio.runtime.engine.repartition import (
-    RepartitionConfig,
+from pipestudio.runtime.engine.migration.commands import Controller
+from pipestudio.runtime.engine.migration.settings import (
+    MigrationSettings,
     ScriptedMigration,
     new_plan,
     with_stages,
@@ -90,7 +90,7 @@ def _stop_at(step: int, rank: int, op: Any) -> None:
 
 def _stop_and_resume(
     plan: Plan,
-    migrations: RepartitionConfig,
+    migrations: MigrationSettings,
     steps: int,
     checkpoint: int,
     stopped: str,
@@ -110,11 +110,11 @@ def _stop_and_resume(
         tmp_path / "whole",
         unbroken.append,
         checkpoint_every=checkpoint,
-        repartition=migrations,
+        migration=migrations,
     ).ok
     broken = tmp_path / "broken"
     if stopped == "at its end":
-        assert run(plan, "mlp", checkpoint, broken, repartition=migrations).ok
+        assert run(plan, "mlp", checkpoint, broken, migration=migrations).ok
     else:
         result = run(
             plan,
@@ -122,14 +122,14 @@ def _stop_and_resume(
             steps,
             broken,
             checkpoint_every=checkpoint,
-            repartition=migrations,
+            migration=migrations,
             before_op=partial(_stop_at, checkpoint + 1),
         )
         assert not result.ok
     meta = json.loads((broken / "latest.json").read_text())
     assert meta["step"] == checkpoint
     resumed: list[dict] = []
-    result = run(plan, "mlp", steps, broken, resumed.append, resume=True, repartition=migrations)
+    result = run(plan, "mlp", steps, broken, resumed.append, resume=True, migration=migrations)
     assert result.ok, result.message
     final = new_plan(plan, [m for s in migrations.migrations for m in s.moves], names)
     got = final_params(broken, final, names)
@@ -147,7 +147,7 @@ def test_a_resumed_run_makes_each_scripted_migration_once(
     makes at once; one stopped at step 5 had, and its checkpoint holds it. Either way the
     resumed run ends where the unbroken one does."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], schedule)
-    moves = RepartitionConfig(
+    moves = MigrationSettings(
         migrations=[
             ScriptedMigration(2, (("block1", 1),)),
             ScriptedMigration(4, (("block1", 0),)),
@@ -172,7 +172,7 @@ def test_a_migration_postponed_past_the_checkpoint_is_made_after_resuming(
     ended at step 3 had made only the first: the resumed run makes the others at once, at
     3 and 4. Either way it ends where the unbroken one does."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
-    moves = RepartitionConfig(
+    moves = MigrationSettings(
         migrations=[
             ScriptedMigration(2, (("block1", 1),)),
             ScriptedMigration(2, (("block1", 0),)),
@@ -200,7 +200,7 @@ def test_a_run_resumed_twice_makes_every_migration(tmp_path: Path) -> None:
     second resumption still makes the migrations due at 5 and 6, which the first had not
     taken up when it checkpointed step 4."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
-    moves = RepartitionConfig(
+    moves = MigrationSettings(
         migrations=[ScriptedMigration(2, (("block1", 1 - i % 2),)) for i in range(5)]
     )
     folder = tmp_path / "run"
@@ -214,7 +214,7 @@ def test_a_run_resumed_twice_makes_every_migration(tmp_path: Path) -> None:
             folder,
             events.append,
             checkpoint_every=1,
-            repartition=moves,
+            migration=moves,
             resume=resume,
             before_op=partial(_stop_at, stop) if stop else None,
         )
@@ -236,7 +236,7 @@ def test_a_move_added_before_the_step_resumed_at_is_reported(tmp_path: Path) -> 
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
     made = ScriptedMigration(2, (("block1", 1),))
     folder = tmp_path / "run"
-    assert run(plan, "mlp", 4, folder, repartition=RepartitionConfig(migrations=[made])).ok
+    assert run(plan, "mlp", 4, folder, migration=MigrationSettings(migrations=[made])).ok
     later = [
         ScriptedMigration(1, (("block0", 1),)),
         made,
@@ -251,7 +251,7 @@ def test_a_move_added_before_the_step_resumed_at_is_reported(tmp_path: Path) -> 
         folder,
         events.append,
         resume=True,
-        repartition=RepartitionConfig(migrations=later),
+        migration=MigrationSettings(migrations=later),
     )
     assert result.ok, result.message
     assert _scheduled(events) == [5]
@@ -267,7 +267,7 @@ def test_a_move_added_before_the_step_resumed_at_is_reported(tmp_path: Path) -> 
         folder,
         again.append,
         resume=True,
-        repartition=RepartitionConfig(migrations=later),
+        migration=MigrationSettings(migrations=later),
     ).ok
     assert _scheduled(again) == []
     reasons = [e["reason"] for e in again if e["type"] == "migration" and e["phase"] == "rejected"]
@@ -282,11 +282,11 @@ def test_a_checkpoint_cut_takes_one_migration_the_next_comes_after_it(tmp_path: 
     one decided with it, moving the same layer back, waits until after the cut (step 6)
     instead of switching at the same micro-batch."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "pipedream")
-    moves = RepartitionConfig(
+    moves = MigrationSettings(
         migrations=[ScriptedMigration(5, (("block1", 1),)), ScriptedMigration(5, (("block1", 0),))]
     )
     events: list[dict] = []
-    result = run(plan, "mlp", 8, tmp_path, events.append, checkpoint_every=4, repartition=moves)
+    result = run(plan, "mlp", 8, tmp_path, events.append, checkpoint_every=4, migration=moves)
     assert result.ok, result.message
     assert _scheduled(events) == [4, 6]
 
@@ -310,7 +310,7 @@ def test_a_resumed_run_reads_the_control_directory_on_from_where_it_stopped(
         4,
         tmp_path / "run",
         events.append,
-        repartition=RepartitionConfig(control_dir=old.control_dir),
+        migration=MigrationSettings(control_dir=old.control_dir),
     ).ok
     assert _scheduled(events) == [2] and old.status(first)["step"] == 2
     record = json.loads((tmp_path / "run" / "latest.json").read_text())["repartition"]
@@ -326,7 +326,7 @@ def test_a_resumed_run_reads_the_control_directory_on_from_where_it_stopped(
         tmp_path / "run",
         events.append,
         resume=True,
-        repartition=RepartitionConfig(control_dir=new.control_dir),
+        migration=MigrationSettings(control_dir=new.control_dir),
     ).ok
     assert _scheduled(events) == [5, 6]
     assert old.status(first)["step"] == 2 and new.status(later)["step"] == 6
@@ -342,12 +342,12 @@ def test_the_online_planner_goes_on_measuring_after_a_resume(tmp_path: Path) -> 
     4 and 5) and the later ones (it used to wait for the window of steps 2 and 3, whose
     measurements the stopped run took with it)."""
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
-    settings = RepartitionConfig(every=2, control_dir=str(tmp_path / "control"))
+    settings = MigrationSettings(every=2, control_dir=str(tmp_path / "control"))
     stopped: list[dict] = []
-    assert run(plan, "mlp", 3, tmp_path / "run", stopped.append, repartition=settings).ok
+    assert run(plan, "mlp", 3, tmp_path / "run", stopped.append, migration=settings).ok
     resumed: list[dict] = []
     assert run(
-        plan, "mlp", 10, tmp_path / "run", resumed.append, resume=True, repartition=settings
+        plan, "mlp", 10, tmp_path / "run", resumed.append, resume=True, migration=settings
     ).ok
     windows = [e["window_step"] for e in resumed if e["type"] == "proposal"]
     assert windows and windows[0] == 5 and set(windows) <= {5, 7, 9}

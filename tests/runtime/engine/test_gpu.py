@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from pipestudio.runtime.engine.repartition import RepartitionConfig, ScriptedMigration
+from pipestudio.runtime.engine.migration.settings import MigrationSettings, ScriptedMigration
 from tests.runtime.engine.helpers import (
     builder,
     final_params,
@@ -90,6 +90,6 @@ def test_cuda_a_layer_that_comes_straight_back_stays_on_the_device(
         device="cuda",
         start_method="spawn",
         timeout_s=60.0,
-        repartition=RepartitionConfig(migrations=migrations),
+        migration=MigrationSettings(migrations=migrations),
     )
     assert result.ok, result.message

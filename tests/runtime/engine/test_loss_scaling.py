@@ -1,6 +1,6 @@
-"""fp16's dynamic loss scaling (``runtime/engine/scaling.py``): a pipeline skips exactly the
-steps that single-process training with ``torch.amp.GradScaler`` skips, when the overflow
-shows on one rank only, and a resumed run goes on with the scale it stopped at."""
+"""fp16's dynamic loss scaling (``runtime/engine/execution/scaling.py``): a pipeline skips
+exactly the steps that single-process training with ``torch.amp.GradScaler`` skips, when the
+overflow shows on one rank only, and a resumed run goes on with the scale it stopped at."""
 
 import itertools
 from collections.abc import Mapping

@@ -2,7 +2,7 @@
 
 import torch
 
-from pipestudio.runtime.engine.metrics import Event, Recorder
+from pipestudio.runtime.engine.telemetry.metrics import Event, Recorder
 
 
 class FakeMarker:

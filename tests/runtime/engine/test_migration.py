@@ -26,24 +26,24 @@ from pipestudio.planner import Plan
 from pipestudio.planner.simulator.schedule import BACKWARD, worker_order
 from pipestudio.runtime.engine import EngineConfig, launch
 from pipestudio.runtime.engine.errors import EngineError
-from pipestudio.runtime.engine.handoff import (
+from pipestudio.runtime.engine.execution.weights import WeightVersions
+from pipestudio.runtime.engine.migration.settings import (
+    MigrationSettings,
+    ScriptedMigration,
+    new_plan,
+)
+from pipestudio.runtime.engine.migration.switch import forward_versions, needed_versions
+from pipestudio.runtime.engine.migration.wire import (
     WEIGHTS_SLOT,
     Channel,
     Outgoing,
     _digest,
-    assemble,
-    describe,
+    header_of,
     layer_weights,
-    tag,
+    message_from,
+    message_tag_of,
     weight_layout,
 )
-from pipestudio.runtime.engine.repartition import (
-    RepartitionConfig,
-    ScriptedMigration,
-    new_plan,
-)
-from pipestudio.runtime.engine.transition import forward_versions, needed_versions
-from pipestudio.runtime.engine.weights import WeightVersions
 from pipestudio.runtime.models import DATA, MODELS, ModelSpec
 from pipestudio.runtime.optimizers import make_optimizer
 from tests.runtime.engine.helpers import final_params, make_plan, max_relative_difference
@@ -76,7 +76,7 @@ def _run(
     migrations: list[ScriptedMigration] | None,
     events: list[dict[str, Any]],
 ) -> None:
-    repartition = RepartitionConfig(migrations=migrations) if migrations else None
+    repartition = MigrationSettings(migrations=migrations) if migrations else None
     config = EngineConfig(
         plan=plan,
         model="mlp",
@@ -85,7 +85,7 @@ def _run(
         model_args={k: str(v) for k, v in MODEL_ARGS.items()},
         checkpoint_dir=str(folder),
         timeout_s=20.0,
-        repartition=repartition,
+        migration=repartition,
     )
     result = launch(config, events.append, start_method="forkserver")
     assert result.ok, result.message
@@ -319,7 +319,7 @@ def _pieces_back(header: dict[str, Any], pieces: list[Tensor]) -> dict[str, Any]
         if target.numel():
             target.view(-1).copy_(next(given))
         tensors.append(target)
-    return assemble(header, tensors)
+    return message_from(header, tensors)
 
 
 def _same(a: Any, b: Any) -> None:
@@ -388,7 +388,7 @@ def test_leads_carry_what_the_receiver_needs_to_post_and_check() -> None:
     copy = {
         "block0": {"params": {"weight": torch.zeros(4, 3), "bias": torch.zeros(4)}, "buffers": {}}
     }
-    header = describe(copy)
+    header = header_of(copy)
     pieces = Outgoing(weights, frozen=True).pieces(described=False, announce=state)
     assert pieces[0].numel() * pieces[0].element_size() == 64
     digest, header_bytes = pieces[0][:2].tolist()
@@ -407,7 +407,7 @@ def test_weights_land_in_the_parameters_and_buffers_in_new_tensors() -> None:
     older version may update the module's own (batch norm statistics) meanwhile."""
     modules = {"block": torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))}
     header, targets = weight_layout(modules)
-    assert header == describe(layer_weights(modules))
+    assert header == header_of(layer_weights(modules))
     params = dict(modules["block"].named_parameters())
     for entry, target in zip(header["tensors"], targets, strict=True):
         group, name = entry["path"][1:]
@@ -434,12 +434,14 @@ def _mismatch_rank(rank: int, init: str, answers: Any) -> None:
     channel = Channel(rank, 20.0, _Watch())  # type: ignore[arg-type]
     try:
         if rank == 0:
-            channel.send(Outgoing({"w": torch.ones(4, 3)}, frozen=True), 1, tag(1, WEIGHTS_SLOT))
+            channel.send(
+                Outgoing({"w": torch.ones(4, 3)}, frozen=True), 1, message_tag_of(1, WEIGHTS_SLOT)
+            )
             channel.drain()
         else:  # same bytes, another shape: the digest tells them apart
-            channel.expect(0, tag(1, WEIGHTS_SLOT), describe({"w": torch.ones(3, 4)}))
+            channel.expect(0, message_tag_of(1, WEIGHTS_SLOT), header_of({"w": torch.ones(3, 4)}))
             try:
-                channel.receive(0, tag(1, WEIGHTS_SLOT), "receiving layers ['w']")
+                channel.receive(0, message_tag_of(1, WEIGHTS_SLOT), "receiving layers ['w']")
                 answers.put("no error")
             except EngineError as exc:
                 answers.put(str(exc))
@@ -487,7 +489,7 @@ def hand_on_large_layers(
         model_args=args,
         checkpoint_dir=str(folder),
         timeout_s=60.0,
-        repartition=RepartitionConfig(migrations=[migration]),
+        migration=MigrationSettings(migrations=[migration]),
         device=device,
     )
     result = launch(

@@ -10,7 +10,7 @@ import pytest
 from pipestudio.cli import main
 from pipestudio.runtime.engine import EngineConfig
 from pipestudio.runtime.engine.job import Job
-from pipestudio.runtime.engine.repartition import RepartitionConfig
+from pipestudio.runtime.engine.migration.settings import MigrationSettings
 from tests.runtime.engine.helpers import make_plan
 
 MLP = {"layers": "3", "width": "16", "in_features": "8", "out_features": "4"}
@@ -26,7 +26,7 @@ DYNAMIC = {
 
 
 def _config(
-    plan: Any, model: str, args: dict[str, str], steps: int, repartition: RepartitionConfig
+    plan: Any, model: str, args: dict[str, str], steps: int, repartition: MigrationSettings
 ) -> EngineConfig:
     return EngineConfig(
         plan=plan,
@@ -35,14 +35,14 @@ def _config(
         steps=steps,
         threads_per_rank=1,
         timeout_s=20.0,
-        repartition=repartition,
+        migration=repartition,
     )
 
 
 def test_controller_migrates_a_running_job(tmp_path: Path) -> None:
     plan = make_plan("mlp", [["block0"], ["block1", "block2"], ["head"]], "1f1b")
     job = Job(
-        _config(plan, "mlp", MLP, 12, RepartitionConfig(control_dir=str(tmp_path))),
+        _config(plan, "mlp", MLP, 12, MigrationSettings(control_dir=str(tmp_path))),
         start_method="forkserver",
     ).start()
     while job.last_step() < 1 and job.result is None:
@@ -66,7 +66,7 @@ def test_online_planner_repairs_an_imbalance(auto: bool, tmp_path: Path) -> None
         "1f1b",
         microbatch_size=4,
     )
-    settings = RepartitionConfig(every=2, auto=auto, control_dir=str(tmp_path))
+    settings = MigrationSettings(every=2, auto=auto, control_dir=str(tmp_path))
     job = Job(_config(plan, "dynamic", DYNAMIC, 8, settings), start_method="forkserver").start()
     result = job.wait(180)
     assert result.ok, result.message

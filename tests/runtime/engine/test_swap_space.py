@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from pipestudio.runtime.activation_memory import count_saved_bytes
-from pipestudio.runtime.engine.swap import SwapSpace
+from pipestudio.runtime.engine.execution.swap import SwapSpace
 from pipestudio.runtime.models import load_model
 from pipestudio.runtime.precision import forwards
 

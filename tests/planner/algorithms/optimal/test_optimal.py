@@ -20,7 +20,7 @@ def random_request(
     rng: random.Random,
     *,
     capped: bool,
-    straight: bool | None = None,
+    single_replica: bool | None = None,
     schedule: str | None = None,
     num_layers: int | None = None,
     num_devices: int | None = None,
@@ -69,7 +69,7 @@ def random_request(
         schedule=schedule,
         num_stages=num_devices,
         cluster=cluster,
-        straight=rng.random() < 0.3 if straight is None else straight,
+        single_replica=rng.random() < 0.3 if single_replica is None else single_replica,
     )
 
 
@@ -95,8 +95,8 @@ def test_program_equals_exhaustive_search(capped: bool, count: int) -> None:
         replicas = [stage.replicas for stage in output.plan.stages]
         assert sum(replicas) == request.num_stages
         assert output.details["replicas"] == replicas
-        assert output.details["straight"] is request.straight
-        if request.straight:
+        assert output.details["straight"] is request.single_replica
+        if request.single_replica:
             assert replicas == [1] * len(replicas)
         cost = plan_cost(request, output.plan)
         assert math.isclose(cost.bottleneck_ms, output.objective_ms, rel_tol=1e-9)
@@ -160,13 +160,13 @@ def test_no_planner_beats_optimal() -> None:
     rng = random.Random(21)
     compared = pipedream_beats_straight = 0
     for _ in range(150):
-        request = random_request(rng, capped=rng.random() < 0.5, straight=False)
+        request = random_request(rng, capped=rng.random() < 0.5, single_replica=False)
         best = straight = step = math.inf
         with contextlib.suppress(InfeasibleError):
             output = optimal(request)
             best, step = output.details["bottleneck_ms"], output.details["step_ms"]
         with contextlib.suppress(InfeasibleError):
-            straight = optimal(replace(request, straight=True)).details["bottleneck_ms"]
+            straight = optimal(replace(request, single_replica=True)).details["bottleneck_ms"]
         for name, planner in PLANNERS.items():
             try:
                 plan = planner(request).plan

@@ -27,7 +27,7 @@ def test_simulated_step_is_at_least_the_bound() -> None:
     rng = random.Random(61)
     total = tight = 0
     for _ in range(500):
-        request = random_request(rng, capped=rng.random() < 0.5, straight=False)
+        request = random_request(rng, capped=rng.random() < 0.5, single_replica=False)
         chain = ChainCosts.of(request)
         layout = DeviceLayout.of(request, request.num_stages or 1)
         evaluator = StageEvaluator(chain, layout.contexts)

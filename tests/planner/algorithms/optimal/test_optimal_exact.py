@@ -65,7 +65,7 @@ def request_of(profile: Profile, setting: dict[str, object], memory: int | None)
         schedule=setting["schedule"],
         num_stages=devices,
         cluster=cluster,
-        straight=True,
+        single_replica=True,
     )
 
 

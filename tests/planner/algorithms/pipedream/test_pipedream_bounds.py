@@ -10,11 +10,11 @@ from pipestudio.planner.algorithms.pipedream.bounds import memory_caps
 
 def test_memory_caps_by_hand() -> None:
     # 4 machines, 12 bytes. Straight: stages stash 3, 2, 1 copies: 4, 4 + 6, 4 + 6 + 12.
-    assert memory_caps(4, 12.0, straight=True) == [0.0, 4.0, 10.0, 22.0]
+    assert memory_caps(4, 12.0, single_replica=True) == [0.0, 4.0, 10.0, 22.0]
     # Replicated: machines 1-2 as one stage stash ceil(2 / 2) = 1 copy, so hold 12; the best
     # for three is 1-2 then 3 (12 + 12), not 1 then 2-3 (4 + 12) nor one stage (12).
-    assert memory_caps(4, 12.0, straight=False) == [0.0, 4.0, 12.0, 24.0]
-    assert memory_caps(3, None, straight=False) == [0.0, math.inf, math.inf]
+    assert memory_caps(4, 12.0, single_replica=False) == [0.0, 4.0, 12.0, 24.0]
+    assert memory_caps(3, None, single_replica=False) == [0.0, math.inf, math.inf]
 
 
 def compositions(total: int) -> list[tuple[int, ...]]:

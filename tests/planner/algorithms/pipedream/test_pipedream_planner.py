@@ -41,6 +41,7 @@ from pipestudio.planner.algorithms.request import (
 from pipestudio.planner.errors import PlannerError
 from pipestudio.planner.formats.pipedream import import_pipedream
 from pipestudio.planner.formats.plan import resolve_plan
+from tests.planner.helpers import block_chain
 
 ROOT = Path(__file__).resolve().parents[4]
 DATA = json.loads(
@@ -114,7 +115,7 @@ def request(
     devices: list[int],
     gbps: list[float | None],
     *,
-    straight: bool = False,
+    single_replica: bool = False,
     memory: int | None = None,
     microbatches: int = 12,
     microbatch_size: int | None = None,
@@ -125,7 +126,7 @@ def request(
         num_microbatches=microbatches,
         schedule="pipedream",
         cluster=cluster,
-        straight=straight,
+        single_replica=single_replica,
         microbatch_size=microbatch_size,
     )
 
@@ -148,11 +149,11 @@ def test_chain_replicated_by_hand() -> None:
 
 def test_chain_straight_by_hand() -> None:
     # 3 devices: [a] [b] [c] = max(10, 20, 30 ms; transfers 2 * 2.5 MB / 1.25 GB/s = 4 ms).
-    three = pipedream(request(chain3(), [3], [GBPS_10], straight=True))
+    three = pipedream(request(chain3(), [3], [GBPS_10], single_replica=True))
     assert three.objective_ms == pytest.approx(30.0, rel=1e-12)
     assert shape(three) == [(["a"], 1), (["b"], 1), (["c"], 1)]
     # 2 devices: [a,b] [c] = max(30, 30, 4) beats [a] [b,c] = 50 ms.
-    two = pipedream(request(chain3(), [2], [GBPS_10], straight=True))
+    two = pipedream(request(chain3(), [2], [GBPS_10], single_replica=True))
     assert two.objective_ms == pytest.approx(30.0, rel=1e-12)
     assert shape(two) == [(["a", "b"], 1), (["c"], 1)]
 
@@ -166,14 +167,14 @@ def test_free_links_cost_nothing() -> None:
 
 def test_memory_constraint_by_hand() -> None:
     # Straight on 3: [a] stashes ceil(2/1) * 1.25 MB = 2.5 MB, [b] ceil(1/1) * 2.5 MB.
-    fits = pipedream(request(chain3(), [3], [GBPS_10], straight=True, memory=2_500_000))
+    fits = pipedream(request(chain3(), [3], [GBPS_10], single_replica=True, memory=2_500_000))
     assert fits.objective_ms == pytest.approx(30.0, rel=1e-12)
     with pytest.raises(InfeasibleError, match="2499999 bytes per device"):
-        pipedream(request(chain3(), [3], [GBPS_10], straight=True, memory=2_499_999))
+        pipedream(request(chain3(), [3], [GBPS_10], single_replica=True, memory=2_499_999))
 
 
 def test_microbatch_size_rescales_times_and_activations() -> None:
-    output = pipedream(request(chain3(), [3], [GBPS_10], straight=True, microbatch_size=2))
+    output = pipedream(request(chain3(), [3], [GBPS_10], single_replica=True, microbatch_size=2))
     assert output.objective_ms == pytest.approx(60.0, rel=1e-12)
     assert output.plan.microbatch_size == 2
 
@@ -200,7 +201,7 @@ def test_diamond_antichain_states_by_hand() -> None:
 def test_diamond_straight_by_hand() -> None:
     # Cut after {x, z}: max(35, 40 ms, transfer 2 * (25 + 1.25) MB / 1.25 GB/s = 42 ms) = 42.
     # After {x, y}: max(30, 45, 44) = 45; after {x}: 65; after {x, y, z}: 55.
-    output = pipedream(request(diamond(), [2], [GBPS_10], straight=True))
+    output = pipedream(request(diamond(), [2], [GBPS_10], single_replica=True))
     assert output.objective_ms == pytest.approx(42.0, rel=1e-12)
     # The Input joins the first stage, the __getitem__ sink its producer y.
     assert shape(output) == [(["in", "x", "z"], 1), (["y", "g", "w"], 1)]
@@ -228,7 +229,7 @@ def test_two_levels_by_hand() -> None:
 
 
 def test_plan_simulates() -> None:
-    plan_request = request(diamond(), [2], [GBPS_10], straight=True, microbatches=4)
+    plan_request = request(diamond(), [2], [GBPS_10], single_replica=True, microbatches=4)
     output = pipedream(plan_request)
     assert simulate(plan_request.scaled, output.plan, plan_request.cluster).step_time_ms > 0
 
@@ -240,7 +241,7 @@ def naive_optimum(
     costs: StateCosts,
     levels: list[Level],
     memory: float | None,
-    straight: bool,
+    single_replica: bool,
     ratio: float | None,
 ) -> float:
     """``compute_partitioning`` as published: every entry of every table, every row below the
@@ -268,13 +269,13 @@ def naive_optimum(
                 for m in range(machines):
                     best = math.inf
                     held = diff(act, i, j) + diff(par, i, j)
-                    if (m == 0 or not straight) and (
+                    if (m == 0 or not single_replica) and (
                         memory is None or math.ceil((machines - m - 1) / (m + 1)) * held <= memory
                     ):
                         all_reduce = 4 * m * diff(par, i, j) / (bandwidth * (m + 1))
                         best = (segment[i, j] + all_reduce / width) / (m + 1)
                     for k in (k for k in anc[j] if k >= i):
-                        for r in range(1, min(m, 1 if straight else m) + 1):
+                        for r in range(1, min(m, 1 if single_replica else m) + 1):
                             cum_par = par[j] - par[k]
                             if (
                                 memory is not None
@@ -356,7 +357,7 @@ def test_search_equals_the_full_tables() -> None:
             costs,
             levels,
             memory_bytes=memory,
-            straight=straight,
+            single_replica=straight,
             activation_compression_ratio=ratio,
         )
         optimum = solver.optimum_s()
@@ -397,7 +398,7 @@ def test_needs_a_cluster_or_a_number_of_stages() -> None:
 
 def test_straight_needs_a_stage_per_device() -> None:
     with pytest.raises(PlannerError, match=r"4 devices .* allows at most 3"):
-        pipedream(request(chain3(), [4], [GBPS_10], straight=True))
+        pipedream(request(chain3(), [4], [GBPS_10], single_replica=True))
 
 
 def test_replicas_must_divide_the_microbatches() -> None:
@@ -434,7 +435,7 @@ def record_request(record: dict[str, Any]) -> PlanRequest:
         profile_of(record["model"]),
         record["levels"],
         gbps,
-        straight=record["straight"],
+        single_replica=record["straight"],
         microbatches=MICROBATCHES,
         memory=None if memory is None else int(memory),
     )
@@ -555,7 +556,7 @@ def test_dp_matches_optimizer_without_communication(record: dict[str, Any]) -> N
         costs,
         levels,
         memory_bytes=record["memory_bytes"],
-        straight=record["straight"],
+        single_replica=record["straight"],
         activation_compression_ratio=None,
     )
     optimum = solver.optimum_s()
@@ -612,7 +613,7 @@ def test_search_equals_the_full_tables_on_chains() -> None:
             costs,
             levels,
             memory_bytes=memory,
-            straight=straight,
+            single_replica=straight,
             activation_compression_ratio=ratio,
         )
         optimum = solver.optimum_s()
@@ -698,7 +699,7 @@ def test_antichain_states_equal_the_full_cone_enumeration(monkeypatch: pytest.Mo
 
 def test_state_costs_equal_layer_by_layer_sums() -> None:
     # Bit for bit: the prefix sums of state_costs perform the same additions in the same order.
-    for profile in [*shortcut_profiles(), bench_chain(500)]:
+    for profile in [*shortcut_profiles(), block_chain(500)]:
         graph = dp_graph(profile)
         dag = antichain_dag(graph.succs, graph.preds)
         costs = state_costs(profile, graph, dag)
@@ -711,32 +712,12 @@ def test_state_costs_equal_layer_by_layer_sums() -> None:
         assert ours == layer_by_layer_costs(profile, dag.down_sets)
 
 
-def bench_chain(num_layers: int = 2000, seed: int = 3) -> Profile:
-    """A chain drawn like bench/bench_planners.py's (same ranges, same seed)."""
-    rng = random.Random(seed)
-    layers = [
-        {
-            "name": f"layer{idx}",
-            "kind": "Block",
-            "fwd_ms": rng.uniform(0.2, 1.0),
-            "bwd_ms": rng.uniform(0.4, 2.0),
-            "param_bytes": rng.randrange(2 * 10**6, 4 * 10**7),
-            "saved_bytes": rng.randrange(10**6, 6 * 10**7),
-            "output_bytes": rng.randrange(10**6, 8 * 10**6),
-            "workspace_bytes": rng.randrange(0, 10**7),
-            "update_ms": 0.01,
-        }
-        for idx in range(num_layers)
-    ]
-    return Profile.model_validate({"model": "bench-chain", "microbatch_size": 1, "layers": layers})
-
-
 @pytest.mark.parametrize("num_layers", [2000, 4000])
 def test_long_chain_is_planned_with_the_fast_paths(num_layers: int) -> None:
     # bench/bench_planners.py's configuration: one state per layer, a memory that binds on the
     # first stages (and with 4,000 layers on the first top-level stage, which holds at most
     # the memory); the plan costs its optimum under PipeDream's model, stage by stage.
-    profile = bench_chain(num_layers)
+    profile = block_chain(num_layers)
     cluster = cluster_template(
         [8, 2], [400.0, 100.0], device_memory_bytes=40 * 2**30, host_bandwidth_gbps=200.0
     )
@@ -828,7 +809,7 @@ def test_shortcuts_change_no_answer_on_chains() -> None:
             costs,
             levels,
             memory_bytes=memory,
-            straight=rng.random() < 0.25,
+            single_replica=rng.random() < 0.25,
             activation_compression_ratio=rng.choice([None, 1.0]),
         )
     assert solved >= 20
@@ -854,7 +835,7 @@ def test_shortcuts_change_no_answer_on_real_graphs(model: str) -> None:
 def test_shortcuts_change_no_answer_on_a_memory_bound_chain() -> None:
     # Like bench/bench_planners.py's chain at 4,000 layers (the memory binds on the first
     # stages of both levels), scaled down so that the plain search stays quick.
-    profile = bench_chain(400)
+    profile = block_chain(400)
     graph = dp_graph(profile)
     costs = state_costs(profile, graph, antichain_dag(graph.succs, graph.preds))
     levels = [Level(8, 400e9 / 8), Level(2, 100e9 / 8)]

@@ -32,7 +32,7 @@ def test_never_refuses_an_entry_at_its_value() -> None:
         held = costs.activation_bytes[-1] + costs.parameter_bytes[-1]
         straight = rng.random() < 0.25
         solver = HierarchicalDP(
-            costs, levels, memory_bytes=held * rng.uniform(0.1, 0.6), straight=straight
+            costs, levels, memory_bytes=held * rng.uniform(0.1, 0.6), single_replica=straight
         )
         reach = solver.bounds.reach
         assert isinstance(reach, ChainReach)

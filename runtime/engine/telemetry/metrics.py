@@ -10,7 +10,7 @@ start_ms, end_ms, and for transfers the peer and the bytes) on the job's shared 
                 recompute, swap and all-reduce time, swap bytes, samples/s over its span,
                 on the last stage the step's loss over its micro-batches, and under
                 fp16 the ``loss_scale`` the step ran with and whether it ``overflowed``
-                (its update skipped on every rank, ``scaling.py``);
+                (its update skipped on every rank, ``execution/scaling.py``);
 ``memory``      the worker's memory after the step: CUDA allocated, peak and reserved
                 bytes (the peak since the previous step), or on CPU the process's resident
                 set (``rss_bytes``) and its peak;
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from pipestudio.runtime.engine.clock import Mark, Marker
+from pipestudio.runtime.engine.telemetry.clock import Mark, Marker
 
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]

@@ -1,7 +1,7 @@
 """The command channel of a running job, and the Python API to drive it.
 
 Interface for the worker agent and other controllers. A job started with a control
-directory (``pipestudio train --control-dir DIR``, or ``EngineConfig.repartition.
+directory (``pipestudio train --control-dir DIR``, or ``EngineConfig.migration.
 control_dir``) reads commands from it and writes back what became of them; everything is
 a JSON file written atomically (temporary name, then rename):
 

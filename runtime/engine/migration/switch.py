@@ -14,7 +14,7 @@ i.e. once the old stage has applied the gradients of every micro-batch before ``
 which the new stage waits for only before its first update). Until then:
 
 - ``gpipe``/``1f1b`` update at the flush; ranks learn of the migration a step ahead
-  (``control.py``), so the hand-off is sent right after the old stage's update of the
+  (``coordinator.py``), so the hand-off is sent right after the old stage's update of the
   step before ``M`` and waited for only before the first forward that runs the layer
   there (the transfer overlaps the old step's tail);
 - ``pipedream`` runs on: a forward of ``mb >= M`` on the new stage runs the layer on the
@@ -41,16 +41,16 @@ from typing import Any
 from torch import Tensor, nn
 
 from pipestudio.planner.formats.plan import Plan
+from pipestudio.runtime.engine.execution.stage import StageRunner
 from pipestudio.runtime.engine.layout import EngineLayout, StageIO
 from pipestudio.runtime.engine.ops import first_stage_versions, segments, worker_ops
-from pipestudio.runtime.engine.stage import StageRunner
 
 
 @dataclass
 class Partition:
-    """The layers a rank runs for micro-batches from ``switch_mb`` on."""
+    """The layers a rank runs for micro-batches from ``switch_microbatch`` on."""
 
-    switch_mb: int
+    switch_microbatch: int
     plan: Plan
     layout: EngineLayout
     io: StageIO
@@ -73,12 +73,12 @@ def runner_keys(runner: StageRunner) -> list[tuple[str, str]]:
 
 
 @dataclass
-class Transition:
+class RankMigration:
     """A migration as one rank sees it (module docstring)."""
 
     migration_id: int
     step: int
-    switch_mb: int
+    switch_microbatch: int
     outgoing: dict[int, list[str]]  # peer rank -> layers this rank hands to it
     incoming: dict[int, list[str]]  # peer rank -> layers it hands to this rank
     needed: dict[int, set[int]] = field(default_factory=dict)  # peer -> versions to send
@@ -144,11 +144,11 @@ def forward_versions(plan: Plan, stage_idx: int, first_step: int, num_steps: int
     return result
 
 
-def moved_version(new_version: int, old_version: int, switch_mb: int) -> int:
-    """The version a forward on a layer's new stage runs a layer moved at ``switch_mb`` on,
+def moved_version(new_version: int, old_version: int, switch_microbatch: int) -> int:
+    """The version a forward on a layer's new stage runs a layer moved at ``switch_microbatch`` on,
     given the versions its new and old stages run that micro-batch's forward on (module
     docstring)."""
-    return new_version if new_version > switch_mb else min(new_version, old_version)
+    return new_version if new_version > switch_microbatch else min(new_version, old_version)
 
 
 def needed_versions(
@@ -165,15 +165,15 @@ def needed_versions(
     new stage runs them on (``pipedream``; empty for the others and where none is older)."""
     if plan.schedule != "pipedream":
         return {}
-    switch_mb = step * plan.num_microbatches
+    switch_microbatch = step * plan.num_microbatches
     for first, count in segments(plan, start_step, end_step, checkpoint_every):
         if first <= step < first + count:
             new = forward_versions(plan, new_stage, first, count)
             old = forward_versions(plan, old_stage, first, count)
             result = {
-                mb: moved_version(version, old[mb], switch_mb)
+                mb: moved_version(version, old[mb], switch_microbatch)
                 for mb, version in new.items()
-                if mb >= switch_mb
+                if mb >= switch_microbatch
             }
-            return {mb: version for mb, version in result.items() if version < switch_mb}
+            return {mb: version for mb, version in result.items() if version < switch_microbatch}
     return {}

@@ -29,8 +29,8 @@ from torch import Tensor
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.faults import Watchdog
 from pipestudio.runtime.engine.layout import EngineLayout, Transfer
-from pipestudio.runtime.engine.metrics import OpRecord, Recorder
 from pipestudio.runtime.engine.rendezvous import RankContext
+from pipestudio.runtime.engine.telemetry.metrics import OpRecord, Recorder
 
 ACTIVATION, GRADIENT = "activation", "gradient"
 

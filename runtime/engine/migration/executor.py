@@ -2,13 +2,13 @@
 
 The worker asks ``partition(mb)`` which layers to run a micro-batch on, calls
 ``learn_until(step)`` before it first touches an op of a step (the migrations that the
-job's coordinator announced for that step begin then, ``control.py``), ``after_update``
+job's coordinator announced for that step begin then, ``coordinator.py``), ``after_update``
 after every update (versions and hand-offs that became due are sent) and
 ``ensure_arrived(mb)`` before it needs the weights of a layer arriving for ``mb`` and
 ``ensure_trainable()`` before an update (or a checkpoint) needs their optimizer state. A
 rank posts the receives of the versions and weights a migration brings it as soon as it
 learns of the migration, and that of the training state once the weights are in. The
-protocol is ``transition.py``'s; the messages are ``handoff.py``'s.
+protocol is ``switch.py``'s; the messages are ``wire.py``'s.
 """
 
 import time
@@ -19,40 +19,40 @@ from torch import Tensor, nn
 
 from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.errors import EngineError
-from pipestudio.runtime.engine.handoff import (
+from pipestudio.runtime.engine.execution.stage import StageRunner
+from pipestudio.runtime.engine.layout import EngineLayout
+from pipestudio.runtime.engine.migration.settings import with_stages
+from pipestudio.runtime.engine.migration.switch import (
+    Partition,
+    RankMigration,
+    exchanges,
+    needed_versions,
+    runner_keys,
+)
+from pipestudio.runtime.engine.migration.wire import (
     TRAINING_SLOT,
     WEIGHTS_SLOT,
     Channel,
     Outgoing,
-    describe,
+    header_of,
     layer_training,
     layer_versions,
     layer_weights,
     load_layer_training,
     load_layer_weights,
-    tag,
+    message_tag_of,
     weight_layout,
-)
-from pipestudio.runtime.engine.layout import EngineLayout
-from pipestudio.runtime.engine.repartition import with_stages
-from pipestudio.runtime.engine.stage import StageRunner
-from pipestudio.runtime.engine.transition import (
-    Partition,
-    Transition,
-    exchanges,
-    needed_versions,
-    runner_keys,
 )
 
 if TYPE_CHECKING:
-    from pipestudio.runtime.engine.control import ControlClient
+    from pipestudio.runtime.engine.migration.coordinator import MigrationControl
     from pipestudio.runtime.engine.worker import Worker
 
 
-class LiveRepartition:
+class MigrationExecutor:
     """One rank's partitions and migrations (see the module docstring)."""
 
-    def __init__(self, worker: "Worker", control: "ControlClient | None") -> None:
+    def __init__(self, worker: "Worker", control: "MigrationControl | None") -> None:
         self.worker, self.control = worker, control
         self.modules = dict(worker.spec.layers)
         runner = worker.stage
@@ -60,7 +60,7 @@ class LiveRepartition:
         self.partitions = [first]
         self.owned: dict[str, nn.Parameter] = first.qualified()
         self.untrained: set[str] = set()  # owned, optimizer state not arrived yet
-        self.transitions: list[Transition] = []
+        self.transitions: list[RankMigration] = []
         self.channel = Channel(worker.ctx.rank, worker.ctx.timeout_s, worker.watchdog)
         self.start_step = 0
         self.known_step = -1
@@ -74,7 +74,7 @@ class LiveRepartition:
 
     def partition(self, microbatch: int) -> Partition:
         for part in reversed(self.partitions):
-            if part.switch_mb <= microbatch:
+            if part.switch_microbatch <= microbatch:
                 return part
         return self.partitions[0]
 
@@ -113,30 +113,39 @@ class LiveRepartition:
             plan.precision,
         )
         step = decision["step"]
-        switch_mb = step * plan.num_microbatches
+        switch_microbatch = step * plan.num_microbatches
         old_layout = self.latest.layout
         outgoing, incoming = exchanges(old_layout, layout, w.ctx.rank)
-        self.partitions.append(Partition(switch_mb, plan, layout, io, runner, runner_keys(runner)))
-        transition = Transition(
-            decision["id"], step, switch_mb, outgoing, incoming, started_ms=w.ctx.clock.now_ms()
+        self.partitions.append(
+            Partition(switch_microbatch, plan, layout, io, runner, runner_keys(runner))
+        )
+        transition = RankMigration(
+            decision["id"],
+            step,
+            switch_microbatch,
+            outgoing,
+            incoming,
+            started_ms=w.ctx.clock.now_ms(),
         )
         for peer in outgoing:
             needed = self._needed(plan, w.stage_idx, layout.worker(peer)[0], step)
             transition.needed[peer] = set(needed.values())
         for peer, layers in incoming.items():
             modules = {name: self.modules[name] for name in layers}
-            versions = describe(layer_versions(modules))
+            versions = header_of(layer_versions(modules))
             older = self._needed(plan, old_layout.worker(peer)[0], w.stage_idx, step)
             transition.older[peer] = older
             for version in sorted(set(older.values())):
                 self.channel.expect(
-                    peer, tag(transition.migration_id, 1 + switch_mb - version), versions
+                    peer,
+                    message_tag_of(transition.migration_id, 1 + switch_microbatch - version),
+                    versions,
                 )
             self.channel.expect(
                 peer,
-                tag(transition.migration_id, WEIGHTS_SLOT),
+                message_tag_of(transition.migration_id, WEIGHTS_SLOT),
                 *weight_layout(modules),
-                follow=tag(transition.migration_id, TRAINING_SLOT),
+                follow=message_tag_of(transition.migration_id, TRAINING_SLOT),
             )
         self.transitions.append(transition)
         self.after_update(self.applied)
@@ -168,7 +177,7 @@ class LiveRepartition:
             for peer, layers in t.outgoing.items():
                 if peer not in t.handed_off:
                     self._send_versions(t, peer, layers)
-                    if self.applied >= t.switch_mb:
+                    if self.applied >= t.switch_microbatch:
                         due.append((t, peer, {name: self.modules[name] for name in layers}))
         training = [
             Outgoing(layer_training(modules, self.worker.optimizer), frozen=True)
@@ -178,12 +187,12 @@ class LiveRepartition:
             t.sent_bytes += self.channel.send(
                 Outgoing(layer_weights(modules), frozen=True),
                 peer,
-                tag(t.migration_id, WEIGHTS_SLOT),
+                message_tag_of(t.migration_id, WEIGHTS_SLOT),
                 announce=state,
             )
         for (t, peer, modules), state in zip(due, training, strict=True):
             t.sent_bytes += self.channel.send(
-                state, peer, tag(t.migration_id, TRAINING_SLOT), described=True
+                state, peer, message_tag_of(t.migration_id, TRAINING_SLOT), described=True
             )
             t.handed_off.add(peer)
             prefixes = tuple(f"{name}." for name in modules)
@@ -197,7 +206,7 @@ class LiveRepartition:
                 self._maybe_done(t)
         self._release(applied)
 
-    def _let_go(self, t: Transition, modules: Mapping[str, nn.Module]) -> None:
+    def _let_go(self, t: RankMigration, modules: Mapping[str, nn.Module]) -> None:
         """Layers handed on: their gradients went with the hand-off, their optimizer state
         left with the old optimizer; on a GPU the copy this rank keeps goes back to host
         memory, so the stage's memory falls by all the layers took, unless a later
@@ -206,7 +215,7 @@ class LiveRepartition:
         returning = {
             name
             for part in self.partitions
-            if part.switch_mb > t.switch_mb
+            if part.switch_microbatch > t.switch_microbatch
             for name in part.runner.names
         }
         for name, module in modules.items():
@@ -220,18 +229,18 @@ class LiveRepartition:
         every new stage has posted every receive, or will without anything more from this
         rank (it needs only micro-batches up to the switch's from here, all sent), so the
         wait ends."""
-        num_mb = self.worker.plan.num_microbatches
+        num_microbatches = self.worker.plan.num_microbatches
         for t in self.transitions:
             if (
                 t.outgoing
                 and not t.released
                 and t.handed_off == set(t.outgoing)
-                and applied > t.switch_mb + num_mb
+                and applied > t.switch_microbatch + num_microbatches
             ):
                 self.channel.release(t.migration_id)
                 t.released = True
 
-    def _send_versions(self, t: Transition, peer: int, layers: list[str]) -> None:
+    def _send_versions(self, t: RankMigration, peer: int, layers: list[str]) -> None:
         """``pipedream``: the weight versions of ``layers`` the peer needs, as they are made."""
         modules = {name: self.modules[name] for name in layers}
         for version in sorted(t.needed.get(peer, ())):
@@ -246,15 +255,15 @@ class LiveRepartition:
                 t.sent_bytes += self.channel.send(
                     Outgoing(layer_versions(modules), frozen=False),
                     peer,
-                    tag(t.migration_id, 1 + t.switch_mb - version),
+                    message_tag_of(t.migration_id, 1 + t.switch_microbatch - version),
                 )
                 t.versions_sent.add((peer, version))
 
-    def _receive(self, t: Transition, peer: int, slot: int, what: str) -> dict[str, Any]:
+    def _receive(self, t: RankMigration, peer: int, slot: int, what: str) -> dict[str, Any]:
         start, before = time.perf_counter(), self.channel.received_bytes
         message = self.channel.receive(
             peer,
-            tag(t.migration_id, slot),
+            message_tag_of(t.migration_id, slot),
             f"{what} from {self.worker.layout.describe(peer)} (migration {t.migration_id})",
         )
         t.wait_ms += (time.perf_counter() - start) * 1e3
@@ -268,7 +277,7 @@ class LiveRepartition:
         ``layer``: only of the message that brings it, so a stage's forward can run the
         layers it has while a later one is still on its way; not of those in ``skip``)."""
         for t in self.transitions:
-            if t.switch_mb > microbatch:
+            if t.switch_microbatch > microbatch:
                 continue
             for peer, layers in t.incoming.items():
                 if (
@@ -312,11 +321,15 @@ class LiveRepartition:
     def fetch(self, version: int, names: list[str]) -> dict[str, Tensor]:
         """Parameters ``names`` (``layer.param``) at ``version``, from their old stage."""
         result: dict[str, Tensor] = {}
-        sources: dict[tuple[int, int], Transition] = {}
+        sources: dict[tuple[int, int], RankMigration] = {}
         for layer in sorted({name.split(".", 1)[0] for name in names}):
             t = min(
-                (t for t in self.transitions if layer in t.layers_in() and t.switch_mb > version),
-                key=lambda t: t.switch_mb,
+                (
+                    t
+                    for t in self.transitions
+                    if layer in t.layers_in() and t.switch_microbatch > version
+                ),
+                key=lambda t: t.switch_microbatch,
             )
             peer = next(p for p, layers in t.incoming.items() if layer in layers)
             sources[(t.migration_id, peer)] = t
@@ -325,7 +338,7 @@ class LiveRepartition:
                 t.fetched[(peer, version)] = self._receive(
                     t,
                     peer,
-                    1 + t.switch_mb - version,
+                    1 + t.switch_microbatch - version,
                     f"receiving weight version {version} of {t.incoming[peer]}",
                 )
             message = t.fetched[(peer, version)]
@@ -354,7 +367,7 @@ class LiveRepartition:
             elif param in extra:
                 w.optimizer.state[param] = extra[param]
 
-    def _maybe_done(self, t: Transition) -> None:
+    def _maybe_done(self, t: RankMigration) -> None:
         if not t.done:
             return
         t.fetched.clear()
@@ -365,7 +378,7 @@ class LiveRepartition:
                 "phase": "done",
                 "id": t.migration_id,
                 "step": t.step,
-                "switch_microbatch": t.switch_mb,
+                "switch_microbatch": t.switch_microbatch,
                 "stage": w.stage_idx,
                 "replica": w.replica,
                 "rank": w.ctx.rank,

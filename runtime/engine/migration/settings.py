@@ -7,7 +7,7 @@ checks it against the model; ``parse_migration`` reads the scripted form
 ``STEP:LAYER@STAGE[,LAYER@STAGE...]`` of ``pipestudio train --migrate``.
 
 Replicated stages are refused: a job with a stage of more than one replica cannot be
-repartitioned live (``RepartitionError`` names the stage). Moving a layer to a replicated
+repartitioned live (``MigrationError`` names the stage). Moving a layer to a replicated
 stage would have to split its optimizer state among replicas whose micro-batches
 interleave with the migration's, which this runtime does not do.
 """
@@ -19,7 +19,7 @@ from pipestudio.planner.formats.plan import Plan
 from pipestudio.runtime.engine.errors import EngineError
 
 
-class RepartitionError(EngineError):
+class MigrationError(EngineError):
     """A repartition request that cannot be carried out (the message says why)."""
 
 
@@ -32,11 +32,11 @@ class ScriptedMigration:
 
 
 @dataclass
-class RepartitionConfig:
+class MigrationSettings:
     """Live repartitioning of a run (docs/runtime.md, "Live repartition").
 
     ``migrations`` are applied at their steps; ``control_dir`` is the command channel
-    (``control.py``); with ``every`` > 0 the online planner runs on the measurements of every
+    (``coordinator.py``); with ``every`` > 0 the online planner runs on the measurements of every
     ``every`` steps and applies a worthwhile proposal itself (``auto``) or holds it for
     approval. ``payback_steps`` and ``min_gain_fraction`` are ``replan``'s hysteresis.
     """
@@ -51,12 +51,12 @@ class RepartitionConfig:
 
     def check(self) -> None:
         if self.every < 0:
-            raise RepartitionError(f"--repartition-every must be >= 0, got {self.every}")
+            raise MigrationError(f"--repartition-every must be >= 0, got {self.every}")
         if self.auto and self.every == 0:
-            raise RepartitionError("--auto-repartition needs --repartition-every N > 0")
+            raise MigrationError("--auto-repartition needs --repartition-every N > 0")
         for migration in self.migrations:
             if migration.step < 1:
-                raise RepartitionError(
+                raise MigrationError(
                     f"a migration at step {migration.step}: migrations "
                     "take effect at step 1 or later"
                 )
@@ -70,14 +70,14 @@ def parse_migration(text: str) -> ScriptedMigration:
     """``STEP:LAYER@STAGE[,LAYER@STAGE...]``, e.g. ``4:block2@1,block5@3``."""
     step_text, sep, spec = text.partition(":")
     if not sep or not step_text.strip().isdigit():
-        raise RepartitionError(
+        raise MigrationError(
             f"--migrate {text!r}: expected STEP:LAYER@STAGE[,...], e.g. 4:block2@1"
         )
     moves = []
     for item in spec.split(","):
         layer, at, stage = item.strip().rpartition("@")
         if not at or not layer or not stage.isdigit():
-            raise RepartitionError(f"--migrate {text!r}: move {item!r} is not LAYER@STAGE")
+            raise MigrationError(f"--migrate {text!r}: move {item!r} is not LAYER@STAGE")
         moves.append((layer, int(stage)))
     return ScriptedMigration(int(step_text), tuple(moves))
 
@@ -86,7 +86,7 @@ def check_replicas(plan: Plan) -> None:
     """Refuse plans with replicated stages (module docstring)."""
     for idx, stage in enumerate(plan.stages):
         if stage.replicas > 1:
-            raise RepartitionError(
+            raise MigrationError(
                 f"stage {idx} has {stage.replicas} replicas: live "
                 "repartition supports one replica per stage only"
             )
@@ -98,11 +98,11 @@ def new_plan(plan: Plan, moves: Sequence[tuple[str, int]], layer_names: Sequence
     stage_of = {name: idx for idx, stage in enumerate(plan.stages) for name in stage.layers}
     for layer, stage_idx in moves:
         if layer not in stage_of:
-            raise RepartitionError(
+            raise MigrationError(
                 f"cannot move layer {layer!r}: the model's layers are {', '.join(layer_names)}"
             )
         if not 0 <= stage_idx < plan.num_stages:
-            raise RepartitionError(
+            raise MigrationError(
                 f"cannot move layer {layer!r} to stage {stage_idx}: the "
                 f"plan has stages 0..{plan.num_stages - 1}"
             )
@@ -119,7 +119,7 @@ def with_stages(
     """``plan`` with these layers per stage (and policies); an empty stage is refused."""
     for idx, names in enumerate(layers):
         if not names:
-            raise RepartitionError(f"the repartition leaves stage {idx} without layers")
+            raise MigrationError(f"the repartition leaves stage {idx} without layers")
     stages = [
         stage.model_copy(update={"layers": list(names)})
         for stage, names in zip(plan.stages, layers, strict=True)

@@ -14,7 +14,7 @@ in flight or to come needs it. Synchronous schedules do not use this class: they
 micro-batch of a step on the live parameters.
 
 Parameters are named ``layer.param`` so that a version outlives a change of the stage's
-layers (live repartition, ``transition.py``): ``params`` is the worker's dict of the
+layers (live repartition, ``migration/switch.py``): ``params`` is the worker's dict of the
 parameters it owns, which a hand-off grows or shrinks; ``on_snapshot(version, skip)`` runs
 before the live parameters are copied as ``version`` (a layer arriving at that version must
 have arrived, unless it is in ``skip``), ``fetch(version, names)`` supplies the parameters

@@ -4,8 +4,8 @@ import argparse
 import json
 from typing import Any
 
+from pipestudio.cli.documents import add_precision_option, describe_result
 from pipestudio.cli.output import format_table, write_document
-from pipestudio.cli.planning import add_precision_option, describe_result
 from pipestudio.planner import Cluster, PlannerError, Profile, load_document
 from pipestudio.planner.algorithms import PLANNERS
 from pipestudio.planner.algorithms.maxbatch import (
@@ -154,7 +154,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         microbatch_size=args.microbatch_size,
         optimizer=args.optimizer,
         cluster=cluster,
-        straight=args.straight,
+        single_replica=args.straight,
     )
 
 

@@ -1,6 +1,6 @@
 """Layer state on the wire: what a migration sends between two ranks, and how.
 
-Two kinds of message go from a layer's old stage to its new one (``transition.py``):
+Two kinds of message go from a layer's old stage to its new one (``switch.py``):
 
 - a *version*: the layer's parameters after a given number of micro-batches' gradients
   were applied (``pipedream`` only: a weight version that a forward on the new stage runs
@@ -35,7 +35,7 @@ so they go as they are: the sender copies nothing, and its training thread only 
 sends (bytes move on gloo's threads, or in ``isend`` where the receiver posted first). A
 version is copied once when sent, which freezes it while training goes on to change the
 parameters. A migration's sends are waited for, and their tensors let go, a step after the
-switch (``LiveRepartition.after_update``), and any left when the run ends.
+switch (``MigrationExecutor.after_update``), and any left when the run ends.
 """
 
 import hashlib
@@ -50,8 +50,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from pipestudio.runtime.engine.errors import EngineError
+from pipestudio.runtime.engine.execution.transport import irecv, isend
 from pipestudio.runtime.engine.faults import Watchdog
-from pipestudio.runtime.engine.transport import irecv, isend
 
 _TAG_BASE = 2**30
 _SLOTS = 1024
@@ -60,7 +60,8 @@ WEIGHTS_SLOT = 0
 TRAINING_SLOT = _SLOTS - 1  # versions use the slots between
 
 
-def tag(migration_id: int, slot: int) -> int:
+def message_tag_of(migration_id: int, slot: int) -> int:
+    """The point-to-point tag of a migration's message in ``slot`` (module docstring)."""
     assert 0 <= slot < _SLOTS, slot
     return _TAG_BASE + migration_id * _SLOTS + slot
 
@@ -183,12 +184,12 @@ def _layout(message: Any) -> tuple[dict[str, Any], list[Tensor]]:
     return {"tensors": entries, "values": values, "num_bytes": num_bytes}, tensors
 
 
-def describe(message: Any) -> dict[str, Any]:
+def header_of(message: Any) -> dict[str, Any]:
     """The header of ``message`` (its tensors' paths, dtypes and shapes; its plain values)."""
     return _layout(message)[0]
 
 
-def assemble(header: Mapping[str, Any], tensors: list[Tensor]) -> dict[str, Any]:
+def message_from(header: Mapping[str, Any], tensors: list[Tensor]) -> dict[str, Any]:
     """The message of ``header`` with ``tensors`` (in the header's order) at its leaves."""
     result: dict[str, Any] = {}
     leaves = [(e["path"], t) for e, t in zip(header["tensors"], tensors, strict=True)]
@@ -368,7 +369,7 @@ class Channel:
         if incoming.follow is not None:  # post the training state's tensors now
             follow = self._incoming[(peer, incoming.follow)]
             self._read_header(follow, peer, incoming.follow, what)
-        return assemble(incoming.header, incoming.tensors)
+        return message_from(incoming.header, incoming.tensors)
 
     def release(self, migration_id: int) -> None:
         """Wait for the messages this rank sent for ``migration_id`` and let go of their

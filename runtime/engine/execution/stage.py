@@ -29,10 +29,10 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from pipestudio.runtime.batchnorm import recomputation
+from pipestudio.runtime.engine.execution.swap import SwapSpace
+from pipestudio.runtime.engine.execution.weights import trainable
 from pipestudio.runtime.engine.layout import DATA, StageIO
-from pipestudio.runtime.engine.metrics import Recorder
-from pipestudio.runtime.engine.swap import SwapSpace
-from pipestudio.runtime.engine.weights import trainable
+from pipestudio.runtime.engine.telemetry.metrics import Recorder
 from pipestudio.runtime.precision import forwards
 
 
@@ -119,7 +119,7 @@ class StageRunner:
         """The micro-batch's forward in the plan's precision (``runtime/precision.py``;
         a recomputation repeats it: ``checkpoint`` restores the autocast state);
         ``before_layer(name)`` is called before each layer runs (a layer that migrated
-        here may still be arriving: ``live.py``)."""
+        here may still be arriving: ``migration/executor.py``)."""
         with forwards(self.precision, self.device):
             return self._forward(microbatch, step, received, data, targets, weights, before_layer)
 

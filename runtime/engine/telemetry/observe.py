@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipestudio.planner.formats.profile import Layer, Profile
-from pipestudio.runtime.engine.meter import LayerMeter
-from pipestudio.runtime.engine.metrics import Recorder
+from pipestudio.runtime.engine.telemetry.meter import LayerMeter
+from pipestudio.runtime.engine.telemetry.metrics import Recorder
 
 
 def window_report(
