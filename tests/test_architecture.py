@@ -134,3 +134,18 @@ def test_each_package_docstring_lists_what_it_holds(top: str) -> None:
         if unnamed:
             missing[str(folder.relative_to(ROOT))] = unnamed
     assert not missing, f"modules their package's docstring does not name: {missing}"
+
+
+@pytest.mark.parametrize("top", ["planner", "runtime/engine"])
+def test_tests_mirror_the_source_folders(top: str) -> None:
+    """tests/planner/simulator/ tests planner/simulator/, and so on: every folder of tests
+    has its source folder, and every source package with modules has a folder of tests."""
+    tests_top = ROOT / "tests" / top
+    tested = {path.parent.relative_to(tests_top) for path in tests_top.rglob("test_*.py")}
+    sources = {
+        path.parent.relative_to(ROOT / top)
+        for path in (ROOT / top).rglob("__init__.py")
+        if any(p.name != "__init__.py" for p in path.parent.glob("*.py"))
+    }
+    assert tested <= sources, f"tests without a source folder: {sorted(map(str, tested - sources))}"
+    assert sources <= tested, f"source folders without tests: {sorted(map(str, sources - tested))}"

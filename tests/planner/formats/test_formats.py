@@ -17,7 +17,7 @@ from pipestudio.planner import (
     plan_template,
     resolve_plan,
 )
-from pipestudio.planner.units import format_bytes, parse_size
+from pipestudio.planner.units import parse_size
 from tests.planner.helpers import chain_profile
 
 
@@ -174,29 +174,3 @@ def test_plan_on_too_small_cluster() -> None:
     profile = chain_profile(4)
     with pytest.raises(ClusterError, match="device 2 does not exist: the cluster has 2"):
         simulate(profile, plan_template(profile, 4, 4, "gpipe"), cluster_template([2], [10.0]))
-
-
-@pytest.mark.parametrize(
-    "text,expected",
-    [
-        ("16GiB", 16 * 2**30),
-        ("1.5GB", 1_500_000_000),
-        ("512 MiB", 512 * 2**20),
-        ("1000", 1000),
-        ("2tib", 2 * 2**40),
-        ("80GB", 80 * 10**9),
-    ],
-)
-def test_parse_size(text: str, expected: int) -> None:
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "lots", "16 GiBs", "-1GB", "1e999GB"])
-def test_parse_size_errors(text: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(repr(text))):
-        parse_size(text)
-
-
-def test_format_bytes() -> None:
-    assert format_bytes(512) == "512 B"
-    assert format_bytes(1.5 * 2**30) == "1.50 GiB"

@@ -15,8 +15,8 @@ from tests.runtime.engine.helpers import (
     max_relative_difference,
     run,
 )
+from tests.runtime.engine.migration.test_migration import hand_on_large_layers
 from tests.runtime.engine.reference import train_single
-from tests.runtime.engine.test_migration import hand_on_large_layers
 
 pytestmark = [
     pytest.mark.gpu,
