@@ -31,7 +31,8 @@ import httpx
 from pipestudio.planner import Profile, load_document
 from pipestudio.planner.formats.cluster import cluster_template
 
-ROOT = Path(__file__).resolve().parents[1]
+#: The checkout (or the image's /app): profiles/ lies beside src/.
+ROOT = Path(__file__).resolve().parents[2]
 PIPEDREAM_DIR = ROOT / "profiles" / "pipedream"
 DEFAULT_PORT = 8000
 NUM_WORKERS = 2
