@@ -36,8 +36,9 @@ run's op events of the first half of its timed steps make a calibrated profile a
 cluster, and the second half's mean step is compared with the prediction before and after
 (``error_before``, ``error_after``: measured / predicted - 1). The op times hold whatever
 sharing of cores slowed them, so the calibrated prediction uses a device per stage, as the
-backend's does; the events are written to ``--out`` as ops.jsonl, for ``pipestudio
-calibrate``.
+backend's does; with more ranks than cores, calibration also counts the waits for a core
+between ops (``core_wait``, printed). The events are written to ``--out`` as ops.jsonl,
+for ``pipestudio calibrate``.
 """
 
 import argparse
@@ -258,7 +259,8 @@ def run_case(
     _save(out, "profile", profile)
     (out / "ops.jsonl").write_text("\n".join(json.dumps(op) for op in ops))
     # The run's op times already hold whatever sharing of cores slowed them, so the
-    # calibrated prediction is made on a device per stage, as the backend's is.
+    # calibrated prediction is made on a device per stage, as the backend's is (with the
+    # waits for a core between ops when ranks outnumber cores: calibration.core_wait).
     calibration = calibrate(profile, plan, ops, own, first_half, sharing=sharing)
     calibrated = simulate(
         calibration.profile, plan, calibration.cluster, with_timeline=False
@@ -402,7 +404,12 @@ def _print_row(row: dict) -> None:
         f"{row['error']:+.1%}  compute measured/profiled {row['compute_ratio']:.2f}  "
         f"(load average {row['load_average']:.1f}); second half {row['judged_ms']:.1f} ms: "
         f"error {row['error_before']:+.1%} before calibration, "
-        f"{row['error_after']:+.1%} after",
+        f"{row['error_after']:+.1%} after"
+        + (
+            f" (waits for a core: compute x{row['calibration']['core_wait']:.3f})"
+            if row["calibration"]["core_wait"] != 1.0
+            else ""
+        ),
         flush=True,
     )
 

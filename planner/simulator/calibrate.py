@@ -28,7 +28,10 @@ prediction from the profile places them on the host's compute slots
 already hold what sharing cost (counting the sharing by the ops' work and simulating the
 shared slots instead was tried: it ties two stages to one core for the whole run, where the
 operating system lets the busier ones have more, and missed 4-stage runs on 2 cores by up
-to 23%).
+to 23%). What the op times do not hold is a rank's wait for a core between two ops (its
+next op ready, both cores busy): the calibrated compute grows by the one factor
+(``core_wait``, at least 1) that makes the simulated step the measured mean step over the
+calibration's steps, on such runs only.
 
 Every layer of the stage gets fwd_ms x f, bwd_ms x b, update_ms x u: the calibrated profile
 keeps the profile's split of work among layers and takes the run's total for each stage.
@@ -101,6 +104,19 @@ class Sharing:
         found = started_hosts(plan, events)
         return None if found is None else cls(*found)
 
+    def oversubscribed(self) -> set[tuple[int, int]]:
+        """The (stage, replica) pairs on hosts that ran more ranks than they have slots."""
+        counts: dict[int, int] = defaultdict(int)
+        for stage in self.host_of:
+            for host in stage:
+                counts[host] += 1
+        return {
+            (stage, replica)
+            for stage, hosts in enumerate(self.host_of)
+            for replica, host in enumerate(hosts)
+            if counts[host] > self.hosts[host].slots
+        }
+
 
 @dataclass
 class Calibration:
@@ -114,6 +130,8 @@ class Calibration:
     link_gbps: dict[int, float] = field(default_factory=dict)
     #: Where the run's ranks ran, when some shared a host's cores (``Sharing``).
     sharing: "Sharing | None" = None
+    #: How much longer compute takes for the waits for a core between ops (1: none).
+    core_wait: float = 1.0
 
     def placed(self, plan: Plan, cluster: Cluster | None) -> tuple[Plan, Cluster | None]:
         """The plan and cluster to predict the run on from its profile: its ranks on their
@@ -137,6 +155,7 @@ class Calibration:
                 for s in self.stages
             ],
             "link_gbps": {str(level): gbps for level, gbps in self.link_gbps.items()},
+            "core_wait": self.core_wait,
         }
 
 
@@ -196,11 +215,56 @@ def calibrate(
         for idx in range(plan.num_stages)
     ]
     calibrated = _scaled(profile, plan, stages)
-    link_gbps = _link_gbps(ops, plan, cluster, overhead)
+    waiting = sharing.oversubscribed() if sharing is not None else set()
+    link_gbps = _link_gbps(ops, plan, cluster, overhead, waiting)
     new_cluster = _with_links(cluster, plan, link_gbps)
-    return Calibration(
+    calibration = Calibration(
         calibrated, new_cluster, stages, sorted({e["step"] for e in ops}), link_gbps, sharing
     )
+    if waiting:
+        _add_core_waits(calibration, plan, ops, max_ops)
+    return calibration
+
+
+def _add_core_waits(
+    calibration: Calibration, plan: Plan, ops: list[dict[str, Any]], max_ops: int | None
+) -> None:
+    """On a host with more ranks than compute slots, a rank whose next op is ready waits
+    for a core; no op event holds that wait, so ops timed alone predict the steps too
+    fast. The calibrated profile's compute grows by the one factor (at least 1) that makes
+    its simulated step the measured mean step of the calibration's steps."""
+    times = list(measured_step_times(ops).values())
+    if not times:
+        return
+    measured = statistics.fmean(times)
+    factor, profile = 1.0, calibration.profile
+    for _ in range(4):  # the step is nearly proportional to compute: a few rounds settle it
+        predicted = simulate(
+            profile, plan, calibration.cluster, with_timeline=False, max_ops=max_ops
+        ).step_time_ms
+        if predicted <= 0 or abs(measured / predicted - 1) < 1e-3:
+            break
+        factor = max(1.0, factor * measured / predicted)
+        profile = _slowed(calibration.profile, factor)
+        if factor == 1.0:
+            break
+    calibration.profile, calibration.core_wait = profile, factor
+
+
+def _slowed(profile: Profile, factor: float) -> Profile:
+    """``profile`` with every layer's forward, backward and update ``factor`` times longer."""
+    layers = [
+        layer.model_copy(
+            update={
+                "fwd_ms": layer.fwd_ms * factor,
+                "bwd_ms": layer.bwd_ms * factor,
+                "update_ms": layer.update_ms * factor,
+            }
+        )
+        for layer in profile.layers
+    ]
+    metadata = {**profile.metadata, "calibrated_core_wait": f"{factor:.4f}"}
+    return profile.model_copy(update={"layers": layers, "metadata": metadata})
 
 
 def op_overhead_ms(ops: list[dict[str, Any]], num_stages: int) -> float:
@@ -312,11 +376,17 @@ def _scaled(profile: Profile, plan: Plan, stages: list[StageCalibration]) -> Pro
 
 
 def _link_gbps(
-    ops: list[dict[str, Any]], plan: Plan, cluster: Cluster | None, overhead_ms: float
+    ops: list[dict[str, Any]],
+    plan: Plan,
+    cluster: Cluster | None,
+    overhead_ms: float,
+    waiting: set[tuple[int, int]],
 ) -> dict[int, float]:
     """Calibrated bandwidth per cluster level from the idle receivers' gaps (module
     docstring), less the overhead every op starts after (``op_overhead_ms``, which the
-    calibrated ops carry); levels are those of ``cluster`` (one level without one)."""
+    calibrated ops carry); levels are those of ``cluster`` (one level without one). A
+    receiver in ``waiting`` (its host had more ranks than cores) may have waited for a core
+    rather than for the tensor: its gaps say nothing of the link."""
     compute = defaultdict(list)  # (stage, replica) -> its compute ops by start
     for op in ops:
         if op["op"] in _KINDS:
@@ -341,6 +411,7 @@ def _link_gbps(
             receiver is None
             or not _placed(devices, send["stage"], send["replica"])
             or not _placed(devices, *peer)
+            or peer in waiting
         ):
             continue
         before = [op for op in compute[peer] if op["start_ms"] < receiver["start_ms"]]

@@ -403,3 +403,30 @@ def test_cli_predicts_ranks_that_shared_a_gpu_as_sharing_it(
     assert shared["step_ms"]["predicted_error"] == pytest.approx(0.0, abs=1e-9)
     apart = predicted([header, *[{**s, "device": f"cuda:{s['stage']}"} for s in starts], *events])
     assert apart["shared_cores"] is False and apart["step_ms"]["predicted_error"] > 0.2
+
+
+def test_waits_for_a_core_are_calibrated_on_a_host_with_more_ranks_than_cores() -> None:
+    """Four ranks on two cores wait for a core between ops, which no op event holds: the
+    calibrated compute grows until the calibrated step is the measured one, and a
+    receiver's wait is not taken for a slow link; a run with a core per rank is left as
+    its ops say."""
+    base = profile(random.Random(17), 8)
+    plan = plan_template(base, 4, 4, "1f1b")
+    sharing = Sharing([Host("h", cores=2, threads=1)], [[0]] * 4)
+    placed = shared_placement(plan, None, sharing.hosts, sharing.host_of)
+    assert placed is not None
+    events = engine_events(base, *placed, steps=4)
+    calibration = calibrate(base, plan, events, None, sharing=sharing)
+    compared = report(calibration, base, plan, None, events)
+    assert calibration.core_wait > 1.1
+    assert compared["step_ms"]["calibrated_error"] == pytest.approx(0.0, abs=2e-3)
+    assert calibration.summary()["core_wait"] == calibration.core_wait
+    assert calibration.link_gbps == {}
+    # not knowing where the ranks ran, the waits pass for slow links: a quarter off
+    alone = calibrate(base, plan, events, None)
+    assert alone.core_wait == 1.0 and alone.link_gbps
+    assert report(alone, base, plan, None, events)["step_ms"]["calibrated_error"] < -0.2
+    # four cores: no waits, nothing added
+    roomy = Sharing([Host("h", cores=4, threads=1)], [[0]] * 4)
+    own = engine_events(base, plan, None, steps=4)
+    assert calibrate(base, plan, own, None, sharing=roomy).core_wait == 1.0
