@@ -63,7 +63,12 @@ from pipestudio.planner.formats.plan import Plan
 from pipestudio.planner.formats.profile import Profile
 from pipestudio.planner.formats.result import OpKind
 from pipestudio.planner.simulator.peaks import profile_peak
-from pipestudio.planner.simulator.placement import Host, shared_placement, started_hosts
+from pipestudio.planner.simulator.placement import (
+    Host,
+    crowded_hosts,
+    shared_placement,
+    started_hosts,
+)
 from pipestudio.planner.simulator.simulate import simulate
 from pipestudio.planner.units import gbps_to_bytes_per_ms
 
@@ -106,15 +111,12 @@ class Sharing:
 
     def oversubscribed(self) -> set[tuple[int, int]]:
         """The (stage, replica) pairs on hosts that ran more ranks than they have slots."""
-        counts: dict[int, int] = defaultdict(int)
-        for stage in self.host_of:
-            for host in stage:
-                counts[host] += 1
+        crowded = crowded_hosts(self.hosts, self.host_of)
         return {
             (stage, replica)
             for stage, hosts in enumerate(self.host_of)
             for replica, host in enumerate(hosts)
-            if counts[host] > self.hosts[host].slots
+            if host in crowded
         }
 
 

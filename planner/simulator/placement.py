@@ -37,6 +37,15 @@ class Host:
         return max(1, self.cores // max(1, self.threads))
 
 
+def crowded_hosts(hosts: Sequence[Host], host_of: Sequence[Sequence[int]]) -> set[int]:
+    """The hosts (indices into ``hosts``) that run more ranks than they have slots."""
+    counts = [0] * len(hosts)
+    for stage in host_of:
+        for host in stage:
+            counts[host] += 1
+    return {h for h, count in enumerate(counts) if count > hosts[h].slots}
+
+
 def shared_placement(
     plan: Plan, cluster: Cluster | None, hosts: Sequence[Host], host_of: Sequence[Sequence[int]]
 ) -> tuple[Plan, Cluster] | None:
@@ -46,11 +55,7 @@ def shared_placement(
     bandwidth of ``cluster``'s innermost level (free without a cluster); a GPU keeps the
     memory and host links of ``cluster``'s device that the first rank placed on it was
     given (a CPU slot has neither: its ranks share the host's memory)."""
-    counts = [0] * len(hosts)
-    for stage in host_of:
-        for host in stage:
-            counts[host] += 1
-    if all(count <= hosts[h].slots for h, count in enumerate(counts)):
+    if not crowded_hosts(hosts, host_of):
         return None
     first_slot, total = [], 0
     for each in hosts:
