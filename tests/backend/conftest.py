@@ -72,8 +72,13 @@ def make_settings(database_url: str, **changes: Any) -> Settings:
 
 
 @pytest.fixture
-def settings(database_url: str) -> Settings:
-    return make_settings(database_url, max_upload_bytes=2 * 2**20, worker_timeout_s=2.0)
+def settings(database_url: str, request: pytest.FixtureRequest) -> Settings:
+    """Small uploads; workers fall silent only after a minute, since scripted workers send
+    no heartbeats and a busy machine can take seconds between two requests. A test that
+    needs other values marks itself ``@pytest.mark.settings(name=value, ...)``."""
+    marker = request.node.get_closest_marker("settings")
+    changes = {"max_upload_bytes": 2 * 2**20, "worker_timeout_s": 60.0}
+    return make_settings(database_url, **(changes | (marker.kwargs if marker else {})))
 
 
 @pytest.fixture

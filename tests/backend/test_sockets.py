@@ -181,6 +181,7 @@ def test_stop_sends_the_command(client: TestClient, fake: Workers) -> None:
     assert client.post(f"/api/runs/{run_id}/stop", headers=AUTH).status_code == 409
 
 
+@pytest.mark.settings(worker_timeout_s=2.0)
 def test_silent_worker_fails_its_run(client: TestClient, fake: Workers) -> None:
     workers = [fake("a"), fake("b")]
     run_id = _start(client, workers)
