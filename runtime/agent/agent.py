@@ -23,6 +23,7 @@ from pipestudio.runtime.agent.connection import AgentConnection
 from pipestudio.runtime.agent.devices import local_devices, reachable_address
 from pipestudio.runtime.agent.identity import Identity
 from pipestudio.runtime.agent.ranks import RankGroup, engine_config, open_store
+from pipestudio.runtime.engine.network import address_of_interface, check_interface
 from pipestudio.runtime.engine.rendezvous import StoreAddress
 from pipestudio.runtime.models import MODELS
 
@@ -42,6 +43,7 @@ class Agent:
         slots: int | None = None,
         device: str = "auto",
         advertise_host: str | None = None,
+        interface: str | None = None,
         allowed_models: list[str] | None = None,
         state_dir: Path | None = None,
     ) -> None:
@@ -49,7 +51,12 @@ class Agent:
         self.slots = slots if slots is not None else len(self.devices)
         self.name = name or socket.gethostname()
         self.allowed_models = list(allowed_models or [])
-        self.host = advertise_host or reachable_address(server)
+        #: The interface of this worker's ranks (``engine/network.py``); None: the one that
+        #: holds ``host``.
+        self.interface = check_interface(interface) if interface else None
+        self.host = advertise_host or (
+            address_of_interface(interface) if interface else reachable_address(server)
+        )
         self.connection = AgentConnection(
             server,
             token,
@@ -128,9 +135,19 @@ class Agent:
             self._end(key, "failed", f"worker {self.name}: {exc}", retry=False)
             return
         if message.get("open_store"):
-            store = open_store(
-                int(message["world_size"]), float(message["config"].get("timeout_s", 20.0))
-            )
+            try:
+                store = open_store(
+                    int(message["world_size"]),
+                    float(message["config"].get("timeout_s", 20.0)),
+                    self.host,
+                )
+            except (RuntimeError, OSError) as exc:  # torch's DistNetworkError among them
+                self._end(
+                    key,
+                    "failed",
+                    f"worker {self.name} could not open the run's store on {self.host}: {exc}",
+                )
+                return
             self.stores[key] = store
             self._post(
                 {
@@ -151,7 +168,7 @@ class Agent:
         control_dir = tempfile.mkdtemp(prefix=f"pipestudio-run{run_id}-{attempt}-")
         config = engine_config(assignment["config"], control_dir)
         ranks = [int(r["rank"]) for r in assignment["ranks"]]
-        address = StoreAddress(str(message["host"]), int(message["port"]))
+        address = StoreAddress(str(message["host"]), int(message["port"]), own_address=self.host)
         loop = self._loop
         assert loop is not None, "ranks start from inside the agent's event loop"
 
@@ -168,6 +185,7 @@ class Agent:
             on_event=on_event,
             on_end=lambda state, text, retry: self._end(key, state, text, retry=retry),
             host_ranks=_host_ranks(assignment),
+            interface=self.interface,
         )
         self.groups[key] = group
         group.start()

@@ -1,12 +1,12 @@
 """What a worker advertises: its devices and how many ranks it takes."""
 
 import os
-import socket
 from typing import Any, get_args
 
 import torch
 
 from pipestudio.runtime.engine.config import DeviceKind
+from pipestudio.runtime.engine.network import route_address
 from pipestudio.runtime.engine.rank import host_cores
 
 DEVICE_KINDS: tuple[DeviceKind, ...] = get_args(DeviceKind)
@@ -65,9 +65,4 @@ def local_devices(kind: str = "auto") -> list[dict[str, Any]]:
 def reachable_address(server_url: str) -> str:
     """This machine's address on the route to the server (what peers should dial)."""
     host = server_url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((socket.gethostbyname(host), 9))
-            return str(probe.getsockname()[0])
-    except OSError:
-        return socket.gethostbyname(socket.gethostname())
+    return route_address(host)

@@ -13,6 +13,7 @@ its peers.
 
 import ctypes
 import multiprocessing as mp
+import os
 import signal
 import sys
 import threading
@@ -27,8 +28,9 @@ from pipestudio.planner import Plan
 from pipestudio.runtime.engine import EngineConfig, check_config
 from pipestudio.runtime.engine.migration.commands import Controller
 from pipestudio.runtime.engine.migration.settings import MigrationSettings
+from pipestudio.runtime.engine.network import INTERFACE_VARIABLE
 from pipestudio.runtime.engine.rank import exit_now, run_rank_reporting
-from pipestudio.runtime.engine.rendezvous import StoreAddress
+from pipestudio.runtime.engine.rendezvous import StoreAddress, join_timeout_s
 
 Event = dict[str, Any]
 _CONFIG_KEYS = (
@@ -62,10 +64,18 @@ def engine_config(config: dict[str, Any], control_dir: str | None = None) -> Eng
     return engine
 
 
-def open_store(world_size: int, timeout_s: float) -> dist.TCPStore:
-    """The run's store, on a port the OS picks; it lives as long as this object."""
+def open_store(world_size: int, timeout_s: float, host: str = "127.0.0.1") -> dist.TCPStore:
+    """The run's store, on a port the OS picks, listening on every interface; its own
+    client connects through ``host`` (the worker's advertised address, which the peers
+    dial). Ranks wait for each other longer than an op (``rendezvous.join_timeout_s``), so
+    the store's operations do too. It lives as long as this object."""
     return dist.TCPStore(
-        "0.0.0.0", 0, world_size, True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+        host,
+        0,
+        world_size,
+        True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=join_timeout_s(timeout_s)),
     )
 
 
@@ -76,9 +86,16 @@ def _die_with_parent() -> None:
 
 
 def _rank_main(
-    config: EngineConfig, rank: int, address: StoreAddress, conn: Connection, ranks_here: int
+    config: EngineConfig,
+    rank: int,
+    address: StoreAddress,
+    conn: Connection,
+    ranks_here: int,
+    interface: str | None,
 ) -> None:
     _die_with_parent()
+    if interface:
+        os.environ[INTERFACE_VARIABLE] = interface
     ended_well = run_rank_reporting(config, rank, address, conn.send, ranks_here=ranks_here)
     conn.close()
     exit_now(0 if ended_well else 1)
@@ -96,11 +113,14 @@ class RankGroup:
         on_event: Callable[[Event], None],
         on_end: Callable[[str, str | None, bool], None],
         host_ranks: int | None = None,
+        interface: str | None = None,
     ) -> None:
         self.run_id, self.config, self.ranks, self.address = run_id, config, ranks, address
         #: The run's ranks on this host, this worker's and others' (they share its cores).
         self.host_ranks = max(host_ranks or 0, len(ranks))
         self.on_event, self.on_end = on_event, on_end
+        #: The network interface the worker was told to use (None: its address's).
+        self.interface = interface
         self.processes: list[Any] = []
         self.stopping = False
         self.errors: list[str] = []  # those naming a cause first (module docstring)
@@ -115,7 +135,7 @@ class RankGroup:
             process = context.Process(
                 target=_rank_main,
                 name=f"pipestudio-run{self.run_id}-rank{rank}",
-                args=(self.config, rank, self.address, writer, self.host_ranks),
+                args=(self.config, rank, self.address, writer, self.host_ranks, self.interface),
                 daemon=True,
             )
             process.start()

@@ -9,7 +9,8 @@ unit of reporting).
 
 Modules: ``config`` (what a run needs) and ``errors``; ``launcher`` (all the processes of a
 job, or one rank under torchrun), ``rank`` (one process from start to end), ``rendezvous``
-(store, groups, device, clock), ``layout`` (the plan against the model), ``ops`` (each
+(store, groups, device, clock), ``network`` (the interface gloo and NCCL bind to, and the
+check that every peer is reachable), ``layout`` (the plan against the model), ``ops`` (each
 worker's op order), ``worker`` (the training loop), ``checkpoint``, ``faults`` (who died),
 ``exchange`` (small JSON documents between ranks) and ``job`` (a job in a thread of this
 process, driven through its controller). Subpackages: ``execution/`` (a stage's forward

@@ -12,13 +12,21 @@ staged through host memory over gloo, because NCCL cannot connect a GPU to itsel
 replicated stage gets its own group for the all-reduce of its gradients: NCCL when its
 replicas are on different GPUs, gloo otherwise. Every group has the job's timeout.
 
+Before it joins, a rank names the network interface gloo and NCCL use (``network.py``):
+the one holding its own address (``StoreAddress.own_address``, the address its worker
+advertises), else its address on the route to the store. It leaves that address in the
+store with a port it listens on there, and once all have arrived, dials each peer's: a rank
+that cannot reach a peer fails within the timeout naming its own address and the peer's.
+
 Before the groups, every rank waits on the store until all ranks have arrived, for
 ``join_timeout_s`` (the job's timeout, and at least ``JOIN_TIMEOUT_S``): starting a process
 that imports torch can take longer than an op may on a loaded machine, and a rank that dies
 before it arrives is seen at once by the launcher (or torchrun), not by this wait.
 """
 
+import json
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -30,6 +38,12 @@ import torch.distributed as dist
 from pipestudio.runtime.engine.errors import EngineError
 from pipestudio.runtime.engine.exchange import all_gather_json
 from pipestudio.runtime.engine.layout import EngineLayout
+from pipestudio.runtime.engine.network import (
+    Binding,
+    bind_interfaces,
+    listen,
+    unreachable_peers,
+)
 from pipestudio.runtime.engine.telemetry.clock import Clock
 
 #: The least time ranks wait for each other to start (see the module docstring).
@@ -42,6 +56,9 @@ class StoreAddress:
     port: int
     is_master: bool = False
     prefix: str = "pipestudio"
+    #: The address this rank's peers reach it at (None: its address on the route to the
+    #: store); gloo and NCCL bind to the interface that holds it (``network.py``).
+    own_address: str | None = None
 
 
 @dataclass
@@ -117,17 +134,23 @@ def join_timeout_s(timeout_s: float) -> float:
     return max(timeout_s, JOIN_TIMEOUT_S)
 
 
-def _arrive(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
-    """Wait until every rank's process is up (see the module docstring)."""
-    store.set(f"arrived/{rank}", "1")
+def _arrive(
+    store: dist.Store,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    key: str = "arrived",
+    what: str = "start",
+) -> None:
+    """Wait until every rank has set ``key`` (by default: its process is up; see the
+    module docstring)."""
+    store.set(f"{key}/{rank}", "1")
     try:
-        store.wait(
-            [f"arrived/{other}" for other in range(world_size)], timedelta(seconds=timeout_s)
-        )
+        store.wait([f"{key}/{other}" for other in range(world_size)], timedelta(seconds=timeout_s))
     except RuntimeError as exc:
-        missing = [other for other in range(world_size) if not store.check([f"arrived/{other}"])]
+        missing = [other for other in range(world_size) if not store.check([f"{key}/{other}"])]
         raise EngineError(
-            f"rank {rank}: rank(s) {missing} did not start within {timeout_s:.0f} s"
+            f"rank {rank}: rank(s) {missing} did not {what} within {timeout_s:.0f} s"
         ) from exc
 
 
@@ -137,29 +160,100 @@ def join(
     """Connect, create the process groups, agree on the clock (module docstring)."""
     world_size = layout.world_size
     timeout = timedelta(seconds=timeout_s)
+    binding = bind_interfaces(address.own_address, address.host)
     store = connect(address, world_size, join_timeout_s(timeout_s))
-    _arrive(store, rank, world_size, join_timeout_s(timeout_s))
-    store.set_timeout(timeout)
+    with listen(binding) as listener:
+        store.set(f"address/{rank}", json.dumps([str(binding), listener.getsockname()[1]]))
+        _arrive(store, rank, world_size, join_timeout_s(timeout_s))
+        store.set_timeout(timeout)
+        _check_peers(store, rank, world_size, binding, timeout_s)
+        _arrive(store, rank, world_size, timeout_s, "checked", "reach its peers")
     device = choose_device(layout, rank, device_kind)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        "gloo",
-        store=dist.PrefixStore("pg", store),
-        rank=rank,
-        world_size=world_size,
-        timeout=timeout,
-    )
-    placement = [
-        (str(host), str(where))
-        for host, where in all_gather_json([socket.gethostname(), str(device)])
-    ]
-    groups = _make_groups(layout, rank, placement, timeout)
+    try:
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore("pg", store),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+        )
+        placement = [
+            (str(host), str(where))
+            for host, where in all_gather_json([socket.gethostname(), str(device)])
+        ]
+        groups = _make_groups(layout, rank, placement, timeout)
+    except RuntimeError as exc:
+        raise EngineError(unreachable(store, rank, world_size, binding, exc, timeout_s)) from exc
     if rank == 0:
         store.set("t0", repr(time.time()))
     clock = Clock(float(store.get("t0").decode()))
     return RankContext(
         rank, world_size, address, store, device, groups, clock, placement, timeout_s
+    )
+
+
+def _announced(store: dist.Store, rank: int, world_size: int) -> dict[int, tuple[str, int]]:
+    """Each peer's address (with its interface) and the port it listens on to be dialed."""
+    peers = {}
+    for other in range(world_size):
+        if other != rank:
+            where, port = json.loads(store.get(f"address/{other}").decode())
+            peers[other] = (str(where), int(port))
+    return peers
+
+
+def _check_peers(
+    store: dist.Store, rank: int, world_size: int, binding: Binding, timeout_s: float
+) -> None:
+    """Dial every peer where it listens (``network.py``); fail naming those out of reach."""
+    peers = _announced(store, rank, world_size)
+    failed = unreachable_peers(
+        {other: (where.split(" ")[0], port) for other, (where, port) in peers.items()}, timeout_s
+    )
+    if failed:
+        listed = ", ".join(
+            f"rank {other} at {peers[other][0]} port {peers[other][1]} ({why})"
+            for other, why in failed.items()
+        )
+        raise EngineError(
+            f"rank {rank} at {binding} could not reach {listed} within {timeout_s:.0f} s. "
+            "Each rank binds gloo and NCCL to the interface that holds its worker's "
+            "advertised address (--advertise-host) unless --interface, "
+            "PIPESTUDIO_NETWORK_INTERFACE or GLOO_SOCKET_IFNAME names another; every host "
+            "must reach the others' addresses on any TCP port"
+        )
+
+
+def unreachable(
+    store: dist.Store,
+    rank: int,
+    world_size: int,
+    binding: Binding,
+    exc: BaseException,
+    timeout_s: float,
+) -> str:
+    """Why ``rank`` could not connect to its peers once they had all been dialed: its
+    address and theirs (the one the error says it dialed, else every peer's), and the
+    library's own words."""
+    try:
+        peers = {other: where for other, (where, _) in _announced(store, rank, world_size).items()}
+    except RuntimeError:  # the store is out of reach too: name no peer
+        peers = {}
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    dialed = re.search(r"remote=\[([^\]]+)\]:(\d+)", text)
+    named = {
+        other: where
+        for other, where in peers.items()
+        if dialed is not None and where.split(" ")[0] == dialed.group(1)
+    }
+    listed = ", ".join(f"rank {other} at {where}" for other, where in (named or peers).items())
+    if dialed is not None and not named:
+        listed += f" (it dialed {dialed.group(1)}:{dialed.group(2)}, which no rank announced)"
+    return (
+        f"rank {rank} at {binding} could not connect to {listed or 'its peers'} within "
+        f"{timeout_s:.0f} s: {text}"
     )
 
 

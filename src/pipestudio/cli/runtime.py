@@ -248,6 +248,13 @@ def _add_train(commands: Any) -> None:
         help="longest wait for a peer before the job fails (default 20)",
     )
     parser.add_argument(
+        "--interface",
+        metavar="NAME",
+        help="network interface of the ranks' gloo and NCCL connections (default: "
+        "PIPESTUDIO_NETWORK_INTERFACE, else the one on the route to MASTER_ADDR; "
+        "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, when set, win)",
+    )
+    parser.add_argument(
         "--granularity",
         default="layer",
         choices=GRANULARITIES,
@@ -292,6 +299,11 @@ def _add_train(commands: Any) -> None:
 def _train(args: argparse.Namespace) -> int:
     from pipestudio.planner import Plan, load_document
     from pipestudio.runtime.engine import EngineConfig, launch, train_from_env
+    from pipestudio.runtime.engine.network import (
+        INTERFACE_VARIABLE,
+        InterfaceError,
+        check_interface,
+    )
     from pipestudio.runtime.engine.rank import exit_now
     from pipestudio.runtime.models import parse_model_args
 
@@ -318,6 +330,12 @@ def _train(args: argparse.Namespace) -> int:
         migration=_repartition(args),
     )
     config.check()
+    if args.interface:
+        try:
+            os.environ[INTERFACE_VARIABLE] = check_interface(args.interface)
+        except InterfaceError as exc:
+            print(f"error: --interface: {exc}", file=sys.stderr)
+            return 2
     last_stage = config.plan.num_stages - 1
 
     def progress(event: dict[str, Any]) -> None:

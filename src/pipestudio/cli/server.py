@@ -132,8 +132,16 @@ def add_commands(commands: Any) -> None:
     parser.add_argument(
         "--advertise-host",
         metavar="ADDRESS",
-        help="address peers dial for the run's store (default: this "
-        "machine's address on the route to the server)",
+        help="address peers dial for the run's store and this worker's ranks (default: "
+        "--interface's address, else this machine's address on the route to the server)",
+    )
+    parser.add_argument(
+        "--interface",
+        metavar="NAME",
+        default=os.environ.get("PIPESTUDIO_NETWORK_INTERFACE") or None,
+        help="network interface of the ranks' gloo and NCCL connections (default: "
+        "PIPESTUDIO_NETWORK_INTERFACE, else the one holding the advertised address; "
+        "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, when set, win)",
     )
     parser.add_argument(
         "--allow-model",
@@ -347,6 +355,7 @@ def _worker(args: argparse.Namespace) -> int:
     from pipestudio.runtime.agent.connection import AgentAuthError
     from pipestudio.runtime.agent.devices import DeviceError
     from pipestudio.runtime.agent.identity import default_state_dir
+    from pipestudio.runtime.engine.network import InterfaceError
 
     token = args.token or os.environ.get("PIPESTUDIO_WORKER_TOKEN")
     if not token:
@@ -373,15 +382,16 @@ def _worker(args: argparse.Namespace) -> int:
             slots=args.slots,
             device=args.device,
             advertise_host=args.advertise_host,
+            interface=args.interface,
             allowed_models=allowed,
             state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(),
         )
-    except DeviceError as exc:
+    except (DeviceError, InterfaceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(
         f"worker {agent.name}: {len(agent.devices)} device(s), {agent.slots} slot(s), "
-        f"serving {args.server}; models: built-in"
+        f"serving {args.server}, ranks reachable at {agent.host}; models: built-in"
         + (f" and {', '.join(allowed)}" if allowed else " only"),
         flush=True,
     )
