@@ -63,6 +63,8 @@ class AppContext:
             self.hub.publish(run_id, message)
         for worker_id, message in actions.to_workers:
             await self.hub.send(worker_id, message)
+        for worker_id, reason in actions.to_disconnect:
+            await self.hub.disconnect(worker_id, reason)
 
     async def _watch(self) -> None:
         """Every second: persist heartbeats, mark silent workers offline, fail their runs."""

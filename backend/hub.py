@@ -66,6 +66,17 @@ class Hub:
             return False
         return True
 
+    async def disconnect(self, worker_id: str, reason: str) -> None:
+        """Close the worker's connection (1001, going away) with ``reason``; it reconnects."""
+        link = self.links.get(worker_id)
+        if link is None:
+            return
+        self.detach(link)
+        try:
+            await link.socket.close(1001, reason[:120])
+        except Exception as exc:  # already closed, or the link is dead
+            log.info("closing worker %s: %s", worker_id, exc)
+
     def send_from_thread(self, worker_id: str, message: dict[str, Any]) -> bool:
         assert self.loop is not None
         future = asyncio.run_coroutine_threadsafe(self.send(worker_id, message), self.loop)

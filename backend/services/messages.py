@@ -17,16 +17,19 @@ TERMINAL_RUN_STATES = ("finished", "failed", "stopped")
 
 @dataclass
 class Actions:
-    """Sends to do after the commit: (worker_id, message) and (run_id, message)."""
+    """Sends to do after the commit: (worker_id, message) and (run_id, message); and the
+    connections to close, (worker_id, reason)."""
 
     to_workers: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     to_watchers: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    to_disconnect: list[tuple[str, str]] = field(default_factory=list)
     #: Metric rows to insert, all at once at the end of the batch.
     metric_rows: list[dict[str, Any]] = field(default_factory=list)
 
     def extend(self, other: "Actions") -> None:
         self.to_workers += other.to_workers
         self.to_watchers += other.to_watchers
+        self.to_disconnect += other.to_disconnect
         self.metric_rows += other.metric_rows
 
 

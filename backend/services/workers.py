@@ -144,8 +144,10 @@ def judge(session: Session, judgment: Judgment) -> Actions:
 def check_silence(
     session: Session, online: list[models.Worker], hub: Hub, timeout_s: float
 ) -> Actions:
-    """Mark silent workers of ``online`` (``touch``'s answer) offline and fail the active
-    runs that used them."""
+    """Mark silent workers of ``online`` (``touch``'s answer) offline, close their
+    connections (a link that comes back would otherwise carry heartbeats of a worker
+    recorded offline: closed, the worker says hello again and is online) and fail the
+    active runs that used them."""
     now = time.monotonic()
     actions = Actions()
     silent = {}
@@ -154,6 +156,9 @@ def check_silence(
         if quiet_s > timeout_s:
             worker.state = "offline"
             silent[worker.id] = (worker, quiet_s)
+            actions.to_disconnect.append(
+                (worker.id, f"silent for {quiet_s:.0f} s: reconnect and say hello again")
+            )
     if not silent:
         return actions
     for run in Runs(session).active():
@@ -166,7 +171,7 @@ def check_silence(
                     run,
                     "failed",
                     (
-                        f"worker {worker.name} ({worker.id}) with rank(s) "
+                        f"worker {worker.name} ({worker.id}) on {worker.host} with rank(s) "
                         f"{', '.join(str(r.rank) for r in lost)} has been silent for "
                         f"{quiet_s:.0f} s"
                     ),

@@ -3,7 +3,9 @@
 ``serve_forever`` connects, says ``hello`` (with the worker id from the last connection and
 the lowest unacked number), resends what the server has not stored, then sends new messages
 every ``flush_s`` and a heartbeat every ``heartbeat_s``. When the connection drops it
-reconnects with backoff (0.2 s doubling to 5 s) and keeps everything unacked meanwhile.
+reconnects with backoff (0.2 s doubling to 5 s), also when the link has gone quiet: a ping
+unanswered for ``PING_TIMEOUT_S`` ends the connection (a host cut off from the network sees
+no close, and TCP alone would wait for minutes), and keeps everything unacked meanwhile.
 """
 
 import asyncio
@@ -23,6 +25,10 @@ AUTH_CLOSE_CODE = 4401
 #: Close codes another try would meet again: a refused token, a hello the server cannot
 #: read (``backend/protocol.py``).
 FATAL_CLOSE_CODES = (AUTH_CLOSE_CODE, 1007, 4400)
+#: How often the worker pings the backend, and how long it waits for the answer before it
+#: takes the connection for dead (module docstring).
+PING_INTERVAL_S = 5.0
+PING_TIMEOUT_S = 10.0
 
 
 class AgentAuthError(ValueError):
@@ -77,6 +83,8 @@ class AgentConnection:
                     max_size=2**26,
                     open_timeout=10,
                     compression=None,
+                    ping_interval=PING_INTERVAL_S,
+                    ping_timeout=PING_TIMEOUT_S,
                 ) as socket:
                     delay_s = 0.2
                     await self._session(socket)

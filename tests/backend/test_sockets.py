@@ -181,6 +181,24 @@ def test_stop_sends_the_command(client: TestClient, fake: Workers) -> None:
     assert client.post(f"/api/runs/{run_id}/stop", headers=AUTH).status_code == 409
 
 
+@pytest.mark.settings(worker_timeout_s=1.0)
+def test_a_silent_worker_is_disconnected_and_is_online_again_once_it_says_hello(
+    client: TestClient, fake: Workers
+) -> None:
+    """A worker recorded offline for its silence has its connection closed: were the link
+    to come back, its heartbeats would otherwise flow while it stayed offline. It
+    reconnects, says hello with its id, and is online again."""
+    worker = fake("a")
+    with pytest.raises(WebSocketDisconnect) as closed:
+        while True:
+            worker.socket.receive_json()
+    assert closed.value.code == 1001 and "silent for" in closed.value.reason, closed.value
+    assert client.get(f"/api/workers/{worker.id}").json()["state"] == "offline"
+    again = fake("a", worker_id=worker.id, secret=worker.secret)
+    assert again.id == worker.id
+    assert client.get(f"/api/workers/{worker.id}").json()["state"] == "online"
+
+
 @pytest.mark.settings(worker_timeout_s=2.0)
 def test_silent_worker_fails_its_run(client: TestClient, fake: Workers) -> None:
     workers = [fake("a"), fake("b")]
@@ -192,9 +210,9 @@ def test_silent_worker_fails_its_run(client: TestClient, fake: Workers) -> None:
         workers[0].socket.send_json({"type": "heartbeat"})  # only b falls silent
         time.sleep(0.2)
     run = client.get(f"/api/runs/{run_id}").json()
-    assert f"worker b ({workers[1].id}) with rank(s) 1 has been silent" in run["message"], run[
-        "message"
-    ]
+    assert (
+        f"worker b ({workers[1].id}) on 127.0.0.1 with rank(s) 1 has been silent" in run["message"]
+    ), run["message"]
     assert workers[0].expect("command")["command"] == "stop"
     states = [client.get(f"/api/workers/{w.id}").json()["state"] for w in workers]
     assert states == ["online", "offline"]
