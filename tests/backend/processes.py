@@ -29,12 +29,12 @@ def _env(database_url: str) -> dict[str, str]:
 
 
 def start_backend(
-    database_url: str, log: Path, port: int = 0
+    database_url: str, log: Path, port: int = 0, host: str = "127.0.0.1"
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """``pipestudio serve`` on ``port`` (0: any free one); its process and URL."""
+    """``pipestudio serve`` on ``host``:``port`` (0: any free one); its process and URL."""
     handle = log.open("ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipestudio", "serve", "--port", str(port)],
+        [sys.executable, "-m", "pipestudio", "serve", "--host", host, "--port", str(port)],
         cwd=ROOT,
         env={**_env(database_url), "PIPESTUDIO_CHECKPOINT_DIR": str(log.parent / "checkpoints")},
         stdout=handle,
@@ -42,7 +42,7 @@ def start_backend(
     )
     deadline = time.monotonic() + 60
     while True:
-        found = re.findall(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
+        found = re.findall(rf"on (http://{re.escape(host)}:\d+)", log.read_text())
         if found:
             url = found[-1]
             try:
@@ -57,29 +57,39 @@ def start_backend(
 
 def start_worker(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipestudio",
-            "worker",
-            "--server",
-            url,
-            "--token",
-            WORKER_TOKEN,
-            "--name",
-            name,
-            "--slots",
-            "1",
-            "--device",
-            "cpu",
-            "--state-dir",
-            str(log.parent / "worker-state"),
-        ],
+        worker_command(url, name, log.parent / "worker-state"),
         cwd=ROOT,
         env=_env(""),
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
     )
+
+
+def worker_command(url: str, name: str, state_dir: Path) -> list[str]:
+    """``pipestudio worker`` on the CPU with one slot, serving ``url``."""
+    return [
+        sys.executable,
+        "-m",
+        "pipestudio",
+        "worker",
+        "--server",
+        url,
+        "--token",
+        WORKER_TOKEN,
+        "--name",
+        name,
+        "--slots",
+        "1",
+        "--device",
+        "cpu",
+        "--state-dir",
+        str(state_dir),
+    ]
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker process: the test's, with the worker token."""
+    return _env("")
 
 
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):  # type: ignore[no-untyped-def]
