@@ -28,14 +28,18 @@ from tests.multihost.hosts import Hosts, why_unavailable
 NETWORK_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PIPESTUDIO_NETWORK_INTERFACE")
 
 
-@pytest.fixture
-def make_hosts() -> Iterator[Callable[..., Hosts]]:
-    """Makes ``Hosts(count, rates_mbit)``; removes them all afterwards."""
+def _require_namespaces() -> None:
     reason = why_unavailable()
     if reason is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI runs as root and must make network namespaces: {reason}")
         pytest.skip(reason)
+
+
+@pytest.fixture
+def make_hosts() -> Iterator[Callable[..., Hosts]]:
+    """Makes ``Hosts(count, rates_mbit)``; removes them all afterwards."""
+    _require_namespaces()
     made: list[Hosts] = []
 
     def make(count: int, rates_mbit: list[float | None] | None = None) -> Hosts:
@@ -44,6 +48,32 @@ def make_hosts() -> Iterator[Callable[..., Hosts]]:
 
     yield make
     for hosts in made:
+        hosts.close()
+
+
+#: The address of the interface host 3 binds its ranks to, which no other host can reach.
+STRAY_ADDRESS = "10.213.1.1"
+
+
+@pytest.fixture(scope="module")
+def four_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator["System"]:
+    """One backend and four hosts, shared by a module's tests (starting them is most of
+    a test's time): hosts 0 to 2 as they come, host 3 with its ranks bound by hand to an
+    interface no other host reaches (``GLOO_SOCKET_IFNAME``, ``STRAY_ADDRESS``). A test
+    picks its hosts with ``worker_ids`` (``System.worker_ids``)."""
+    _require_namespaces()
+    hosts = Hosts(4)
+    system = None
+    try:
+        hosts.add_stray_interface(3, "stray", STRAY_ADDRESS)
+        tmp = tmp_path_factory.mktemp("four-hosts")
+        system = System(
+            hosts, f"sqlite:///{tmp / 'pipestudio.db'}", tmp, {3: {"GLOO_SOCKET_IFNAME": "stray"}}
+        )
+        yield system
+    finally:
+        if system is not None:
+            system.close()
         hosts.close()
 
 
@@ -91,6 +121,11 @@ class System:
         assert response.status_code < 300, response.text
         return response.json()
 
+    def worker_ids(self, *hosts: int) -> list[str]:
+        """The ids of the workers of these hosts, in that order."""
+        by_name = {w["name"]: w["id"] for w in self.get("/api/workers")["data"]}
+        return [by_name[f"host{idx}"] for idx in hosts]
+
     def logs(self) -> str:
         """The backend's and every worker's output, for a failed test's message."""
         paths = [self.log, *sorted(self.tmp.glob("host*.log"))]
@@ -100,17 +135,3 @@ class System:
         for process in self.workers:
             stop(process)
         stop(self.backend)
-
-
-@pytest.fixture
-def make_system(tmp_path: Path) -> Iterator[Callable[..., System]]:
-    """Starts a ``System`` on hosts (on SQLite: the database is not what is tested)."""
-    made: list[System] = []
-
-    def make(hosts: Hosts, env: dict[int, dict[str, str]] | None = None) -> System:
-        made.append(System(hosts, f"sqlite:///{tmp_path / 'pipestudio.db'}", tmp_path, env))
-        return made[-1]
-
-    yield make
-    for system in made:
-        system.close()

@@ -19,7 +19,7 @@ from pipestudio.runtime.engine import EngineConfig, build_model
 from pipestudio.runtime.engine import checkpoint as ckpt
 from tests.backend.conftest import mlp_profile
 from tests.backend.processes import ROOT, TINY_MLP, wait_for
-from tests.multihost.conftest import NETWORK_VARIABLES, System
+from tests.multihost.conftest import NETWORK_VARIABLES, STRAY_ADDRESS, System
 from tests.runtime.engine.helpers import (
     final_params,
     make_plan,
@@ -101,37 +101,34 @@ def _hosts_of(system: System, run: dict[str, Any]) -> list[str]:
     return [system.get(f"/api/workers/{r['worker_id']}")["host"] for r in ranks]
 
 
-def test_a_two_stage_run_spans_two_hosts_with_no_variable_set(
-    make_hosts: Any, make_system: Any
-) -> None:
-    hosts = make_hosts(2)
-    system = make_system(hosts)
-    run_id, plan = _launch(system, [2], steps=6, checkpoint_every=3)
+def test_a_two_stage_run_spans_two_hosts_with_no_variable_set(four_hosts: System) -> None:
+    system, hosts = four_hosts, four_hosts.hosts
+    run_id, plan = _launch(
+        system, [2], steps=6, checkpoint_every=3, worker_ids=system.worker_ids(0, 1)
+    )
     run = _ended(system, run_id, 180)
     assert run["state"] == "finished", f"{run['message']}\n{system.logs()}"
-    assert sorted(_hosts_of(system, run)) == sorted(h.address for h in hosts.hosts)
+    assert sorted(_hosts_of(system, run)) == sorted([hosts[0].address, hosts[1].address])
     step, got = _trained(system, run_id, plan)
     assert step == 6
     assert max_relative_difference(got, _reference(plan, 6)) <= 1e-6
 
 
 def test_a_rank_that_cannot_reach_its_peer_fails_the_run_naming_both_addresses(
-    make_hosts: Any, make_system: Any
+    four_hosts: System,
 ) -> None:
-    """Host 1's ranks are told to bind gloo to an interface no other host can reach (a
+    """Host 3's ranks are bound by hand to an interface no other host can reach (a
     variable set by hand wins over the worker's choice): the run fails within its timeout
     naming both ranks' addresses and interfaces."""
-    hosts = make_hosts(2)
-    hosts.add_stray_interface(1, "stray", "10.213.1.1")
-    system = make_system(hosts, env={1: {"GLOO_SOCKET_IFNAME": "stray"}})
-    run_id, _ = _launch(system, [2], steps=6, timeout_s=5)
+    system, hosts = four_hosts, four_hosts.hosts
+    run_id, _ = _launch(system, [2], steps=6, timeout_s=5, worker_ids=system.worker_ids(3, 0))
     started = time.monotonic()
     run = _ended(system, run_id, 90)
     assert run["state"] == "failed", run
     assert time.monotonic() - started < 45, run
     message = run["message"]
     assert "could not reach rank" in message and "within 5 s" in message, message
-    assert f"{hosts[0].address} (eth0)" in message and "10.213.1.1 (stray)" in message, message
+    assert f"{hosts[0].address} (eth0)" in message and f"{STRAY_ADDRESS} (stray)" in message
 
 
 def _last_step(system: System, run_id: int) -> int:
@@ -139,18 +136,24 @@ def _last_step(system: System, run_id: int) -> int:
 
 
 def test_a_three_stage_run_on_three_hosts_moves_a_layer_between_hosts_live(
-    make_hosts: Any, make_system: Any
+    four_hosts: System,
 ) -> None:
-    """A 1f1b run of 3 stages, one per host; an approved proposal moves a layer from the
-    first host's stage to the second's while it trains; the checkpoint after the move
+    """A 1f1b run of 3 stages, one per host; an approved proposal moves layers between the
+    hosts' stages while it trains; the checkpoint after the move
     equals single-process training of as many steps."""
-    hosts = make_hosts(3)
-    system = make_system(hosts)
+    system, hosts = four_hosts, four_hosts.hosts
     args = {**TINY_MLP, "layers": "5"}
-    run_id, plan = _launch(system, [2, 4], steps=100_000, model_args=args, checkpoint_every=5)
+    run_id, plan = _launch(
+        system,
+        [2, 4],
+        steps=100_000,
+        model_args=args,
+        checkpoint_every=5,
+        worker_ids=system.worker_ids(0, 1, 2),
+    )
     wait_for(lambda: _last_step(system, run_id) >= 2, 120, "three steps", interval_s=0.5)
     run = system.get(f"/api/runs/{run_id}")
-    assert sorted(_hosts_of(system, run)) == sorted(h.address for h in hosts.hosts)
+    assert sorted(_hosts_of(system, run)) == sorted(h.address for h in hosts.hosts[:3])
     observed = mlp_profile(5)
     for layer in observed["layers"][:2]:
         layer.update(fwd_ms=50.0, bwd_ms=100.0)
@@ -193,14 +196,13 @@ def test_a_three_stage_run_on_three_hosts_moves_a_layer_between_hosts_live(
 
 
 def test_a_host_cut_off_mid_run_fails_the_run_naming_it_and_loses_nothing(
-    make_hosts: Any, make_system: Any
+    four_hosts: System,
 ) -> None:
     """Host 1's link goes down mid-run: within 30 s the run fails, its message naming the
     host's worker and address; what was stored before stays; the worker comes back when
     the link does."""
-    hosts = make_hosts(2)
-    system = make_system(hosts)
-    run_id, _ = _launch(system, [2], steps=100_000)
+    system, hosts = four_hosts, four_hosts.hosts
+    run_id, _ = _launch(system, [2], steps=100_000, worker_ids=system.worker_ids(0, 1))
     wait_for(lambda: _last_step(system, run_id) >= 3, 120, "four steps", interval_s=0.5)
     run = system.get(f"/api/runs/{run_id}")
     host1 = next(
