@@ -6,7 +6,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: Runtime benchmarks (they start processes and train; minutes each on 2 cores).
-RUNTIME = ("runtime_vs_torch.py", "runtime_fidelity.py", "runtime_gpu.py", "demo_fidelity.py")
+RUNTIME = (
+    "runtime_vs_torch.py",
+    "runtime_fidelity.py",
+    "multihost_fidelity.py",
+    "runtime_gpu.py",
+    "demo_fidelity.py",
+)
 
 
 def main() -> int:
