@@ -6,7 +6,12 @@ from fastapi import APIRouter, Query
 
 from pipestudio.backend.deps import Authorized, Readable, SessionDep
 from pipestudio.backend.repositories import Clusters
-from pipestudio.backend.schemas.clusters import ClusterCreate, ClusterPublic, ClustersPublic
+from pipestudio.backend.schemas.clusters import (
+    ClusterCreate,
+    ClusterFromWorkers,
+    ClusterPublic,
+    ClustersPublic,
+)
 from pipestudio.backend.schemas.common import ERRORS, PathId
 from pipestudio.backend.services import clusters as service
 
@@ -16,6 +21,14 @@ router = APIRouter(prefix="/api/clusters", tags=["clusters"], responses=ERRORS)
 @router.post("", status_code=201, dependencies=[Authorized])
 def create_cluster(session: SessionDep, data: ClusterCreate) -> ClusterPublic:
     return ClusterPublic.model_validate(service.create_cluster(session, data))
+
+
+@router.post("/from-workers", status_code=201, dependencies=[Authorized])
+def cluster_from_workers(session: SessionDep, data: ClusterFromWorkers) -> ClusterPublic:
+    """A cluster of the online workers (or ``worker_ids``): a device per slot, grouped by
+    host, with the links' bandwidths given; 409 when a worker is not online or the hosts
+    hold different numbers of slots."""
+    return ClusterPublic.model_validate(service.cluster_from_workers(session, data))
 
 
 @router.get("", dependencies=[Readable])

@@ -1,11 +1,15 @@
 """Clusters: validated Cluster documents; changes and deletion refused while a plan uses one
 (its predictions were made on the cluster as it was)."""
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
-from pipestudio.backend.repositories import Clusters, Plans
-from pipestudio.backend.schemas.clusters import ClusterCreate
+from pipestudio.backend.errors import ConflictError
+from pipestudio.backend.repositories import Clusters, Plans, Workers
+from pipestudio.backend.schemas.clusters import ClusterCreate, ClusterFromWorkers
+from pipestudio.planner import Cluster
+from pipestudio.planner.formats.cluster import Device, Level
 
 
 def _name(data: ClusterCreate) -> str:
@@ -42,3 +46,72 @@ def delete_cluster(session: Session, cluster_id: int) -> None:
     row = Clusters(session).get(cluster_id, for_update=True)
     Plans(session).refuse_if_used(models.Plan.cluster_id, cluster_id, f"cluster {cluster_id}")
     Clusters(session).delete(row)
+
+
+def cluster_from_workers(session: Session, data: ClusterFromWorkers) -> models.Cluster:
+    """The chosen online workers as a cluster: their hosts (by advertised address) are the
+    outer level, each slot of a worker a device of its host (its GPU's memory, or the
+    host's memory shared by its slots); 409 when a worker is not online or the hosts hold
+    different numbers of slots (the levels of a cluster are uniform)."""
+    online = Workers(session).online()
+    chosen = online
+    if data.worker_ids is not None:
+        by_id = {worker.id: worker for worker in online}
+        unknown = sorted(set(data.worker_ids) - set(by_id))
+        if unknown:
+            raise ConflictError(f"worker_ids: worker(s) {', '.join(unknown)} are not online")
+        chosen = [by_id[worker_id] for worker_id in dict.fromkeys(data.worker_ids)]
+    hosts: dict[str, list[models.Worker]] = {}
+    for worker in chosen:
+        if worker.slots > 0:
+            hosts.setdefault(worker.host, []).append(worker)
+    if not hosts:
+        raise ConflictError("no online worker with a slot to make a cluster of")
+    slots = {host: sum(w.slots for w in workers) for host, workers in hosts.items()}
+    if len(set(slots.values())) > 1:
+        listed = ", ".join(f"{host} {count}" for host, count in slots.items())
+        raise ConflictError(
+            f"the hosts hold different numbers of slots ({listed}): a cluster's levels are "
+            "uniform; choose workers with worker_ids so that every host holds as many"
+        )
+    devices = [
+        Device(name=f"{worker.name[:180]}/{slot}", memory_bytes=_memory(worker, slot))
+        for workers in hosts.values()
+        for worker in workers
+        for slot in range(worker.slots)
+    ]
+    names = [device.name for device in devices]
+    if len(set(names)) != len(names):  # two workers of one name: tell them apart by id
+        devices = [
+            device.model_copy(update={"name": f"{idx}:{device.name}"})
+            for idx, device in enumerate(devices)
+        ]
+    levels = [
+        Level(name="host", size=next(iter(slots.values())), bandwidth_gbps=data.within_host_gbps)
+    ]
+    if len(hosts) > 1:
+        levels.append(
+            Level(name="network", size=len(hosts), bandwidth_gbps=data.between_hosts_gbps)
+        )
+    name = data.name or f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}"
+    try:
+        cluster = Cluster(name=name, levels=levels, devices=devices)
+    except ValidationError as exc:  # beyond a document's limits (devices, level sizes)
+        error = exc.errors()[0]
+        raise ConflictError(f"the workers make no valid cluster: {error['msg']}") from None
+    return create_cluster(session, ClusterCreate(name=name, cluster=cluster))
+
+
+def _memory(worker: models.Worker, slot: int) -> int | None:
+    """A slot's device memory: its GPU's (slots take the GPUs in turn), else the host's
+    memory over the worker's slots; None where the worker did not say."""
+    devices = [d for d in (worker.devices or []) if isinstance(d, dict)]
+    if not devices:
+        return None
+    device = devices[slot % len(devices)]
+    memory = device.get("memory_bytes")
+    if not isinstance(memory, int) or isinstance(memory, bool) or memory < 1:
+        return None
+    if device.get("kind") == "cuda":
+        return memory
+    return max(memory // worker.slots, 1)
