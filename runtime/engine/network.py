@@ -11,7 +11,8 @@ host then fails to dial. So before it joins, a rank names the interface itself
    ``pipestudio train --interface``): one interface for both;
 3. the interface that holds the rank's own address: the address its worker advertises
    (``--advertise-host``), else the one this host uses on its route to the job's store
-   (the store's host under torchrun, ``MASTER_ADDR``).
+   (the store's host under torchrun, ``MASTER_ADDR``); an advertised address that no
+   interface here holds (a NAT's) falls back to that route's interface.
 
 The same address, with the interface, is what a rank tells its peers. Before gloo
 connects, every rank dials a socket each peer listens on there (``listen``,
@@ -154,7 +155,12 @@ def bind_interfaces(
     the one holding ``own_address``). A variable already set is kept."""
     env = os.environ if env is None else env
     address = own_address or route_address(store_host)
-    interface = env.get(INTERFACE_VARIABLE) or interface_of(address)
+    interface = (
+        env.get(INTERFACE_VARIABLE)
+        or interface_of(address)
+        # an address of no interface here (advertised through NAT): the route to the store's
+        or (interface_of(route_address(store_host)) if own_address else None)
+    )
     if interface:
         for variable in LIBRARY_VARIABLES:
             env.setdefault(variable, interface)
@@ -171,7 +177,10 @@ def listen(binding: Binding) -> socket.socket:
     to show that they can reach this rank where gloo will listen (``check_peers``)."""
     family = socket.AF_INET6 if ":" in binding.address else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.bind((binding.address, 0))
+    try:
+        listener.bind((binding.address, 0))
+    except OSError:  # an address of no interface here (advertised through NAT): all of them
+        listener.bind(("", 0))
     listener.listen(1024)  # the kernel completes the handshakes; nothing needs accepting
     return listener
 

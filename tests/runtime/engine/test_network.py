@@ -32,6 +32,11 @@ def test_the_interface_of_the_own_address_is_named_for_gloo_and_nccl() -> None:
 def test_without_an_own_address_the_route_to_the_store_decides() -> None:
     env: dict[str, str] = {}
     assert bind_interfaces(None, "127.0.0.1", env) == Binding("127.0.0.1", "lo")
+    # an advertised address no interface here holds (a NAT's): the route's interface, and
+    # its address, which gloo announces and peers dial
+    env = {}
+    assert bind_interfaces("203.0.113.77", "127.0.0.1", env) == Binding("127.0.0.1", "lo")
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"
 
 
 def test_variables_set_by_hand_win_and_the_binding_says_where_gloo_listens() -> None:
@@ -62,3 +67,11 @@ def test_peers_that_listen_are_reached_and_a_closed_port_is_named() -> None:
         closed.close()
         failed = unreachable_peers({1: ("127.0.0.1", port), 2: ("127.0.0.1", dead)}, 2.0)
     assert list(failed) == [2] and "refused" in failed[2].lower()
+
+
+def test_an_advertised_address_of_no_interface_here_still_listens() -> None:
+    """An address advertised through NAT is on no interface of this host: the listener
+    takes every interface rather than failing the rank."""
+    with listen(Binding("203.0.113.77", None)) as listener:
+        port = listener.getsockname()[1]
+        assert unreachable_peers({1: ("127.0.0.1", port)}, 2.0) == {}
