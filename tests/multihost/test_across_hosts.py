@@ -299,3 +299,49 @@ def test_torchrun_on_two_hosts_trains_a_plan_across_them(make_hosts: Any, tmp_pa
     got = final_params(tmp_path / "ckpt", plan, names)
     expected = train_single(lambda: build_model(config), plan, 6)
     assert max_relative_difference(got, expected) <= 1e-6
+
+
+def test_a_run_that_may_resume_goes_on_once_the_cut_off_host_is_back(
+    make_hosts: Any, tmp_path: Path
+) -> None:
+    """With ``on_failure: resume`` and only two hosts, a run whose second host is cut off
+    waits in ``resuming``; once the link is back, the worker says hello again and the run
+    starts its next attempt from its last checkpoint and trains on within 30 s; what was
+    stored stays."""
+    hosts = make_hosts(2)
+    system = System(hosts, f"sqlite:///{tmp_path / 'pipestudio.db'}", tmp_path)
+    try:
+        run_id, _ = _launch(
+            system, [2], steps=100_000, checkpoint_every=2, on_failure="resume", max_resumes=2
+        )
+        wait_for(lambda: _last_step(system, run_id) >= 3, 120, "four steps", interval_s=0.5)
+        before = system.get(f"/api/runs/{run_id}/metrics", kind="step")["data"]
+        hosts.cut(1)
+        wait_for(
+            lambda: system.get(f"/api/runs/{run_id}")["state"] == "resuming",
+            30,
+            "the run to wait for its host",
+            interval_s=0.5,
+        )
+        hosts.restore(1)
+        back = time.monotonic()
+        run = wait_for(
+            lambda: (
+                (r := system.get(f"/api/runs/{run_id}"))["attempt"] >= 1
+                and r["state"] == "running"
+                and r
+            ),
+            60,
+            "the next attempt",
+            interval_s=0.5,
+        )
+        resumed_at = _last_step(system, run_id)
+        wait_for(lambda: _last_step(system, run_id) >= resumed_at + 2, 60, "two more steps")
+        took = time.monotonic() - back
+        assert took < 30, f"the run trained again {took:.0f} s after the link came back"
+        after = system.get(f"/api/runs/{run_id}/metrics", kind="step")["data"]
+        assert {m["id"] for m in before} <= {m["id"] for m in after}
+        print(f"attempt {run['attempt']} trained on {took:.1f} s after the link came back")
+        system.post(f"/api/runs/{run_id}/stop")
+    finally:
+        system.close()
