@@ -39,13 +39,12 @@ from pipestudio.planner.formats.pipedream import import_pipedream  # noqa: E402
 from pipestudio.planner.simulator.calibrate import calibrate  # noqa: E402
 from pipestudio.runtime.models import load_model  # noqa: E402
 from pipestudio.runtime.profiler import median_profile, profile_model  # noqa: E402
-from tests.multihost.hosts import Hosts, why_unavailable  # noqa: E402
+from tests.multihost.hosts import NETWORK_VARIABLES, Hosts, why_unavailable  # noqa: E402
 
 MODEL = "mlp"
 ARGS = {"layers": "5", "width": "1024", "in_features": "1024", "out_features": "1024"}
 MICROBATCH = 64
 TARGET = 0.15
-NETWORK_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PIPESTUDIO_NETWORK_INTERFACE")
 
 _PINGPONG = """
 import json, sys, time, datetime, torch, torch.distributed as dist
@@ -74,14 +73,6 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in NETWORK_VARIABLES}
 
 
-def _free_port(hosts: Hosts, idx: int) -> int:
-    probe = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-    found = subprocess.run(
-        hosts[idx].command([sys.executable, "-c", probe]), capture_output=True, text=True
-    )
-    return int(found.stdout)
-
-
 def _profile(repeats: int, conn: Any) -> None:
     model = load_model(MODEL, ARGS)
     conn.send(
@@ -106,7 +97,7 @@ def profile_together(repeats: int) -> Profile:
 
 def measure_link_gbps(hosts: Hosts, num_bytes: int, repeats: int = 30) -> float:
     """Gbit/s of one gloo transfer of ``num_bytes`` from host 0 to host 1 (median)."""
-    port = _free_port(hosts, 0)
+    port = hosts.free_port(0)
     argv = [sys.executable, "-c", _PINGPONG]
     processes = [
         subprocess.Popen(
@@ -130,18 +121,15 @@ def torchrun_steps(
     """The step times (ms) of ``plan`` trained by torchrun on the two hosts, warm-up cut,
     and the run's events."""
     (folder / "plan.json").write_text(plan.to_json())
-    port = _free_port(hosts, 0)
+    port = hosts.free_port(0)
     processes = []
     for idx in range(2):
-        argv = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-            "--node-rank", str(idx), "--nproc-per-node", "1",
-            "--master-addr", hosts[0].address, "--master-port", str(port),
-            "-m", "pipestudio", "train", "--plan", str(folder / "plan.json"),
+        argv = hosts.torchrun(idx, port, [
+            "--plan", str(folder / "plan.json"),
             "--model", MODEL, *(f"--model-arg={k}={v}" for k, v in ARGS.items()),
             "--steps", str(warm + steps), "--device", "cpu", "--threads-per-rank", "1",
             "--metrics", str(folder / "metrics.jsonl"), "--timeout", "120",
-        ]  # fmt: skip
+        ])  # fmt: skip
         log = (folder / f"node{idx}.log").open("w")
         processes.append(
             subprocess.Popen(hosts[idx].command(argv), cwd=ROOT, env=_env(), stdout=log, stderr=log)

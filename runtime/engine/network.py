@@ -128,10 +128,14 @@ def check_interface(name: str) -> str:
     return name
 
 
+def _first(addresses: list[str]) -> str:
+    """IPv4 before IPv6."""
+    return sorted(addresses, key=lambda a: ":" in a)[0]
+
+
 def address_of_interface(name: str) -> str:
     """The first address of interface ``name``, IPv4 before IPv6 (``check_interface``)."""
-    addresses = interface_addresses()[check_interface(name)]
-    return sorted(addresses, key=lambda a: ":" in a)[0]
+    return _first(interface_addresses()[check_interface(name)])
 
 
 def route_address(host: str) -> str:
@@ -155,9 +159,10 @@ def bind_interfaces(
     the one holding ``own_address``). A variable already set is kept."""
     env = os.environ if env is None else env
     address = own_address or route_address(store_host)
+    holder = interface_of(address)
     interface = (
         env.get(INTERFACE_VARIABLE)
-        or interface_of(address)
+        or holder
         # an address of no interface here (advertised through NAT): the route to the store's
         or (interface_of(route_address(store_host)) if own_address else None)
     )
@@ -165,10 +170,10 @@ def bind_interfaces(
         for variable in LIBRARY_VARIABLES:
             env.setdefault(variable, interface)
     chosen = env.get("GLOO_SOCKET_IFNAME") or interface
-    if chosen and chosen != interface_of(address):
+    if chosen and chosen != holder:
         addresses = interface_addresses().get(chosen)
         if addresses:
-            address = sorted(addresses, key=lambda a: ":" in a)[0]
+            address = _first(addresses)
     return Binding(address, chosen)
 
 

@@ -22,10 +22,7 @@ from tests.backend.processes import (
     worker_command,
     worker_env,
 )
-from tests.multihost.hosts import Hosts, why_unavailable
-
-#: What a test of several hosts must not inherit: it shows that no variable is needed.
-NETWORK_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PIPESTUDIO_NETWORK_INTERFACE")
+from tests.multihost.hosts import NETWORK_VARIABLES, Hosts, why_unavailable
 
 
 def _require_namespaces() -> None:

@@ -14,12 +14,15 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 _COUNTER = itertools.count()
+#: What a run across hosts must not inherit: it shows that no variable is needed.
+NETWORK_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PIPESTUDIO_NETWORK_INTERFACE")
 
 
 class HostsUnavailable(RuntimeError):
@@ -142,6 +145,24 @@ class Hosts:
 
     def restore(self, idx: int) -> None:
         _ip("link", "set", self.hosts[idx].link, "up")
+
+    def free_port(self, idx: int) -> int:
+        """A port nothing listens on in host ``idx`` (its network namespace is its own)."""
+        probe = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+        found = subprocess.run(
+            self.hosts[idx].command([sys.executable, "-c", probe]), capture_output=True, text=True
+        )
+        return int(found.stdout)
+
+    def torchrun(self, idx: int, port: int, train: Sequence[str]) -> list[str]:
+        """``torchrun`` of ``pipestudio train`` with ``train``'s arguments on host ``idx``:
+        one rank per host, the rendezvous on host 0's ``port``."""
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(self.hosts)),
+            "--node-rank", str(idx), "--nproc-per-node", "1",
+            "--master-addr", self.hosts[0].address, "--master-port", str(port),
+            "-m", "pipestudio", "train", *train,
+        ]  # fmt: skip
 
     def start(
         self, idx: int, argv: Sequence[str], log: Path, **popen: Any

@@ -5,8 +5,6 @@ single-process training; a live migration moves a layer between hosts; a host cu
 mid-run fails the run, naming it, and nothing stored is lost."""
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -230,15 +228,6 @@ def test_a_host_cut_off_mid_run_fails_the_run_naming_it_and_loses_nothing(
     print(f"the run failed {took:.1f} s after host 1 was cut off: {run['message']}")
 
 
-def _free_port(hosts: Any, idx: int) -> int:
-    """A port nothing listens on in host ``idx`` (its network namespace is its own)."""
-    probe = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-    found = subprocess.run(
-        hosts[idx].command([sys.executable, "-c", probe]), capture_output=True, text=True
-    )
-    return int(found.stdout)
-
-
 def test_torchrun_on_two_hosts_trains_a_plan_across_them(make_hosts: Any, tmp_path: Path) -> None:
     """``torchrun --nnodes 2`` with its rendezvous on host 0 and one rank per host, as
     docs/deployment.md says, with no network variable set: the run equals single-process
@@ -247,44 +236,18 @@ def test_torchrun_on_two_hosts_trains_a_plan_across_them(make_hosts: Any, tmp_pa
     plan = make_plan("mlp", [["block0", "block1"], ["head"]], "1f1b")
     (tmp_path / "plan.json").write_text(plan.model_dump_json())
     args = model_args("mlp")
-    port = _free_port(hosts, 0)
+    port = hosts.free_port(0)
     env = {k: v for k, v in os.environ.items() if k not in NETWORK_VARIABLES}
+    train = [
+        "--plan", str(tmp_path / "plan.json"), "--model", "mlp",
+        *(f"--model-arg={k}={v}" for k, v in args.items()),
+        "--steps", "6", "--seed", str(SEED), "--device", "cpu", "--threads-per-rank", "1",
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+    ]  # fmt: skip
     processes = [
         hosts.start(
             idx,
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(idx),
-                "--nproc-per-node",
-                "1",
-                "--master-addr",
-                hosts[0].address,
-                "--master-port",
-                str(port),
-                "-m",
-                "pipestudio",
-                "train",
-                "--plan",
-                str(tmp_path / "plan.json"),
-                "--model",
-                "mlp",
-                *(f"--model-arg={k}={v}" for k, v in args.items()),
-                "--steps",
-                "6",
-                "--seed",
-                str(SEED),
-                "--device",
-                "cpu",
-                "--threads-per-rank",
-                "1",
-                "--checkpoint-dir",
-                str(tmp_path / "ckpt"),
-            ],
+            hosts.torchrun(idx, port, train),
             tmp_path / f"node{idx}.log",
             cwd=ROOT,
             env=env,
