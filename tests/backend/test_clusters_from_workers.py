@@ -1,5 +1,6 @@
 """A cluster made of the registered workers: a device per slot, grouped by host."""
 
+import json
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -87,3 +88,26 @@ def test_without_workers_there_is_no_cluster(client: TestClient) -> None:
         "body",
         "between_hosts_gbps",
     ]
+
+
+def test_it_needs_a_credential_and_refuses_hostile_values_by_name(
+    client: TestClient, fake: Any
+) -> None:
+    fake("a", slots=1, host="10.0.0.2")
+    anonymous = client.post("/api/clusters/from-workers", json={}, headers={"Authorization": ""})
+    assert anonymous.status_code == 401, anonymous.text
+    for body, field in (
+        ({"between_hosts_gbps": float("nan")}, "between_hosts_gbps"),
+        ({"within_host_gbps": 1e12}, "within_host_gbps"),
+        ({"name": "a\u0000b"}, "name"),
+        ({"worker_ids": ["x"] * 10_001}, "worker_ids"),
+        ({"worker_ids": "a"}, "worker_ids"),
+    ):
+        response = client.post(
+            "/api/clusters/from-workers",
+            content=json.dumps(body, allow_nan=True),
+            headers={"Content-Type": "application/json"},
+        )
+        assert response.status_code == 422, (body, response.text)
+        assert response.json()["detail"][0]["loc"][:2] == ["body", field], response.text
+    assert client.get("/api/clusters").json()["count"] == 0
