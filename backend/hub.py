@@ -4,6 +4,7 @@ either from the event loop or from a request's thread."""
 import asyncio
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,15 +23,25 @@ class WorkerLink:
     socket: WebSocket
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_seen: float = field(default_factory=time.monotonic)
+    #: Where the worker's link probe listens (its hello), and the address it advertised.
+    probe_port: int | None = None
+    host: str = ""
 
     async def send(self, message: dict[str, Any]) -> None:
         async with self.lock:
             await self.socket.send_text(json.dumps(message))
 
 
+class Unanswered(RuntimeError):
+    """A request to a worker got no reply: it is not connected, went away, or was silent
+    past the timeout; the text says which."""
+
+
 class Hub:
     def __init__(self) -> None:
         self.links: dict[str, WorkerLink] = {}
+        #: Requests awaiting a worker's ``reply``: request id -> (worker id, future).
+        self.requests: dict[str, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         self.watchers: dict[int, set[asyncio.Queue[dict[str, Any] | None]]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.started = time.monotonic()
@@ -47,6 +58,39 @@ class Hub:
         if self.links.get(link.worker_id) is link:
             del self.links[link.worker_id]
             self.disconnected[link.worker_id] = time.monotonic()
+            self.fail_requests(link.worker_id, "its connection ended before it replied")
+
+    async def ask(
+        self, worker_id: str, message: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any]:
+        """Send ``message`` with a new ``request_id`` and return the worker's ``reply``;
+        ``Unanswered`` when none comes."""
+        request_id = secrets.token_hex(16)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.requests[request_id] = (worker_id, future)
+        try:
+            if not await self.send(worker_id, {**message, "request_id": request_id}):
+                raise Unanswered(f"worker {worker_id} is not connected")
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise Unanswered(f"worker {worker_id} did not reply within {timeout_s:g} s") from None
+        finally:
+            self.requests.pop(request_id, None)
+
+    def answer(self, worker_id: str, reply: dict[str, Any]) -> bool:
+        """Hand a ``reply`` to the request it answers; False when it answers none of
+        ``worker_id``'s (a reply cannot answer another worker's request)."""
+        pending = self.requests.get(str(reply.get("request_id")))
+        if pending is None or pending[0] != worker_id or pending[1].done():
+            return False
+        pending[1].set_result(reply)
+        return True
+
+    def fail_requests(self, worker_id: str, reason: str) -> None:
+        """End ``worker_id``'s pending requests with ``Unanswered(reason)``."""
+        for owner, future in list(self.requests.values()):
+            if owner == worker_id and not future.done():
+                future.set_exception(Unanswered(f"worker {worker_id}: {reason}"))
 
     def silent_since(self, worker_id: str) -> float:
         """Monotonic time the worker was last heard from (server start if never)."""

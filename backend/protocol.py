@@ -7,7 +7,8 @@ Every message is a JSON object with a ``type``. A worker connects with
                                     devices, slots, next_seq (its lowest unacked number),
                                     last_seq (the highest it has numbered), runs [{run_id,
                                     attempt, ranks}], models (its built-in models),
-                                    allowed_models (patterns of the factories it runs)
+                                    allowed_models (patterns of the factories it runs),
+                                    probe_port (where its link probe listens, or null)
     server -> worker   welcome      worker_id, secret (to say with worker_id next time),
                                     last_seq, heartbeat_s
     worker -> server   heartbeat    every heartbeat_s seconds
@@ -22,6 +23,11 @@ Every message is a JSON object with a ``type``. A worker connects with
                                     host_ranks
     server -> worker   rendezvous   run_id, attempt, host, port
     server -> worker   command      command_id, run_id, command (stop | migrate), payload
+    server -> worker   probe_expect request_id, key    (accept one probe connection with key)
+    server -> worker   measure_link request_id, host, port, key, seconds  (measure the link
+                                    to another worker's probe: ``runtime/agent/links.py``)
+    worker -> server   reply        request_id, ok, message, and for measure_link gbps,
+                                    latency_ms, bytes, seconds            (unnumbered)
 
 Messages with a ``seq`` are numbered 1, 2, ... per worker. The server stores them in order
 in one transaction with the worker's ``last_seq`` and acks; a repeat (seq <= last_seq) is
@@ -40,10 +46,14 @@ stored one). The runs its ``hello`` does not list are judged
 only after the messages it numbered before the ``hello`` (up to ``last_seq``) are stored:
 a run that ended while the server was away is not taken for lost.
 
+A ``reply`` answers a request that lives as long as the connection: it is not numbered,
+stored or resent. One that answers no pending request of its worker is dropped; one whose
+fields are not a reply's closes the connection with 1007, and the request fails.
+
 Frames that are not protocol messages close the connection: a binary frame with 1003, text
-that is not a JSON object or a malformed ``hello`` or ``seq`` with 1007, an unnumbered
-message other than ``heartbeat`` with 1008, a bad worker token with 4401, no ``hello``
-first with 4400.
+that is not a JSON object or a malformed ``hello``, ``seq`` or ``reply`` with 1007, an
+unnumbered message other than ``heartbeat`` and ``reply`` with 1008, a bad worker token
+with 4401, no ``hello`` first with 4400.
 
 Launch: the server assigns ranks (stage 0's replicas first) and sends ``assign``; the
 worker holding rank 0 opens a ``torch.distributed`` TCPStore on port 0 and reports it in
@@ -114,3 +124,24 @@ class Hello(_Message):
     runs: list[HelloRun] = Field(default_factory=list, max_length=10_000)
     models: list[str] = Field(default_factory=list, max_length=1000)
     allowed_models: list[str] = Field(default_factory=list, max_length=1000)
+    probe_port: int | None = Field(None, ge=1, le=65535)
+
+
+#: Bounds of a measured link: a hostile worker's numbers stay within what a link can be.
+MAX_GBPS = 1e6
+MAX_LATENCY_MS = 1e6
+
+
+class Reply(_Message):
+    """A worker's answer to ``probe_expect`` or ``measure_link`` (module docstring)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    type: Literal["reply"]
+    request_id: str = Field(min_length=1, max_length=64)
+    ok: bool
+    message: str | None = Field(None, max_length=2000)
+    gbps: float | None = Field(None, gt=0, le=MAX_GBPS)
+    latency_ms: float | None = Field(None, ge=0, le=MAX_LATENCY_MS)
+    bytes: int | None = Field(None, ge=0, le=2**40)
+    seconds: float | None = Field(None, ge=0, le=3600)

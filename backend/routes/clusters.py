@@ -4,16 +4,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from pipestudio.backend.deps import Authorized, Readable, SessionDep
+from pipestudio.backend.deps import Authorized, ContextDep, Readable, SessionDep
 from pipestudio.backend.repositories import Clusters
 from pipestudio.backend.schemas.clusters import (
     ClusterCreate,
     ClusterFromWorkers,
+    ClusterFromWorkersPublic,
     ClusterPublic,
     ClustersPublic,
 )
 from pipestudio.backend.schemas.common import ERRORS, PathId
 from pipestudio.backend.services import clusters as service
+from pipestudio.backend.services.links import measure_from_thread
 
 router = APIRouter(prefix="/api/clusters", tags=["clusters"], responses=ERRORS)
 
@@ -24,11 +26,22 @@ def create_cluster(session: SessionDep, data: ClusterCreate) -> ClusterPublic:
 
 
 @router.post("/from-workers", status_code=201, dependencies=[Authorized])
-def cluster_from_workers(session: SessionDep, data: ClusterFromWorkers) -> ClusterPublic:
+def cluster_from_workers(
+    session: SessionDep, context: ContextDep, data: ClusterFromWorkers
+) -> ClusterFromWorkersPublic:
     """A cluster of the online workers (or ``worker_ids``): a device per slot, grouped by
-    host, with the links' bandwidths given; 409 when a worker is not online or the hosts
-    hold different numbers of slots."""
-    return ClusterPublic.model_validate(service.cluster_from_workers(session, data))
+    host, with the links' bandwidths given or measured by the workers
+    (``measure_links``); 409 when a worker is not online, the hosts hold different numbers
+    of slots, or a link cannot be measured (the reason names both ends)."""
+    hosts = service.hosts_of_workers(session, data.worker_ids)
+    links = []
+    if data.measure_links and len(hosts) > 1:
+        endpoints = service.endpoints(hosts, context.hub)
+        links = measure_from_thread(context.hub, endpoints, data.measure_seconds)
+    row = service.cluster_from_workers(session, data, hosts, links)
+    return ClusterFromWorkersPublic.model_validate(
+        {**ClusterPublic.model_validate(row).model_dump(), "links": links}
+    )
 
 
 @router.get("", dependencies=[Readable])

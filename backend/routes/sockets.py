@@ -32,6 +32,7 @@ from pipestudio.backend.protocol import (
     WORKER_CLOSE_AUTH,
     WORKER_CLOSE_PROTOCOL,
     Hello,
+    Reply,
     close_reason,
 )
 from pipestudio.backend.repositories import Runs
@@ -144,7 +145,7 @@ async def _serve_worker(context: AppContext, websocket: WebSocket, hello: Hello)
     except workers.IdentityError as exc:
         await _close(websocket, WORKER_CLOSE_AUTH, str(exc))
         return
-    link = WorkerLink(worker.id, websocket)
+    link = WorkerLink(worker.id, websocket, probe_port=hello.probe_port, host=hello.host)
     context.ingestor.expect(worker.id, worker.last_seq)
     if actions is None:
         context.ingestor.judge_later(judgment)
@@ -182,6 +183,9 @@ async def _receive(context: AppContext, link: WorkerLink) -> None:
         if seq is None:
             if message.get("type") == "heartbeat":
                 continue
+            if message.get("type") == "reply":
+                _answer(context, link, message)
+                continue
             raise Refused(
                 CLOSE_POLICY, f"unnumbered message of type {str(message.get('type'))[:40]!r}"
             )
@@ -190,6 +194,26 @@ async def _receive(context: AppContext, link: WorkerLink) -> None:
         context.ingestor.submit(
             link.worker_id, message, suspect=any(token in text for token in SUSPECT)
         )
+
+
+def _answer(context: AppContext, link: WorkerLink, message: dict[str, Any]) -> None:
+    """Hand a worker's ``reply`` to the request it answers (``protocol.py``); a malformed
+    one fails that worker's requests and closes the connection."""
+    try:
+        reply = Reply.model_validate(message)
+        found = find_unstorable(message)
+        if found is not None:
+            where = ".".join(str(part) for part in found[0])
+            raise Refused(CLOSE_INVALID, f"reply: {where} {found[1]}")
+    except (ValidationError, Refused) as exc:
+        if isinstance(exc, ValidationError):
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in error["loc"])
+            exc = Refused(CLOSE_INVALID, f"reply: {where}: {error['msg']}")
+        context.hub.fail_requests(link.worker_id, f"it sent a malformed {exc.reason}")
+        raise exc from None
+    if not context.hub.answer(link.worker_id, reply.model_dump()):
+        log.info("worker %s replied to no request of its own: %s", link.worker_id, reply.request_id)
 
 
 @router.websocket("/ws/runs/{run_id}")

@@ -5,10 +5,13 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from pipestudio import __version__
-from pipestudio.backend.deps import ContextDep, Readable, SessionDep
+from pipestudio.backend.deps import Authorized, ContextDep, Readable, SessionDep
 from pipestudio.backend.repositories import Workers, retained
+from pipestudio.backend.schemas.clusters import LinksMeasure, LinksPublic
 from pipestudio.backend.schemas.common import ERRORS
 from pipestudio.backend.schemas.workers import HealthPublic, WorkerPublic, WorkersPublic
+from pipestudio.backend.services.clusters import endpoints, hosts_of_workers
+from pipestudio.backend.services.links import measure_from_thread
 
 router = APIRouter(prefix="/api/workers", tags=["workers"], responses=ERRORS)
 health = APIRouter(prefix="/api/health", tags=["health"])
@@ -28,6 +31,16 @@ def list_workers(
     where = [] if include_retired else [retained(context.settings.worker_retention_s)]
     rows, total = Workers(session).page(offset, limit, *where)
     return WorkersPublic(data=[WorkerPublic.model_validate(r) for r in rows], count=total)
+
+
+@router.post("/links", dependencies=[Authorized])
+def measure_links(session: SessionDep, context: ContextDep, data: LinksMeasure) -> LinksPublic:
+    """The workers measure the link of every pair of their hosts (one worker stands for
+    each host), in rounds that use each host once, about ``seconds`` a pair; 409 naming
+    both ends and the reason when a link cannot be measured."""
+    hosts = hosts_of_workers(session, data.worker_ids)
+    links = measure_from_thread(context.hub, endpoints(hosts, context.hub), data.seconds)
+    return LinksPublic.model_validate({"data": links})
 
 
 @router.get("/{worker_id}", dependencies=[Readable])

@@ -1,9 +1,9 @@
 """Clusters: hardware descriptions (the Cluster document)."""
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from pipestudio.backend.schemas.common import Public, Request
 from pipestudio.backend.schemas.runs import WorkerId
@@ -16,9 +16,18 @@ class ClusterCreate(Request):
     cluster: Cluster = Field(description="The Cluster document.")
 
 
+#: About how long one pair's transfer takes, in seconds (at most 30).
+MeasureSeconds = Annotated[
+    float,
+    Field(gt=0, le=30.0, allow_inf_nan=False, description="About how long each pair's "
+          "transfer takes."),
+]  # fmt: skip
+
+
 class ClusterFromWorkers(Request):
     """A cluster of the workers as they are registered: one device per slot, grouped by
-    host; the links' bandwidths are given (null: free)."""
+    host; the links' bandwidths are given (null: free), or the link between hosts is
+    measured by the workers (``measure_links``)."""
 
     name: str | None = Field(None, max_length=200, description="Default: '<N> hosts'.")
     worker_ids: list[WorkerId] | None = Field(
@@ -28,6 +37,48 @@ class ClusterFromWorkers(Request):
         None, description="Between two devices of one host; null: free."
     )
     between_hosts_gbps: Gbps | None = Field(None, description="Between two hosts; null: free.")
+    measure_links: bool = Field(
+        False,
+        description="The workers measure the link of every pair of hosts; the slowest "
+        "becomes the bandwidth between hosts (a cluster's levels are uniform). Not with "
+        "between_hosts_gbps.",
+    )
+    measure_seconds: MeasureSeconds = 1.0
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ClusterFromWorkers":
+        if self.measure_links and self.between_hosts_gbps is not None:
+            raise ValueError(
+                "between_hosts_gbps and measure_links: give the bandwidth or have it "
+                "measured, not both"
+            )
+        return self
+
+
+class LinksMeasure(Request):
+    """Workers (one per host stands for it) measure the link of every pair of hosts."""
+
+    worker_ids: list[WorkerId] | None = Field(
+        None, max_length=10_000, description="Default: every online worker."
+    )
+    seconds: MeasureSeconds = 1.0
+
+
+class LinkPublic(BaseModel):
+    """One measured link, in the direction it was measured."""
+
+    from_worker: str
+    from_host: str
+    to_worker: str
+    to_host: str
+    gbps: float = Field(description="What one TCP transfer achieved, Gbit/s.")
+    latency_ms: float | None = Field(description="Half the median round trip of a byte.")
+    bytes: int | None = Field(description="The size of the transfer measured.")
+    seconds: float | None = Field(description="How long that transfer took.")
+
+
+class LinksPublic(BaseModel):
+    data: list[LinkPublic]
 
 
 class ClusterPublic(Public):
@@ -36,6 +87,10 @@ class ClusterPublic(Public):
     num_devices: int
     document: dict[str, Any]
     created_at: datetime
+
+
+class ClusterFromWorkersPublic(ClusterPublic):
+    links: list[LinkPublic] = Field(description="The links measured (empty unless asked).")
 
 
 class ClustersPublic(BaseModel):

@@ -1,13 +1,17 @@
 """Clusters: validated Cluster documents; changes and deletion refused while a plan uses one
 (its predictions were made on the cluster as it was)."""
 
+from typing import Any
+
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
 from pipestudio.backend.errors import ConflictError
+from pipestudio.backend.hub import Hub
 from pipestudio.backend.repositories import Clusters, Plans, Workers
 from pipestudio.backend.schemas.clusters import ClusterCreate, ClusterFromWorkers
+from pipestudio.backend.services.links import Endpoint
 from pipestudio.planner import Cluster
 from pipestudio.planner.formats.cluster import Device, Level
 
@@ -48,25 +52,51 @@ def delete_cluster(session: Session, cluster_id: int) -> None:
     Clusters(session).delete(row)
 
 
-def cluster_from_workers(session: Session, data: ClusterFromWorkers) -> models.Cluster:
-    """The chosen online workers as a cluster: their hosts (by advertised address) are the
-    outer level, each slot of a worker a device of its host (its GPU's memory, or the
-    host's memory shared by its slots); 409 when a worker is not online or the hosts hold
-    different numbers of slots (the levels of a cluster are uniform)."""
+def hosts_of_workers(
+    session: Session, worker_ids: list[str] | None
+) -> dict[str, list[models.Worker]]:
+    """The chosen online workers with a slot (every online one when ``worker_ids`` is
+    None), grouped by host (their advertised address); 409 when a worker is not online or
+    none has a slot."""
     online = Workers(session).online()
     chosen = online
-    if data.worker_ids is not None:
+    if worker_ids is not None:
         by_id = {worker.id: worker for worker in online}
-        unknown = sorted(set(data.worker_ids) - set(by_id))
+        unknown = sorted(set(worker_ids) - set(by_id))
         if unknown:
             raise ConflictError(f"worker_ids: worker(s) {', '.join(unknown)} are not online")
-        chosen = [by_id[worker_id] for worker_id in dict.fromkeys(data.worker_ids)]
+        chosen = [by_id[worker_id] for worker_id in dict.fromkeys(worker_ids)]
     hosts: dict[str, list[models.Worker]] = {}
     for worker in chosen:
         if worker.slots > 0:
             hosts.setdefault(worker.host, []).append(worker)
     if not hosts:
         raise ConflictError("no online worker with a slot to make a cluster of")
+    return hosts
+
+
+def endpoints(hosts: dict[str, list[models.Worker]], hub: Hub) -> list[Endpoint]:
+    """A worker per host to measure its links (``links.py``): the first that is connected
+    and serves a link probe, else the first (whose measurement then fails naming it)."""
+    chosen = []
+    for host, workers in hosts.items():
+        ready = [w for w in workers if getattr(hub.links.get(w.id), "probe_port", None)]
+        worker = (ready or workers)[0]
+        chosen.append(Endpoint(worker.id, worker.name, host))
+    return chosen
+
+
+def cluster_from_workers(
+    session: Session,
+    data: ClusterFromWorkers,
+    hosts: dict[str, list[models.Worker]],
+    links: list[dict[str, Any]] | None = None,
+) -> models.Cluster:
+    """``hosts`` (``hosts_of_workers``) as a cluster: the hosts are the outer level, each
+    slot of a worker a device of its host (its GPU's memory, or the host's memory shared by
+    its slots), linked at the bandwidths given or, with ``links`` measured, at the slowest
+    of them; 409 when the hosts hold different numbers of slots (the levels of a cluster
+    are uniform)."""
     slots = {host: sum(w.slots for w in workers) for host, workers in hosts.items()}
     if len(set(slots.values())) > 1:
         listed = ", ".join(f"{host} {count}" for host, count in slots.items())
@@ -89,11 +119,14 @@ def cluster_from_workers(session: Session, data: ClusterFromWorkers) -> models.C
     levels = [
         Level(name="host", size=next(iter(slots.values())), bandwidth_gbps=data.within_host_gbps)
     ]
+    between = data.between_hosts_gbps
+    if links:
+        between = min(link["gbps"] for link in links)
     if len(hosts) > 1:
-        levels.append(
-            Level(name="network", size=len(hosts), bandwidth_gbps=data.between_hosts_gbps)
-        )
+        levels.append(Level(name="network", size=len(hosts), bandwidth_gbps=between))
     name = data.name or f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}"
+    if links and not data.name:
+        name += f", links measured ({between:.3g} Gbit/s slowest)"
     try:
         cluster = Cluster(name=name, levels=levels, devices=devices)
     except ValidationError as exc:  # beyond a document's limits (devices, level sizes)

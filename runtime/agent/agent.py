@@ -22,6 +22,7 @@ from pipestudio.allowlist import model_allowed
 from pipestudio.runtime.agent.connection import AgentConnection
 from pipestudio.runtime.agent.devices import local_devices, reachable_address
 from pipestudio.runtime.agent.identity import Identity
+from pipestudio.runtime.agent.links import LinkProbe, measure_link
 from pipestudio.runtime.agent.ranks import RankGroup, engine_config, open_store
 from pipestudio.runtime.engine.network import address_of_interface, check_interface
 from pipestudio.runtime.engine.rendezvous import StoreAddress
@@ -67,6 +68,9 @@ class Agent:
         self.assignments: dict[Key, dict[str, Any]] = {}
         self.groups: dict[Key, RankGroup] = {}
         self.stores: dict[Key, Any] = {}
+        #: Where other workers measure their link to this one (``links.py``).
+        self.probe = LinkProbe()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _hello(self) -> dict[str, Any]:
@@ -77,6 +81,7 @@ class Agent:
             "slots": self.slots,
             "models": sorted(MODELS),
             "allowed_models": self.allowed_models,
+            "probe_port": self.probe.port,
             "runs": [
                 {"run_id": run_id, "attempt": attempt, "ranks": [r["rank"] for r in a["ranks"]]}
                 for (run_id, attempt), a in self.assignments.items()
@@ -85,7 +90,11 @@ class Agent:
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        await self.connection.serve_forever()
+        await self.probe.start(self.host)
+        try:
+            await self.connection.serve_forever()
+        finally:
+            await self.probe.close()
 
     async def _handle(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
@@ -95,6 +104,41 @@ class Agent:
             await asyncio.to_thread(self._rendezvous, message)
         elif kind == "command":
             await asyncio.to_thread(self._command, message)
+        elif kind in ("probe_expect", "measure_link"):
+            # a measurement takes seconds: the connection goes on receiving meanwhile
+            task = asyncio.create_task(self._link_request(message))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _link_request(self, message: dict[str, Any]) -> None:
+        self.connection.reply(await self._link_answer(message))
+
+    async def _link_answer(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Expect a peer's probe, or measure the link to one (``links.py``); the reply says
+        what happened, a failure included."""
+        reply: dict[str, Any] = {"request_id": message.get("request_id"), "ok": True}
+        try:
+            if message["type"] == "probe_expect":
+                self.probe.expect(str(message["key"]))
+                return reply
+            seconds = min(max(float(message.get("seconds", 1.0)), 0.05), 30.0)
+            measured = await asyncio.to_thread(
+                measure_link,
+                str(message["host"]),
+                int(message["port"]),
+                str(message["key"]),
+                seconds,
+            )
+        except (KeyError, TypeError, ValueError, OSError) as exc:
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return {**reply, "ok": False, "message": f"worker {self.name}: {text}"[:2000]}
+        return {
+            **reply,
+            "gbps": measured.gbps,
+            "latency_ms": measured.latency_ms,
+            "bytes": measured.bytes,
+            "seconds": measured.seconds,
+        }
 
     def _state(self, key: Key, state: str, text: str | None = None, *, retry: bool = True) -> None:
         """Report the ranks' state; ``retry`` false: this worker refused the assignment

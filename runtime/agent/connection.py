@@ -61,6 +61,8 @@ class AgentConnection:
         self.heartbeat_s = 2.0
         self.connected = asyncio.Event()
         self._wake = asyncio.Event()
+        #: Unnumbered answers to the server's requests, sent once on this connection.
+        self._replies: list[Message] = []
         self.closing = False
 
     def add_event(self, run_id: int, event: Message) -> None:
@@ -71,6 +73,12 @@ class AgentConnection:
     def send(self, message: Message) -> None:
         """Number and queue a message (sent at once when connected)."""
         self.outbox.add(message)
+        self._wake.set()
+
+    def reply(self, message: Message) -> None:
+        """Send an unnumbered ``reply`` (to a request that lives as long as the connection:
+        it is dropped, not resent, when the connection ends)."""
+        self._replies.append({**message, "type": "reply"})
         self._wake.set()
 
     async def serve_forever(self) -> None:
@@ -122,6 +130,7 @@ class AgentConnection:
         self.identity.keep(welcome["worker_id"], welcome.get("secret"))
         self.heartbeat_s = float(welcome.get("heartbeat_s", self.heartbeat_s))
         self.outbox.resend_from(int(welcome["last_seq"]))
+        self._replies.clear()  # the requests they answer ended with the last connection
         self.connected.set()
         log.info("registered with %s as worker %s", self.url, self.identity.worker_id)
         sender = asyncio.create_task(self._send_loop(socket))
@@ -146,6 +155,9 @@ class AgentConnection:
             self._wake.clear()
             await asyncio.sleep(0)
             self.outbox.flush_events()
+            replies, self._replies = self._replies, []
+            for message in replies:
+                await socket.send(json.dumps(message))
             for message in self.outbox.to_send():
                 await socket.send(json.dumps(message))
             if loop.time() >= next_beat:

@@ -130,6 +130,12 @@ class Hosts:
                 _tc(namespace, "qdisc", "replace", "dev", device, "parent", "1:1", "handle",
                     "10:", "netem", "delay", f"{delay_ms:g}ms")  # fmt: skip
 
+    def unshape(self, idx: int) -> None:
+        """Take host ``idx``'s link back to the veth's own speed."""
+        host = self.hosts[idx]
+        for namespace, device in ((None, host.link), (host.namespace, "eth0")):
+            _tc(namespace, "qdisc", "del", "dev", device, "root")
+
     def add_stray_interface(self, idx: int, name: str, address: str) -> None:
         """Give host ``idx`` an interface ``name`` holding ``address`` that no other host
         has a route to (one end of a veth pair whose other end is in the same host)."""

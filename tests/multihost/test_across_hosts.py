@@ -2,7 +2,8 @@
 and a host name that resolves to loopback, as on many Debian hosts and containers: no
 variable is set by hand, and the ranks still reach each other; the result equals
 single-process training; a live migration moves a layer between hosts; a host cut off
-mid-run fails the run, naming it, and nothing stored is lost."""
+mid-run fails the run, naming it, and nothing stored is lost; the workers measure shaped
+links between their hosts."""
 
 import os
 import time
@@ -308,3 +309,33 @@ def test_a_run_that_may_resume_goes_on_once_the_cut_off_host_is_back(
         system.post(f"/api/runs/{run_id}/stop")
     finally:
         system.close()
+
+
+def test_the_workers_measure_their_links_and_the_cluster_takes_the_slowest(
+    four_hosts: System,
+) -> None:
+    """Host 1's link capped at 1 Gbit/s and host 2's at 200 Mbit/s: the workers of hosts
+    0 to 2 measure every pair, and the cluster made of them links its hosts at what the
+    slowest pair measured."""
+    system, hosts = four_hosts, four_hosts.hosts
+    hosts.shape(1, 1000)
+    hosts.shape(2, 200)
+    try:
+        cluster = system.post(
+            "/api/clusters/from-workers",
+            {"worker_ids": system.worker_ids(0, 1, 2), "measure_links": True},
+        )
+    finally:
+        hosts.unshape(1)
+        hosts.unshape(2)
+    measured = {
+        frozenset((link["from_host"], link["to_host"])): link["gbps"] for link in cluster["links"]
+    }
+    print(f"measured: {cluster['links']}")
+    address = [hosts[idx].address for idx in range(3)]
+    assert len(measured) == 3
+    assert 0.6 <= measured[frozenset(address[:2])] <= 1.05, measured
+    for pair in ((0, 2), (1, 2)):
+        assert 0.12 <= measured[frozenset(address[idx] for idx in pair)] <= 0.21, measured
+    network = cluster["document"]["levels"][1]
+    assert network["size"] == 3 and network["bandwidth_gbps"] == min(measured.values())
