@@ -124,3 +124,26 @@ def test_torchrun_across_two_hosts(tmp_path: Path) -> None:
         stages.append({e["stage"] for e in events if e.get("type") == "step"})
         assert [e["type"] for e in events].count("plan") == (idx == 0)  # rank 0 writes it
     assert stages == [{0}, {1}], "node rank 0 runs stage 0 and node rank 1 stage 1"
+
+
+def test_the_documented_worker_container_runs_on_the_host_network() -> None:
+    """The ``docker run`` of a worker on another machine: host networking (the ranks, the
+    store and the link probe listen on ports picked at run time, at the host's address),
+    the image's checkpoint path, and a worker command line the CLI accepts."""
+    from pipestudio.cli import build_parser
+
+    block = DOC.read_text().split("## Several machines with Docker")[1].split("\n## ")[0]
+    runs = [
+        line
+        for text in re.findall(r"```sh\n(.*?)```", block, re.S)
+        for line in text.replace("\\\n", " ").splitlines()
+        if line.startswith("docker run")
+    ]
+    assert len(runs) == 1, runs
+    words = runs[0].split()
+    assert "--network" in words and words[words.index("--network") + 1] == "host"
+    assert any(word.endswith(":/data/checkpoints") for word in words), words
+    command = words[words.index("pipestudio", words.index("--network")) + 1 :]
+    assert command[0] == "pipestudio" and command[1] == "worker", command
+    options = build_parser().parse_args(command[1:])
+    assert options.server == "http://HOST0:8000" and options.device == "cpu"
