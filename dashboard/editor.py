@@ -84,6 +84,9 @@ def plan_document(profile: Profile, editor: Editor, boundaries: list[int]) -> di
     return {
         "model": profile.model,
         "schedule": editor["schedule"],
+        "virtual_stages": editor.get("virtual_stages") or 1
+        if editor["schedule"] == "interleaved-1f1b"
+        else 1,
         "num_microbatches": editor["num_microbatches"],
         "microbatch_size": editor.get("microbatch_size") or profile.microbatch_size,
         "optimizer": editor.get("optimizer", "adam"),
@@ -113,6 +116,7 @@ def editor_from_plan(
     loaded = {
         **editor,
         "schedule": plan["schedule"],
+        "virtual_stages": plan.get("virtual_stages", 1),
         "num_microbatches": plan["num_microbatches"],
         "microbatch_size": plan["microbatch_size"],
         "optimizer": plan.get("optimizer", "adam"),

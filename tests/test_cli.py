@@ -440,3 +440,42 @@ def test_simulate_prints_model_flops_and_utilisation(
     assert result["mfu"] == pytest.approx(result["model_tflops"] / (4 * 2))
     status, _, err = run(capsys, "simulate", str(counted), files["plan"], "--peak-tflops", "0")
     assert status == 2 and "--peak-tflops must be > 0, got 0.0" in err
+
+
+def test_interleaved_and_zero_bubble_plans_are_made_from_templates_and_simulated(
+    files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On resnet50's profile (4 devices, 8 micro-batches, the cluster of the fixture): both
+    schedules predict a shorter step than 1F1B on the same devices; the planners refuse
+    them by name (they plan gpipe, 1f1b and pipedream)."""
+    steps = {}
+    for schedule, extra in (
+        ("1f1b", []),
+        ("interleaved-1f1b", ["--virtual-stages", "2"]),
+        ("zero-bubble", []),
+    ):
+        plan = str(tmp_path / f"{schedule}.json")
+        status, _, err = run(
+            capsys, "plan-template", files["profile"], "--stages", "4", "--microbatches", "8",
+            "--schedule", schedule, *extra, "-o", plan,
+        )  # fmt: skip
+        assert status == 0, err
+        status, out, err = run(
+            capsys, "simulate", files["profile"], plan, "--cluster", files["cluster"], "--json",
+            "--no-timeline",
+        )  # fmt: skip
+        assert status == 0, err
+        steps[schedule] = json.loads(out)["step_time_ms"]
+    document = json.loads(Path(tmp_path / "interleaved-1f1b.json").read_text())
+    assert len(document["stages"]) == 8 and document["virtual_stages"] == 2
+    assert steps["interleaved-1f1b"] < steps["1f1b"] and steps["zero-bubble"] < steps["1f1b"]
+    status, _, err = run(
+        capsys, "plan-template", files["profile"], "--stages", "4", "--microbatches", "6",
+        "--schedule", "interleaved-1f1b", "--virtual-stages", "2",
+    )  # fmt: skip
+    assert status == 2 and "needs num_microbatches a multiple of 4" in err, err
+    with pytest.raises(SystemExit) as refused:
+        main(["plan", files["profile"], "--algorithm", "balance-time", "--stages", "4",
+              "--microbatches", "8", "--schedule", "zero-bubble"])  # fmt: skip
+    assert refused.value.code == 2
+    assert "invalid choice: 'zero-bubble'" in capsys.readouterr().err

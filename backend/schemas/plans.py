@@ -16,7 +16,7 @@ from pipestudio.planner.formats.documents import (
     Precision,
 )
 
-Schedule = Literal["gpipe", "1f1b", "pipedream"]
+Schedule = Literal["gpipe", "1f1b", "pipedream", "interleaved-1f1b", "zero-bubble"]
 Optimizer = Literal["sgd", "momentum", "adam"]
 Policy = Literal["keep", "recompute", "swap"]
 PlanState = Literal["draft", "approved", "launched"]
@@ -56,6 +56,11 @@ class ManualPlan(Request):
     boundaries: Boundaries = Field(description="Layer indices where stages 1.. begin, rising.")
     num_microbatches: NumMicrobatches
     schedule: Schedule
+    virtual_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS), Integral] = Field(
+        1,
+        description="interleaved-1f1b: chunks per device; the boundaries cut devices x "
+        "virtual_stages chunks, chunk c on device c mod devices.",
+    )
     microbatch_size: MicrobatchSize | None = Field(None, description="Default: the profile's.")
     optimizer: Optimizer = "adam"
     policies: Policies = Field(default_factory=dict, description="Layer -> policy.")

@@ -114,6 +114,7 @@ def manual_plan(
     document = {
         "model": profile.model,
         "schedule": manual.schedule,
+        "virtual_stages": manual.virtual_stages,
         "num_microbatches": manual.num_microbatches,
         "microbatch_size": manual.microbatch_size or profile.microbatch_size,
         "optimizer": manual.optimizer,

@@ -95,6 +95,9 @@ def _edited(plan: Plan, profile: Profile, data: PlanUpdate) -> Plan | None:
         ),
         num_microbatches=data.num_microbatches or plan.num_microbatches,
         schedule=data.schedule or plan.schedule,
+        virtual_stages=plan.virtual_stages
+        if (data.schedule or plan.schedule) == "interleaved-1f1b"
+        else 1,
         microbatch_size=data.microbatch_size or plan.microbatch_size,
         optimizer=plan.optimizer,
         policies=data.policies if data.policies is not None else plan.policies,

@@ -14,6 +14,7 @@ Figure = dict[str, Any]
 OP_COLORS: dict[str, str] = {
     "forward": "#4C78A8",
     "backward": "#F58518",
+    "weight": "#FFBF79",
     "recompute": "#B279A2",
     "update": "#54A24B",
     "send_activation": "#72B7B2",
@@ -30,6 +31,7 @@ MIGRATION_COLOR = "#7F3C8D"
 OP_LABELS: dict[str, str] = {
     "forward": "forward",
     "backward": "backward",
+    "weight": "weight gradient",
     "recompute": "recompute",
     "update": "optimizer update",
     "send_activation": "send activation",

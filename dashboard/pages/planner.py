@@ -11,7 +11,7 @@ from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.pages import planner_callbacks
 from pipestudio.dashboard.widgets import field, graph, section
 from pipestudio.planner.algorithms import PLANNERS
-from pipestudio.planner.formats.plan import SCHEDULES
+from pipestudio.planner.formats.plan import PLANNED_SCHEDULES
 
 PATH = "/planner"
 NAME = "Planner"
@@ -80,7 +80,7 @@ def _request_controls(choices: dict[str, Any]) -> html.Div:
                 "Schedule",
                 dcc.Dropdown(
                     id="planner-schedule",
-                    options=list(SCHEDULES),
+                    options=list(PLANNED_SCHEDULES),
                     value="1f1b",
                     clearable=False,
                     style={"width": "130px"},

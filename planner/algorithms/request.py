@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from pipestudio.planner.algorithms import schedules
 from pipestudio.planner.algorithms.min_memory import explain_infeasible
 from pipestudio.planner.cost_model.stage import (
     StageContext,
@@ -28,6 +29,7 @@ from pipestudio.planner.formats.cluster import Cluster, cluster_template
 from pipestudio.planner.formats.documents import MAX_MICROBATCH_SIZE, MAX_MICROBATCHES
 from pipestudio.planner.formats.plan import (
     OPTIMIZER_STATE_FACTOR,
+    PLANNED_SCHEDULES,
     SCHEDULES,
     Optimizer,
     Plan,
@@ -59,6 +61,11 @@ class PlanRequest:
         if self.schedule not in SCHEDULES:
             raise PlanError(
                 f"schedule {self.schedule!r} is unknown; expected one of {', '.join(SCHEDULES)}"
+            )
+        if self.schedule not in PLANNED_SCHEDULES:
+            raise PlanError(
+                f"the planners plan {', '.join(PLANNED_SCHEDULES)}; make a {self.schedule} "
+                "plan from a template (pipestudio plan-template) or by hand, and simulate it"
             )
         if self.optimizer not in OPTIMIZER_STATE_FACTOR:
             raise PlanError(
@@ -315,15 +322,19 @@ def run_planner(
     *,
     with_timeline: bool = True,
     max_ops: int | None = None,
+    auto: bool = False,
 ) -> PlanOutcome:
     """Run one planner, time it, simulate its plan; a planner error becomes ``error``.
 
     ``planner_ms`` is the one call that answered ``request``; when it found no plan that
     fits, the search for the smallest memory that does comes after and is not counted.
     With ``max_ops``, a request whose simulation could build more ops is refused first
-    (``check_request_budget``), raising ``WorkBudgetError``.
+    (``check_request_budget``), raising ``WorkBudgetError``. With ``auto`` the schedule is
+    chosen (``_run_auto``).
     """
     check_request_budget(request, max_ops)
+    if auto:
+        return _run_auto(algorithm, planner, request, with_timeline)
     started = time.perf_counter()
     try:
         output = planner(request)
@@ -345,6 +356,27 @@ def run_planner(
     result = simulate(request.scaled, output.plan, request.cluster, with_timeline=with_timeline)
     return PlanOutcome(
         algorithm, output.plan, result, elapsed, output.objective_ms, None, output.details
+    )
+
+
+def _run_auto(
+    algorithm: str, planner: Planner, request: PlanRequest, with_timeline: bool
+) -> PlanOutcome:
+    """``run_planner`` with the schedule chosen (``schedules.py``): the fastest fitting
+    of the planner's plans for each synchronous schedule; the plan's provenance lists
+    every candidate's simulated step."""
+    candidates, elapsed = schedules.timed(planner, request, memory_only_cluster)
+    rows = schedules.summary(candidates)
+    chosen = schedules.best(candidates)
+    if chosen is None or chosen.plan is None:
+        listed = "; ".join(f"{label.removeprefix('auto ')}: {text}" for label, text in rows.items())
+        return PlanOutcome(algorithm, None, None, elapsed, None, f"no schedule fits ({listed})")
+    plan = chosen.plan.model_copy(
+        update={"provenance": {**chosen.plan.provenance, "schedule_chosen_by": "auto", **rows}}
+    )
+    result = simulate(request.scaled, plan, request.cluster, with_timeline=with_timeline)
+    return PlanOutcome(
+        algorithm, plan, result, elapsed, result.step_time_ms, None, {"schedules": rows}
     )
 
 

@@ -9,6 +9,15 @@ Schedules (per step of ``num_microbatches`` micro-batches; F = forward, B = back
                backward is followed by that stage's update, and weight stashing keeps one
                weight version per micro-batch in flight. ``vertical_sync`` makes every stage
                use the version the first stage used.
+``interleaved-1f1b``  Megatron-LM's interleaved 1F1B: each of p devices holds
+               ``virtual_stages`` (v) chunks of layers; ``stages`` lists the p x v chunks
+               in pipeline order and chunk c runs on device c mod p, so a device's chunks
+               are not adjacent. Micro-batches go round in groups of p, depth first.
+               Needs one replica per chunk and ``num_microbatches`` a multiple of p.
+``zero-bubble``  ZB-H1 (Zero Bubble, ICLR'24): 1F1B's order with each backward split into
+               its input-gradient half (B, sent on at once) and its weight-gradient half
+               (W); stage s defers its W by s backwards, so the later stages, idle at the
+               end of 1F1B, spend that time on their deferred W. One replica per stage.
 
 W_s counts the workers of stages s..end and r_s is stage s's replicas, as in PipeDream's
 runtime; with one replica per stage the warm-up is p - s - 1 forwards.
@@ -33,15 +42,19 @@ from pipestudio.planner.formats.documents import (
     Precision,
     Provenance,
     Replicas,
+    VirtualStages,
     parse_document,
 )
 from pipestudio.planner.formats.profile import Profile
 
-Schedule = Literal["gpipe", "1f1b", "pipedream"]
+Schedule = Literal["gpipe", "1f1b", "pipedream", "interleaved-1f1b", "zero-bubble"]
 Optimizer = Literal["sgd", "momentum", "adam"]
 Policy = Literal["keep", "recompute", "swap"]
 
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+#: The schedules the planners plan for (``algorithms/request.py``); plans of the others are
+#: made by hand or from a template (``plan_template``).
+PLANNED_SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "pipedream")
 POLICIES: tuple[Policy, ...] = get_args(Policy)
 
 #: Bytes of optimizer state kept per byte of parameters (momentum buffer; Adam's two moments).
@@ -72,6 +85,11 @@ class Plan(Document):
     model: Name = Field(min_length=1, description="Model name, as in the profile.")
     schedule: Schedule
     vertical_sync: bool = Field(False, description="PipeDream's vertical sync (pipedream only).")
+    virtual_stages: VirtualStages = Field(
+        1,
+        description="Chunks per device (interleaved-1f1b only): stages lists devices x "
+        "virtual_stages chunks, and chunk c runs on device c mod devices.",
+    )
     num_microbatches: NumMicrobatches = Field(description="Micro-batches per step.")
     microbatch_size: MicrobatchSize = Field(description="Samples per micro-batch.")
     optimizer: Optimizer = "adam"
@@ -98,6 +116,7 @@ class Plan(Document):
             raise ValueError(
                 f"vertical_sync applies to the pipedream schedule only, not {self.schedule!r}"
             )
+        self._check_schedule()
         for stage_idx, stage in enumerate(self.stages):
             if stage.devices is not None and len(stage.devices) != stage.replicas:
                 raise ValueError(
@@ -111,19 +130,81 @@ class Plan(Document):
                 )
         return self
 
+    def _check_schedule(self) -> None:
+        """The constraints of the schedules that need them (module docstring)."""
+        schedule, chunks = self.schedule, self.virtual_stages
+        if chunks > 1 and schedule != "interleaved-1f1b":
+            raise ValueError(
+                f"virtual_stages={chunks} applies to interleaved-1f1b only, not {schedule!r}"
+            )
+        if schedule not in ("interleaved-1f1b", "zero-bubble"):
+            return
+        replicated = [idx for idx, stage in enumerate(self.stages) if stage.replicas > 1]
+        if replicated:
+            raise ValueError(
+                f"{schedule} runs one replica per stage; stage {replicated[0]} has "
+                f"{self.stages[replicated[0]].replicas}"
+            )
+        if schedule == "zero-bubble":
+            return
+        if len(self.stages) % chunks:
+            raise ValueError(
+                f"interleaved-1f1b with virtual_stages={chunks} needs a multiple of "
+                f"{chunks} stages (devices x chunks), got {len(self.stages)}"
+            )
+        devices = len(self.stages) // chunks
+        if self.num_microbatches % devices:
+            raise ValueError(
+                f"interleaved-1f1b on {devices} devices needs num_microbatches a multiple "
+                f"of {devices} (micro-batches go round in groups of the devices), got "
+                f"{self.num_microbatches}"
+            )
+        for chunk, stage in enumerate(self.stages[devices:], start=devices):
+            first = self.stages[chunk % devices]
+            if None not in (stage.devices, first.devices) and stage.devices != first.devices:
+                raise ValueError(
+                    f"stage {chunk} is a chunk of device rank {chunk % devices}, as stage "
+                    f"{chunk % devices} is, but names devices {stage.devices}, not "
+                    f"{first.devices}"
+                )
+
     @property
     def num_stages(self) -> int:
         return len(self.stages)
 
     @property
+    def interleaved(self) -> bool:
+        return self.schedule == "interleaved-1f1b"
+
+    @property
     def num_workers(self) -> int:
+        """Processes the plan runs on: one per stage replica, or, interleaved, one per
+        device (stages / virtual_stages)."""
+        if self.interleaved:
+            return len(self.stages) // self.virtual_stages
         return sum(stage.replicas for stage in self.stages)
+
+    def rank_of_stage(self, stage_idx: int) -> int:
+        """The process (device rank) of an interleaved plan that runs chunk ``stage_idx``."""
+        return stage_idx % self.num_workers
 
     def policy(self, layer_name: str) -> str:
         return self.policies.get(layer_name, "keep")
 
     def worker_devices(self) -> list[list[int]]:
-        """Device index of each (stage, replica); unassigned ones follow in order."""
+        """Device index of each (stage, replica); unassigned ones follow in order (an
+        interleaved plan's chunks take the device of their rank)."""
+        if self.interleaved:
+            ranks = self.num_workers
+            first = [
+                list(stage.devices) if stage.devices is not None else None
+                for stage in self.stages[:ranks]
+            ]
+            result = []
+            for chunk, stage in enumerate(self.stages):
+                own = first[chunk % ranks] or (list(stage.devices) if stage.devices else None)
+                result.append(own if own is not None else [chunk % ranks])
+            return result
         next_device = 0
         result = []
         for stage in self.stages:
@@ -223,17 +304,21 @@ def plan_template(
     *,
     microbatch_size: int | None = None,
     optimizer: str = "adam",
+    virtual_stages: int = 1,
 ) -> Plan:
-    """Stages with equal layer counts (the first ``n % k`` get one more), all layers kept."""
-    if not 1 <= num_stages <= profile.num_layers:
-        raise PlanError(
-            f"--stages {num_stages} is not between 1 and the profile's {profile.num_layers} layers"
+    """Stages with equal layer counts (the first ``n % k`` get one more), all layers kept;
+    interleaved, ``num_stages`` devices of ``virtual_stages`` chunks each."""
+    chunks = num_stages * virtual_stages
+    if not 1 <= chunks <= profile.num_layers:
+        what = f"--stages {num_stages}" + (
+            f" x --virtual-stages {virtual_stages}" if virtual_stages > 1 else ""
         )
+        raise PlanError(f"{what} is not between 1 and the profile's {profile.num_layers} layers")
     if schedule not in SCHEDULES:
         raise PlanError(f"schedule {schedule!r} is unknown; expected one of {', '.join(SCHEDULES)}")
-    base, extra = divmod(profile.num_layers, num_stages)
+    base, extra = divmod(profile.num_layers, chunks)
     stages, start = [], 0
-    for stage_idx in range(num_stages):
+    for stage_idx in range(chunks):
         size = base + (1 if stage_idx < extra else 0)
         stages.append({"layers": [layer.name for layer in profile.layers[start : start + size]]})
         start += size
@@ -242,6 +327,7 @@ def plan_template(
         {
             "model": profile.model,
             "schedule": schedule,
+            "virtual_stages": virtual_stages,
             "num_microbatches": num_microbatches,
             "microbatch_size": microbatch_size or profile.microbatch_size,
             "optimizer": optimizer,

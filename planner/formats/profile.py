@@ -56,6 +56,44 @@ class Layer(BaseModel):
         "micro-batch (0: not counted).",
     )
     description: Text = Field("", description="Free text, e.g. the module's repr.")
+    bwd_weight_ms: Milliseconds | None = Field(
+        None,
+        description="The backward's weight-gradient half alone, as zero-bubble defers it "
+        "(after the input half); null: not measured, taken as half of bwd_ms for a layer "
+        "with parameters (a matmul's two gradients cost the same) and none for one without.",
+    )
+    bwd_input_ms: Milliseconds | None = Field(
+        None,
+        description="The backward's input-gradient half alone (the gradients of the inputs "
+        "and of the outputs of the modules with parameters); null: bwd_ms less the weight "
+        "half. Split, the two halves may take longer than bwd_ms together.",
+    )
+
+    def backward_times(self, factor: float) -> dict[str, float | None]:
+        """``bwd_ms`` and its measured halves, all ``factor`` times as long (for
+        ``model_copy(update=...)``)."""
+        return {
+            field: None if value is None else value * factor
+            for field, value in (
+                ("bwd_ms", self.bwd_ms),
+                ("bwd_weight_ms", self.bwd_weight_ms),
+                ("bwd_input_ms", self.bwd_input_ms),
+            )
+        }
+
+    @property
+    def weight_grad_ms(self) -> float:
+        """The weight-gradient half of the backward (measured, or estimated: above)."""
+        if self.bwd_weight_ms is not None:
+            return self.bwd_weight_ms
+        return self.bwd_ms / 2 if self.param_bytes else 0.0
+
+    @property
+    def input_grad_ms(self) -> float:
+        """The input-gradient half of the backward (measured, or the rest of bwd_ms)."""
+        if self.bwd_input_ms is not None:
+            return self.bwd_input_ms
+        return max(self.bwd_ms - self.weight_grad_ms, 0.0)
 
 
 class Edge(BaseModel):
@@ -178,7 +216,7 @@ class Profile(Document):
             layer.model_copy(
                 update={
                     "fwd_ms": layer.fwd_ms * factor,
-                    "bwd_ms": layer.bwd_ms * factor,
+                    **layer.backward_times(factor),
                     "fwd_flops": round(layer.fwd_flops * factor),
                     "bwd_flops": round(layer.bwd_flops * factor),
                     "saved_bytes": round(layer.saved_bytes * factor),

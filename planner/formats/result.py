@@ -9,6 +9,7 @@ from pipestudio.planner.formats.documents import Document
 OpKind = Literal[
     "forward",
     "backward",
+    "weight",
     "recompute",
     "update",
     "send_activation",
@@ -18,7 +19,7 @@ OpKind = Literal[
     "allreduce",
 ]
 #: Ops that occupy a worker's compute stream; the others run on links beside it.
-COMPUTE_OPS: frozenset[str] = frozenset({"forward", "backward", "recompute", "update"})
+COMPUTE_OPS: frozenset[str] = frozenset({"forward", "backward", "weight", "recompute", "update"})
 
 
 class _Strict(BaseModel):

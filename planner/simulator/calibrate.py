@@ -259,7 +259,7 @@ def _slowed(profile: Profile, factor: float) -> Profile:
         layer.model_copy(
             update={
                 "fwd_ms": layer.fwd_ms * factor,
-                "bwd_ms": layer.bwd_ms * factor,
+                **layer.backward_times(factor),
                 "update_ms": layer.update_ms * factor,
             }
         )
@@ -368,7 +368,7 @@ def _scaled(profile: Profile, plan: Plan, stages: list[StageCalibration]) -> Pro
             layer.model_copy(
                 update={
                     "fwd_ms": layer.fwd_ms * stage.factors["forward"],
-                    "bwd_ms": layer.bwd_ms * stage.factors["backward"],
+                    **layer.backward_times(stage.factors["backward"]),
                     "update_ms": update,
                 }
             )

@@ -34,6 +34,12 @@ class StageCosts:
     recompute_bytes: int
     checkpoint_bytes: int
     workspace_bytes: int
+    #: zero-bubble's halves of the backward (``Layer.input_grad_ms``, ``weight_grad_ms``),
+    #: and the saved bytes that only the weight half needs: those of the layers with
+    #: parameters (it frees them; the input half frees the rest).
+    input_ms: float = 0.0
+    weight_ms: float = 0.0
+    weight_bytes: int = 0
 
     @property
     def kept_bytes(self) -> int:
@@ -61,14 +67,18 @@ def layer_set_costs(
     """Work and memory of one stage made of the layers ``indices`` under ``policy``."""
     layers, preds = profile.layers, profile.graph.preds
     keep = swap = recompute = 0
-    fwd = bwd = recompute_ms = update = 0.0
-    params = workspace = 0
+    fwd = bwd = recompute_ms = update = input_ms = weight_ms = 0.0
+    params = workspace = weight_bytes = 0
     producers: set[int] = set()
     for idx in indices:
         layer = layers[idx]
         fwd += layer.fwd_ms
         bwd += layer.bwd_ms
         update += layer.update_ms
+        input_ms += layer.input_grad_ms
+        weight_ms += layer.weight_grad_ms
+        if layer.param_bytes:
+            weight_bytes += layer.saved_bytes
         params += layer.param_bytes
         workspace = max(workspace, layer.workspace_bytes)
         if policy[idx] == "keep":
@@ -95,6 +105,9 @@ def layer_set_costs(
         recompute_bytes=recompute,
         checkpoint_bytes=checkpoint,
         workspace_bytes=workspace,
+        input_ms=input_ms,
+        weight_ms=weight_ms,
+        weight_bytes=weight_bytes,
     )
 
 

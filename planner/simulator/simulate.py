@@ -57,12 +57,18 @@ from pipestudio.planner.simulator.costs import StageCosts, boundary_bytes, stage
 from pipestudio.planner.simulator.events import NO_RESOURCE, OpGraph, Timing
 from pipestudio.planner.simulator.memory import MemoryLedger
 from pipestudio.planner.simulator.peaks import model_flop_utilisation, profile_peak
-from pipestudio.planner.simulator.schedule import BACKWARD, worker_order
+from pipestudio.planner.simulator.schedule import (
+    BACKWARD,
+    WEIGHT,
+    interleaved_order,
+    worker_order,
+    zero_bubble_order,
+)
 from pipestudio.planner.units import transfer_ms
 
 _TIMELINE = TypeAdapter(list[TimelineOp])
 #: Ops that change a worker's memory (the others only move data between devices).
-_MEMORY_OPS = frozenset({"forward", "backward", "recompute", "swap_out", "swap_in"})
+_MEMORY_OPS = frozenset({"forward", "backward", "weight", "recompute", "swap_out", "swap_in"})
 
 
 @dataclass
@@ -92,14 +98,14 @@ class _Build:
     ops: list[_Op] = field(default_factory=list)
     workers: list[tuple[int, int]] = field(default_factory=list)
     worker_id: dict[tuple[int, int], int] = field(default_factory=dict)
-    last_op: dict[int, int] = field(default_factory=dict)  # worker -> last op in its stream
+    last_op: dict[int, int] = field(default_factory=dict)  # stream -> its last op
     last_pass: dict[int, int] = field(default_factory=dict)  # the same, updates left out
     forward: dict[tuple[int, int], int] = field(default_factory=dict)  # (stage, mb) -> op
     first_backward: dict[tuple[int, int], int] = field(default_factory=dict)  # R or B
     backward: dict[tuple[int, int], int] = field(default_factory=dict)
     swap_in: dict[tuple[int, int], int] = field(default_factory=dict)
-    last_swap_out: dict[int, int] = field(default_factory=dict)  # worker -> op
-    # worker -> the last swap-out issued before its last compute op started
+    last_swap_out: dict[int, int] = field(default_factory=dict)  # stream -> op
+    # stream -> the last swap-out issued before its last compute op started
     swap_out_gate: dict[int, int] = field(default_factory=dict)
     warmups: list[int] = field(default_factory=list)  # 1F1B warm-up forwards per stage
     compute_res: dict[int, int] = field(default_factory=dict)
@@ -117,6 +123,13 @@ class _Build:
         stage_idx, replica = self.workers[worker]
         return self.devices[stage_idx][replica]
 
+    def stream(self, worker: int) -> int:
+        """The process whose order the worker's compute ops follow: the worker itself, or
+        for an interleaved plan the device rank that runs all its chunks in one order."""
+        if self.plan.interleaved:
+            return self.plan.rank_of_stage(self.workers[worker][0])
+        return worker
+
     def worker_of(self, stage_idx: int, microbatch: int) -> int:
         return self.worker_id[(stage_idx, microbatch % self.plan.stages[stage_idx].replicas)]
 
@@ -132,15 +145,16 @@ class _Build:
 
     def add_compute(self, op: _Op, duration_ms: float) -> int:
         op_id = self.add(op, duration_ms, self.resource("compute", self.device(op.worker)))
-        previous = self.last_op.get(op.worker)
+        stream = self.stream(op.worker)
+        previous = self.last_op.get(stream)
         if previous is not None:
             self.graph.after(op_id, previous)
-        self.last_op[op.worker] = op_id
+        self.last_op[stream] = op_id
         if op.kind != "update":  # a fetch overlaps the last pass, not a short update
-            self.last_pass[op.worker] = op_id
-            swap_out = self.last_swap_out.get(op.worker)
+            self.last_pass[stream] = op_id
+            swap_out = self.last_swap_out.get(stream)
             if swap_out is not None:
-                self.swap_out_gate[op.worker] = swap_out
+                self.swap_out_gate[stream] = swap_out
         return op_id
 
 
@@ -216,21 +230,48 @@ def _build_stream(build: _Build, microbatches: list[int]) -> None:
     """Ops of ``microbatches`` on every worker: one step, or pipedream's whole stream."""
     plan = build.plan
     sync = plan.schedule != "pipedream"
+    for order in _orders(build, microbatches):
+        for pos, (kind, worker, mb) in enumerate(order):
+            if kind == BACKWARD:
+                _add_backward(build, worker, mb)
+                if not sync:
+                    stage_replicas = plan.stages[build.workers[worker][0]].replicas
+                    _add_update(build, worker, mb // stage_replicas, mb)
+            elif kind == WEIGHT:
+                _add_weight(build, worker, mb)
+            else:
+                swap = order[pos + 1 : pos + 2] != [(BACKWARD, worker, mb)]
+                _add_forward(build, worker, mb, swap=swap)
+    if sync:
+        for worker in range(len(build.workers)):
+            _add_update(build, worker, microbatches[0] // plan.num_microbatches, None)
+    _add_transfers(build, microbatches)
+
+
+def _orders(build: _Build, microbatches: list[int]) -> list[list[tuple[str, int, int]]]:
+    """Each process's compute ops over ``microbatches`` as (kind, worker, micro-batch), in
+    the order it runs them (``schedule.py``)."""
+    plan = build.plan
+    if plan.interleaved:
+        devices, chunks = plan.num_workers, plan.virtual_stages
+        return [
+            [
+                (kind, build.worker_id[(chunk * devices + device, 0)], mb)
+                for kind, chunk, mb in interleaved_order(device, devices, chunks, microbatches)
+            ]
+            for device in range(devices)
+        ]
+    orders = []
     for worker, (stage_idx, replica) in enumerate(build.workers):
         replicas = plan.stages[stage_idx].replicas
         # Micro-batch i goes to replica i mod r; ``microbatches`` is a run of consecutive ones.
         mine = microbatches[(replica - microbatches[0]) % replicas :: replicas]
-        order = worker_order(plan.schedule, mine, build.warmups[stage_idx])
-        for pos, (kind, mb) in enumerate(order):
-            if kind == BACKWARD:
-                _add_backward(build, worker, mb)
-                if not sync:
-                    _add_update(build, worker, mb // replicas, mb)
-            else:
-                _add_forward(build, worker, mb, swap=order[pos + 1 : pos + 2] != [(BACKWARD, mb)])
-        if sync:
-            _add_update(build, worker, microbatches[0] // plan.num_microbatches, None)
-    _add_transfers(build, microbatches)
+        if plan.schedule == "zero-bubble":
+            order = zero_bubble_order(mine, build.warmups[stage_idx], stage_idx)
+        else:
+            order = worker_order(plan.schedule, mine, build.warmups[stage_idx])
+        orders.append([(kind, worker, mb) for kind, mb in order])
+    return orders
 
 
 def _add_forward(build: _Build, worker: int, mb: int, swap: bool) -> None:
@@ -289,8 +330,8 @@ def _add_backward(build: _Build, worker: int, mb: int) -> None:
     if swap_in is not None:
         # Fetch the swapped tensors while the op before this backward runs, once every
         # swap-out issued before has ended (so at most two swapped micro-batches are here).
-        build.graph.after_start(swap_in, build.last_pass[worker])
-        gate = build.swap_out_gate.get(worker)
+        build.graph.after_start(swap_in, build.last_pass[build.stream(worker)])
+        gate = build.swap_out_gate.get(build.stream(worker))
         if gate is not None:
             build.graph.after(swap_in, gate)
     workspace = costs.workspace_bytes
@@ -308,6 +349,10 @@ def _add_backward(build: _Build, worker: int, mb: int) -> None:
         )
         build.first_backward[(stage_idx, mb)] = recompute
     freed = costs.kept_bytes + costs.swap_bytes + costs.recompute_bytes
+    duration = costs.bwd_ms
+    if build.plan.schedule == "zero-bubble":  # the weight half runs later (``_add_weight``)
+        freed -= costs.weight_bytes
+        duration = costs.input_ms
     backward = build.add_compute(
         _Op(
             "backward",
@@ -317,12 +362,29 @@ def _add_backward(build: _Build, worker: int, mb: int) -> None:
             memory_at_start=(0, workspace),
             memory_at_end=(-freed, -workspace),
         ),
-        costs.bwd_ms,
+        duration,
     )
     build.first_backward.setdefault((stage_idx, mb), backward)
     build.backward[(stage_idx, mb)] = backward
     if swap_in is not None:
         build.graph.after(backward, swap_in)
+
+
+def _add_weight(build: _Build, worker: int, mb: int) -> None:
+    """Zero-bubble's weight-gradient half of a backward: it frees what only it needed
+    (``StageCosts.weight_bytes``)."""
+    costs = build.costs[build.workers[worker][0]]
+    build.add_compute(
+        _Op(
+            "weight",
+            worker,
+            mb,
+            mb // build.plan.num_microbatches,
+            memory_at_start=(0, costs.workspace_bytes),
+            memory_at_end=(-costs.weight_bytes, -costs.workspace_bytes),
+        ),
+        costs.weight_ms,
+    )
 
 
 def _add_update(build: _Build, worker: int, round_idx: int, mb: int | None) -> None:
@@ -337,7 +399,7 @@ def _add_update(build: _Build, worker: int, round_idx: int, mb: int | None) -> N
     if replicas == 1 and costs.update_ms == 0:
         return
     step = round_idx if mb is None else mb // build.plan.num_microbatches
-    backward = build.last_op[worker]
+    backward = build.last_op[build.stream(worker)]
     update = build.add_compute(_Op("update", worker, mb, step), costs.update_ms)
     if replicas > 1:
         build.rounds.setdefault((stage_idx, round_idx), []).append((backward, update))
@@ -505,7 +567,9 @@ def _result(
             )
         )
     stage_busy = sum(stage.busy_ms for stage in stages)
-    bubble = 1.0 - stage_busy / (len(stages) * step_time) if step_time > 0 else 0.0
+    # an interleaved device holds several stages (chunks): the bubble is the devices' idle
+    devices = plan.num_workers if plan.interleaved else len(stages)
+    bubble = 1.0 - stage_busy / (devices * step_time) if step_time > 0 else 0.0
     samples = plan.num_microbatches * plan.microbatch_size
     model_flops = plan.num_microbatches * sum(
         layer.fwd_flops + layer.bwd_flops for layer in profile.layers

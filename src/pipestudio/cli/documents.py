@@ -89,6 +89,13 @@ def _add_plan_template(commands: Any) -> None:
     )
     parser.add_argument("--schedule", required=True, choices=SCHEDULES)
     parser.add_argument(
+        "--virtual-stages",
+        type=int,
+        default=1,
+        metavar="V",
+        help="chunks per device (interleaved-1f1b): K x V stages, chunk c on device c mod K",
+    )
+    parser.add_argument(
         "--microbatch-size",
         type=int,
         metavar="N",
@@ -116,6 +123,7 @@ def _plan_template(args: argparse.Namespace) -> int:
         args.schedule,
         microbatch_size=args.microbatch_size,
         optimizer=args.optimizer,
+        virtual_stages=args.virtual_stages,
     )
     write_document(plan, args.output)
     return 0

@@ -21,8 +21,9 @@ from pipestudio.planner.algorithms.request import (
     memory_only_cluster,
     run_planner,
 )
+from pipestudio.planner.algorithms.schedules import AUTO
 from pipestudio.planner.errors import InfeasibleError
-from pipestudio.planner.formats.plan import SCHEDULES, check_precision
+from pipestudio.planner.formats.plan import PLANNED_SCHEDULES, Plan, check_precision
 from pipestudio.planner.units import format_bytes, parse_size
 
 _Formatter = argparse.RawDescriptionHelpFormatter
@@ -36,7 +37,7 @@ def add_commands(commands: Any) -> None:
         description="Ask one planner how to split a model into stages (and which layers to "
         "recompute or swap),\nthen simulate its plan. Algorithms: " + ", ".join(PLANNERS) + ".",
     )
-    _add_request_options(parser, algorithm=True)
+    _add_request_options(parser, algorithm=True, auto=True)
     parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan JSON here")
     parser.add_argument(
         "--json", action="store_true", help='print {"plan", "result", "planner_ms", "objective_ms"}'
@@ -49,7 +50,7 @@ def add_commands(commands: Any) -> None:
         help="run every planner on the same case",
         description="Run every planner on the same request and simulate each plan.",
     )
-    _add_request_options(parser, algorithm=False)
+    _add_request_options(parser, algorithm=False, auto=True)
     parser.add_argument(
         "--json",
         action="store_true",
@@ -91,6 +92,7 @@ def _add_request_options(
     *,
     algorithm: bool,
     microbatch_help: str = "samples per micro-batch (default: the profile's)",
+    auto: bool = False,
 ) -> None:
     parser.add_argument("profile", metavar="PROFILE", help="profile JSON")
     if algorithm:
@@ -112,7 +114,15 @@ def _add_request_options(
     parser.add_argument(
         "--microbatches", type=int, required=True, metavar="M", help="micro-batches per step"
     )
-    parser.add_argument("--schedule", required=True, choices=SCHEDULES)
+    parser.add_argument(
+        "--schedule",
+        required=True,
+        choices=(*PLANNED_SCHEDULES, AUTO) if auto else PLANNED_SCHEDULES,
+        help="auto: the fastest fitting of gpipe, 1f1b, zero-bubble and interleaved-1f1b "
+        "(2 or 4 chunks per device) for the planner's splits (docs/planners.md)"
+        if auto
+        else None,
+    )
     parser.add_argument("--microbatch-size", type=int, metavar="N", help=microbatch_help)
     parser.add_argument("--optimizer", default="adam", choices=("sgd", "momentum", "adam"))
     add_precision_option(parser)
@@ -149,7 +159,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
     return PlanRequest(
         profile=profile,
         num_microbatches=args.microbatches,
-        schedule=args.schedule,
+        schedule="1f1b" if args.schedule == AUTO else args.schedule,
         num_stages=args.stages,
         microbatch_size=args.microbatch_size,
         optimizer=args.optimizer,
@@ -160,7 +170,9 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
 
 def _plan(args: argparse.Namespace) -> int:
     request = build_request(args)
-    outcome = run_planner(args.algorithm, PLANNERS[args.algorithm], request)
+    outcome = run_planner(
+        args.algorithm, PLANNERS[args.algorithm], request, auto=args.schedule == AUTO
+    )
     if outcome.error is not None:
         raise PlannerError(f"{args.algorithm}: {outcome.error}")
     assert outcome.plan is not None and outcome.result is not None
@@ -185,7 +197,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     request = build_request(args)
     outcomes = [
-        run_planner(name, planner, request, with_timeline=args.json)
+        run_planner(name, planner, request, with_timeline=args.json, auto=args.schedule == AUTO)
         for name, planner in PLANNERS.items()
     ]
     if args.json:
@@ -225,7 +237,7 @@ def compare_table(outcomes: list[PlanOutcome]) -> str:
                 "yes" if result.fits else "NO",
                 f"{outcome.planner_ms:.1f}",
                 f"{outcome.objective_ms:.3f}",
-                (step_claim(outcome.plan.provenance) or "") if outcome.plan else "",
+                _claim(outcome.plan) if outcome.plan else "",
             ]
         )
     return format_table(
@@ -243,6 +255,15 @@ def compare_table(outcomes: list[PlanOutcome]) -> str:
         rows,
         right=[False, True, True, True, True, False, True, True, False],
     )
+
+
+def _claim(plan: Plan) -> str:
+    """What the plan's planner proved, and the schedule ``auto`` chose for it."""
+    words = [step_claim(plan.provenance) or ""]
+    if plan.provenance.get("schedule_chosen_by") == "auto":
+        chunks = f" x{plan.virtual_stages}" if plan.interleaved else ""
+        words.append(f"schedule {plan.schedule}{chunks} (auto)")
+    return "; ".join(word for word in words if word)
 
 
 def _max_batch(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from pipestudio.planner.algorithms import PLANNERS
 from pipestudio.planner.algorithms.min_memory import attempt, with_device_memory
 from pipestudio.planner.algorithms.request import PlanRequest, call_planner
 from pipestudio.planner.errors import InfeasibleError, PlannerError
-from pipestudio.planner.formats.plan import SCHEDULES
+from pipestudio.planner.formats.plan import PLANNED_SCHEDULES
 from tests.planner.strategies import profiles
 
 MEMORY_AWARE = ("optimal", "vpipe", "dawnpiper")
@@ -46,7 +46,7 @@ def requests(draw: st.DrawFn) -> PlanRequest:
     request = PlanRequest(
         profile=profile,
         num_microbatches=draw(st.sampled_from([1, 2, 3, 4, 6, 8])),
-        schedule=draw(st.sampled_from(SCHEDULES)),
+        schedule=draw(st.sampled_from(PLANNED_SCHEDULES)),
         num_stages=num_stages,
         microbatch_size=draw(st.one_of(st.none(), st.integers(1, 4))),
         optimizer=draw(st.sampled_from(["sgd", "momentum", "adam"])),

@@ -109,7 +109,11 @@ def test_plan_against_profile_errors(stages: list[list[str]], message: str) -> N
 @pytest.mark.parametrize(
     "changes,message",
     [
-        ({"schedule": "zigzag"}, "schedule = 'zigzag': Input should be 'gpipe', '1f1b' or"),
+        (
+            {"schedule": "zigzag"},
+            "schedule = 'zigzag': Input should be 'gpipe', '1f1b', 'pipedream', "
+            "'interleaved-1f1b' or",
+        ),
         ({"vertical_sync": True}, "vertical_sync applies to the pipedream schedule only"),
         (
             {
@@ -120,11 +124,68 @@ def test_plan_against_profile_errors(stages: list[list[str]], message: str) -> N
         ),
         ({"policies": {"layer0": "forget"}}, "policies.layer0 = 'forget'"),
         ({"stages": []}, "stages = []: List should have at least 1 item"),
+        ({"virtual_stages": 2}, "virtual_stages=2 applies to interleaved-1f1b only, not '1f1b'"),
+        ({"virtual_stages": 0}, "virtual_stages = 0: Input should be greater than or equal to 1"),
+        (
+            {
+                "schedule": "interleaved-1f1b",
+                "virtual_stages": 2,
+                "stages": [{"layers": ["layer0"]}, {"layers": ["layer1"]}, {"layers": ["layer2"]}],
+            },
+            "interleaved-1f1b with virtual_stages=2 needs a multiple of 2 stages "
+            "(devices x chunks), got 3",
+        ),
+        (
+            {
+                "schedule": "interleaved-1f1b",
+                "virtual_stages": 2,
+                "num_microbatches": 6,
+                "stages": [{"layers": [name]} for name in ("a", "b", "c", "d", "e", "f", "g", "h")],
+            },
+            "interleaved-1f1b on 4 devices needs num_microbatches a multiple of 4 (micro-batches "
+            "go round in groups of the devices), got 6",
+        ),
+        (
+            {
+                "schedule": "interleaved-1f1b",
+                "virtual_stages": 1,
+                "num_microbatches": 3,
+                "stages": [{"layers": ["layer0"]}, {"layers": ["layer1", "layer2"]}],
+            },
+            "interleaved-1f1b on 2 devices needs num_microbatches a multiple of 2",
+        ),
+        (
+            {
+                "schedule": "zero-bubble",
+                "stages": [{"layers": ["layer0"], "replicas": 2}, {"layers": ["layer1", "layer2"]}],
+            },
+            "zero-bubble runs one replica per stage; stage 0 has 2",
+        ),
+        (
+            {
+                "schedule": "interleaved-1f1b",
+                "virtual_stages": 2,
+                "stages": [
+                    {"layers": ["layer0"], "devices": [0]},
+                    {"layers": ["layer1"], "devices": [1]},
+                    {"layers": ["layer2"], "devices": [0]},
+                    {"layers": ["layer3"], "devices": [0]},
+                ],
+            },
+            "stage 3 is a chunk of device rank 1, as stage 1 is, but names devices [0], not [1]",
+        ),
     ],
 )
 def test_plan_document_errors(changes: dict[str, object], message: str) -> None:
     with pytest.raises(DocumentError, match=re.escape(message)):
         parse_document(Plan, plan_dict(chain_profile(3), **changes))
+
+
+def test_an_interleaved_plan_runs_its_chunks_on_their_devices() -> None:
+    plan = plan_template(chain_profile(8), 4, 8, "interleaved-1f1b", virtual_stages=2)
+    assert plan.num_stages == 8 and plan.num_workers == 4
+    assert plan.worker_devices() == [[0], [1], [2], [3], [0], [1], [2], [3]]
+    assert [plan.rank_of_stage(chunk) for chunk in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
 
 
 def test_policy_for_unknown_layer() -> None:
