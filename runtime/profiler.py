@@ -34,6 +34,13 @@ from pipestudio.runtime.activation_memory import (
     measure_workspace_bytes,
     tensor_bytes,
 )
+from pipestudio.runtime.backward_split import (
+    WeightWork,
+    capturing,
+    input_half,
+    weight_half,
+    weight_modules,
+)
 from pipestudio.runtime.devices import describe_device, resolve_device
 from pipestudio.runtime.errors import SettingsError
 from pipestudio.runtime.fx_ops import (
@@ -167,15 +174,16 @@ def median_profile(profiles: list[Profile]) -> Profile:
     names = [layer.name for layer in first.layers]
     if any([layer.name for layer in p.layers] != names for p in profiles):
         raise SettingsError("the profiles to merge are not of the same layers")
-    layers = [
-        layer.model_copy(
-            update={
-                field: statistics.median(getattr(p.layers[idx], field) for p in profiles)
-                for field in ("fwd_ms", "bwd_ms", "update_ms")
-            }
-        )
-        for idx, layer in enumerate(first.layers)
-    ]
+    layers = []
+    for idx, layer in enumerate(first.layers):
+        update: dict[str, float | None] = {
+            field: statistics.median(getattr(p.layers[idx], field) for p in profiles)
+            for field in ("fwd_ms", "bwd_ms", "update_ms")
+        }
+        for field in ("bwd_input_ms", "bwd_weight_ms"):
+            measured = [v for p in profiles if (v := getattr(p.layers[idx], field)) is not None]
+            update[field] = statistics.median(measured) if measured else None
+        layers.append(layer.model_copy(update=update))
     metadata = {**first.metadata, "profiled_together": len(profiles)}
     return first.model_copy(update={"layers": layers, "metadata": metadata})
 
@@ -217,7 +225,7 @@ def profile_layer(
     fwd_ms = median_ms(
         forward, nothing, settings.device, warmup=settings.warmup, repeats=settings.repeats
     )
-    bwd_ms, workspace_bytes = 0.0, 0
+    bwd_ms, workspace_bytes, halves = 0.0, 0, None
     fwd_flops, bwd_flops = count_flops(layer, inputs, settings)
     if output.requires_grad:
         bwd_ms, workspace_bytes = _measure_backward(
@@ -228,6 +236,7 @@ def profile_layer(
             output_bytes=output_bytes,
             saved_bytes=saved_bytes,
         )
+        halves = _measure_halves(layer, inputs, torch.ones_like(output), settings)
     result = Layer(
         name=layer_name,
         kind=op_kind(layer) or type(layer).__name__,
@@ -241,6 +250,8 @@ def profile_layer(
         fwd_flops=fwd_flops,
         bwd_flops=bwd_flops,
         description=op_description(layer) or describe_module(layer),
+        bwd_input_ms=None if halves is None else halves[0],
+        bwd_weight_ms=None if halves is None else halves[1],
     )
     return result, output
 
@@ -301,6 +312,38 @@ def _measure_backward(
         saved_bytes=saved_bytes,
     )
     return bwd_ms, workspace_bytes
+
+
+def _measure_halves(
+    layer: nn.Module, inputs: list[Tensor], grad_output: Tensor, settings: ProfileSettings
+) -> tuple[float, float] | None:
+    """Milliseconds of the input and weight halves of the backward, as a zero-bubble
+    schedule runs them (``runtime/backward_split.py``): each timed after a fresh forward,
+    the weight half after the untimed input half. None for a layer without parameters
+    that take a gradient."""
+    modules = weight_modules(layer)
+    if not modules:
+        return None
+    wanted = [x for x in inputs if x.requires_grad]
+
+    def forward() -> tuple[Tensor, WeightWork]:
+        work = WeightWork()
+        with forwards(settings.precision, settings.device), capturing(modules, work):
+            output = layer(*inputs)
+        return output, work
+
+    def first_half(made: tuple[Tensor, WeightWork]) -> None:
+        input_half([made[0]], [grad_output], wanted, made[1])
+
+    def halved() -> WeightWork:
+        made = forward()
+        first_half(made)
+        return made[1]
+
+    timing = {"warmup": settings.warmup, "repeats": settings.repeats}
+    input_ms = median_ms(first_half, forward, settings.device, **timing)
+    weight_ms = median_ms(weight_half, halved, settings.device, **timing)
+    return input_ms, weight_ms
 
 
 def _measure_update(layer: nn.Module, settings: ProfileSettings) -> float:

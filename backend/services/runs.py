@@ -71,11 +71,16 @@ def _assign(
     busy = Runs(session).busy_ranks_by_worker()
     free = [(w.id, w.slots - busy.get(w.id, 0)) for w in allowing]
     slots = [worker_id for worker_id, count in free for _ in range(max(count, 0))]
-    workers = [
-        (stage_idx, replica)
-        for stage_idx, stage in enumerate(plan.stages)
-        for replica in range(stage.replicas)
-    ]
+    workers = (
+        # interleaved: rank d runs chunks d, d + p, ...; its row names the first
+        [(rank, 0) for rank in range(plan.num_workers)]
+        if plan.interleaved
+        else [
+            (stage_idx, replica)
+            for stage_idx, stage in enumerate(plan.stages)
+            for replica in range(stage.replicas)
+        ]
+    )
     if len(slots) < len(workers):
         refusing = [w for w in online if w not in allowing]
         raise ConflictError(

@@ -92,6 +92,17 @@ class EngineConfig:
             raise EngineError(
                 f"device {self.device!r} is unknown; expected one of {', '.join(DEVICES)}"
             )
+        if self.plan.interleaved and self.plan.num_workers < 2:
+            raise EngineError(
+                "interleaved-1f1b needs 2 or more devices to train (its chunks alternate "
+                f"between devices); this plan has {self.plan.num_workers}"
+            )
+        if self.plan.interleaved and self.plan.precision == "fp16":
+            raise EngineError(
+                "the plan's precision 'fp16' needs a loss scale that all stages agree on "
+                "once per step, which interleaved-1f1b does not do yet: train it in bf16 or "
+                "fp32"
+            )
         if self.plan.precision == "fp16" and self.plan.schedule == "pipedream":
             raise EngineError(
                 "the plan's precision 'fp16' needs a loss scale that all "
@@ -122,6 +133,12 @@ class EngineConfig:
             self.migration.check()
             if self.migration.enabled:
                 check_replicas(self.plan)
+                if self.plan.schedule in ("zero-bubble", "interleaved-1f1b"):
+                    raise EngineError(
+                        f"live migration is not available under schedule "
+                        f"{self.plan.schedule!r} (a rank's ops of one micro-batch are not "
+                        "contiguous there); train it without --migrate, or migrate a 1f1b run"
+                    )
 
 
 def build_model(config: EngineConfig) -> ModelSpec:

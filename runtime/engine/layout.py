@@ -1,6 +1,8 @@
 """The engine's view of a plan: which layers, tensors and ranks every stage has.
 
-Ranks are numbered stage by stage: stage 0's replicas first, then stage 1's, and so on.
+Ranks are numbered stage by stage: stage 0's replicas first, then stage 1's, and so on;
+under ``interleaved-1f1b`` rank d runs every chunk c with c mod p = d (p ranks), so the
+(stage, replica) workers outnumber the ranks.
 A tensor made by a layer of stage a and read by layers of a later stage c goes straight
 from a to c (torchgpipe's portals, Kim et al. 2020 §3.3), once per destination stage however
 many layers there read it, exactly as the simulator counts boundary bytes
@@ -68,12 +70,19 @@ class EngineLayout:
         self.stages = [
             self._stage_io(idx, layer_names, graph_inputs) for idx in range(plan.num_stages)
         ]
+        #: Every (stage, replica), in pipeline order, and the rank that runs it.
         self.workers = [
             (stage_idx, replica)
             for stage_idx, stage in enumerate(plan.stages)
             for replica in range(stage.replicas)
         ]
-        self._rank = {worker: rank for rank, worker in enumerate(self.workers)}
+        if plan.interleaved:
+            self._rank = {worker: plan.rank_of_stage(worker[0]) for worker in self.workers}
+        else:
+            self._rank = {worker: rank for rank, worker in enumerate(self.workers)}
+        self._of_rank: list[list[tuple[int, int]]] = [[] for _ in range(plan.num_workers)]
+        for worker in self.workers:
+            self._of_rank[self._rank[worker]].append(worker)
 
     def _stage_io(
         self, stage_idx: int, layer_names: Sequence[str], graph_inputs: Mapping[str, Sequence[str]]
@@ -103,14 +112,18 @@ class EngineLayout:
 
     @property
     def world_size(self) -> int:
-        return len(self.workers)
+        return self.plan.num_workers
 
     def rank_of(self, stage_idx: int, replica: int) -> int:
         return self._rank[(stage_idx, replica)]
 
     def worker(self, rank: int) -> tuple[int, int]:
-        """(stage, replica) of ``rank``."""
-        return self.workers[rank]
+        """(stage, replica) of ``rank`` (its first chunk, interleaved)."""
+        return self._of_rank[rank][0]
+
+    def workers_of(self, rank: int) -> list[tuple[int, int]]:
+        """Every (stage, replica) ``rank`` runs: one, or its chunks (interleaved)."""
+        return self._of_rank[rank]
 
     def replicas(self, stage_idx: int) -> int:
         return self.plan.stages[stage_idx].replicas
@@ -123,7 +136,10 @@ class EngineLayout:
         return [self.rank_of(stage_idx, replica) for replica in range(self.replicas(stage_idx))]
 
     def describe(self, rank: int) -> str:
-        stage_idx, replica = self.workers[rank]
+        if self.plan.interleaved:
+            chunks = ", ".join(str(stage) for stage, _ in self._of_rank[rank])
+            return f"rank {rank} (stages {chunks})"
+        stage_idx, replica = self._of_rank[rank][0]
         return f"rank {rank} (stage {stage_idx} replica {replica})"
 
 

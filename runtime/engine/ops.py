@@ -5,6 +5,9 @@ order the simulator uses, so a measured timeline lines up with the predicted one
 
 - ``gpipe`` and ``1f1b`` run one step at a time (a flush), then all-reduce the gradients
   among the stage's replicas and update once;
+- ``zero-bubble`` (ZB-H1) runs one step at a time as ``1f1b`` does, with each backward
+  split into its input-gradient half (``backward``) and its weight-gradient half
+  (``weight``), which stage s runs s backwards later (``zero_bubble_order``);
 - ``pipedream`` (Narayanan et al. SOSP'19, §3.3) runs the micro-batches of many steps as one
   stream without a flush, and follows every backward with an all-reduce (replicated stages)
   and an update. The stream is cut only where a checkpoint is due, so that a checkpoint
@@ -16,13 +19,19 @@ Micro-batch ``k`` of step ``t`` has the global index ``t * num_microbatches + k`
 from dataclasses import dataclass
 
 from pipestudio.planner.formats.plan import Plan
-from pipestudio.planner.simulator.schedule import BACKWARD, FORWARD, worker_order
+from pipestudio.planner.simulator.schedule import (
+    BACKWARD,
+    FORWARD,
+    WEIGHT,
+    worker_order,
+    zero_bubble_order,
+)
 
 
 @dataclass(frozen=True)
 class Op:
-    """``kind`` is forward, backward, allreduce or update; ``microbatch`` is None for a
-    synchronous step's all-reduce and update."""
+    """``kind`` is forward, backward, weight, allreduce or update; ``microbatch`` is None
+    for a synchronous step's all-reduce and update."""
 
     kind: str
     microbatch: int | None
@@ -74,10 +83,14 @@ def worker_ops(
                 ops.append(Op("allreduce", mb, mb // num_microbatches))
             ops.append(Op("update", mb, mb // num_microbatches))
         return ops
+    kinds = {FORWARD: "forward", BACKWARD: "backward", WEIGHT: "weight"}
     for step in range(first_step, first_step + num_steps):
         step_mbs = [mb for mb in mbs if mb // num_microbatches == step]
-        for kind, mb in worker_order(plan.schedule, step_mbs, warmup):
-            ops.append(Op("forward" if kind == FORWARD else "backward", mb, step))
+        if plan.schedule == "zero-bubble":
+            order = zero_bubble_order(step_mbs, warmup, stage_idx)
+        else:
+            order = worker_order(plan.schedule, step_mbs, warmup)
+        ops.extend(Op(kinds[kind], mb, step) for kind, mb in order)
         if replicated:
             ops.append(Op("allreduce", None, step))
         ops.append(Op("update", None, step))

@@ -27,6 +27,7 @@ from pipestudio.runtime.engine.config import EngineConfig, build_model
 from pipestudio.runtime.engine.errors import WorkerFailure
 from pipestudio.runtime.engine.exchange import gather_json
 from pipestudio.runtime.engine.faults import Watchdog
+from pipestudio.runtime.engine.interleaved import ChunkedRank
 from pipestudio.runtime.engine.layout import EngineLayout
 from pipestudio.runtime.engine.rendezvous import StoreAddress, join, leave
 from pipestudio.runtime.engine.telemetry.measured import measured_result, summary_event
@@ -75,8 +76,12 @@ def run_rank(
     watchdog = Watchdog(address, rank, layout.world_size, layout.describe, config.timeout_s)
     stage_idx, replica = layout.worker(rank)
     try:
-        worker = Worker(config, spec, layout, ctx, watchdog, sink)
-        start_step = _resume(config, worker)
+        worker: Worker | ChunkedRank = (
+            ChunkedRank(config, spec, layout, ctx, watchdog, sink)
+            if config.plan.interleaved
+            else Worker(config, spec, layout, ctx, watchdog, sink)
+        )
+        start_step = min(_resume(config, each) for each in worker.workers)
         settle_heap()  # and again after the first step (``Worker.run_segment``)
         sink(
             {
@@ -97,7 +102,7 @@ def run_rank(
         )
         with matmuls(config.plan.precision):
             worker.train(start_step)
-        summary = _gather(config, worker, list(range(start_step, config.steps)))
+        summary = _gather(config, worker.workers, list(range(start_step, config.steps)))
         watchdog.finish()
         return summary
     except BaseException as exc:
@@ -196,14 +201,18 @@ def _report(worker: Worker) -> dict[str, Any]:
     }
 
 
-def _gather(config: EngineConfig, worker: Worker, steps: list[int]) -> dict[str, Any] | None:
+def _gather(config: EngineConfig, workers: list[Worker], steps: list[int]) -> dict[str, Any] | None:
+    """The summary at rank 0 from every stage worker's report (several per rank when it
+    holds chunks); None elsewhere."""
+    worker = workers[0]
     worker.watchdog.doing("gathering the timelines at rank 0")
     try:
-        reports = gather_json(_report(worker), dst=0)
+        gathered = gather_json([_report(each) for each in workers], dst=0)
     except Exception as exc:
         raise worker.watchdog.failure("gathering the timelines", None, exc) from exc
-    if reports is None:
+    if gathered is None:
         return None
+    reports = [report for rank_reports in gathered for report in rank_reports]
     plan = worker.live.latest.plan  # the partition the run ended on
     summary = summary_event(plan, reports, steps)
     for stage in summary["stages"]:

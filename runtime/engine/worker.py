@@ -6,7 +6,8 @@ fetching them: the schedule knows what comes next). A forward whose own backward
 right after it keeps its swapped tensors on the device: they would only come straight
 back. A forward waits for its inputs, runs the stage and sends its outputs; a backward
 waits for the gradients of what it sent, runs autograd and sends the gradients of what it
-received; an all-reduce sums the replicas' gradients; an update steps the optimizer. Under
+received (under ``zero-bubble`` only its input half: the weight half is an op of its own,
+later); an all-reduce sums the replicas' gradients; an update steps the optimizer. Under
 ``pipedream`` the forward and backward run on stashed weight versions (``execution/weights.py``).
 When a step's last op is done the worker publishes the step's ops and metrics; after
 the first one it settles the heap (``src/pipestudio/gc_freeze.py``), so that no full collection
@@ -40,6 +41,7 @@ import torch
 from torch import Tensor
 
 from pipestudio.gc_freeze import settle_heap
+from pipestudio.runtime.backward_split import WeightWork
 from pipestudio.runtime.engine import checkpoint as ckpt
 from pipestudio.runtime.engine.config import EngineConfig
 from pipestudio.runtime.engine.errors import NonFiniteLoss
@@ -75,11 +77,14 @@ class Worker:
         ctx: RankContext,
         watchdog: Watchdog,
         sink: EventSink,
+        worker: tuple[int, int] | None = None,
     ) -> None:
+        """``worker``: the (stage, replica) to run, when the rank runs several (chunks of
+        an interleaved plan: ``interleaved.py``); by default the rank's one."""
         self.config, self.spec, self.layout, self.ctx = config, spec, layout, ctx
         self.plan = layout.plan
         self.watchdog = watchdog
-        self.stage_idx, self.replica = layout.worker(ctx.rank)
+        self.stage_idx, self.replica = worker or layout.worker(ctx.rank)
         self.io = layout.stages[self.stage_idx]
         self.recorder = Recorder(
             self.stage_idx,
@@ -100,7 +105,10 @@ class Worker:
             self.swap,
             self.recorder,
             self.plan.precision,
+            split_backward=self.plan.schedule == "zero-bubble",
         )
+        #: zero-bubble: per micro-batch, what its weight half needs (``_weight``).
+        self.weight_work: dict[int, WeightWork] = {}
         self.optimizer = self.make_optimizer(
             [p for p in self.stage.params.values() if p.requires_grad]
         )
@@ -136,6 +144,11 @@ class Worker:
             for group in optimizer.param_groups:
                 group["lr"] = self.config.lr
         return optimizer
+
+    @property
+    def workers(self) -> list["Worker"]:
+        """The stage workers this rank runs: this one (``interleaved.py`` has several)."""
+        return [self]
 
     def io_for(self, microbatch: int) -> StageIO:
         return self.live.partition(microbatch).io
@@ -181,7 +194,7 @@ class Worker:
                 if following is not None and following.kind == "backward"
                 else None
             )
-            self.watchdog.doing(_describe(op))
+            self.watchdog.doing(describe_op(op))
             if self.config.before_op is not None:
                 self.config.before_op(self.ctx.rank, op)
             self._run(op)
@@ -248,6 +261,9 @@ class Worker:
         elif op.kind == "backward":
             assert op.microbatch is not None
             self._backward(op.microbatch, op.step)
+        elif op.kind == "weight":
+            assert op.microbatch is not None
+            self._weight(op.microbatch, op.step)
         elif op.kind == "allreduce":
             self._allreduce(op)
         else:
@@ -319,16 +335,28 @@ class Worker:
             if self.versions is None and self.meter is None and self.last_backward.get(step) == mb
             else None
         )
+        scale = None if self.scaler is None else self.scaler.scale
         record = self.recorder.start("backward", mb, step)
-        weight_grads, input_grads = part.runner.backward(
-            state, grads, first, None if self.scaler is None else self.scaler.scale
-        )
+        if part.runner.split_backward:  # zero-bubble: the weight half comes later
+            input_grads, self.weight_work[mb] = part.runner.backward_input(state, grads, scale)
+            self.recorder.stop(record)
+            hand_on(input_grads)
+            return
+        weight_grads, input_grads = part.runner.backward(state, grads, first, scale)
         self.recorder.stop(record)
         set_gradients(part.runner.params, weight_grads, accumulate=self.versions is None)
         hand_on(input_grads)
         self.swap.release(mb)
         if self.versions is not None:
             self.versions.release(mb)
+
+    def _weight(self, mb: int, step: int) -> None:
+        """zero-bubble's weight half of ``mb``'s backward (``execution/stage.py``)."""
+        self.watchdog.doing(f"the weight gradients of micro-batch {mb} (step {step})")
+        record = self.recorder.start("weight", mb, step)
+        self.live.partition(mb).runner.backward_weight(self.weight_work.pop(mb))
+        self.recorder.stop(record)
+        self.swap.release(mb)
 
     def _allreduce(self, op: Op) -> None:
         group = self.ctx.groups.replicas
@@ -416,8 +444,9 @@ class Worker:
         start, end = events if events is not None else (now, now)
         self.recorder.span("swap_in", mb, step, start, end, num_bytes)
 
-    def save(self, step: int) -> None:
-        """Write this rank's checkpoint; rank 0 publishes it once every rank has."""
+    def save(self, step: int, *, publish: bool = True) -> None:
+        """Write this worker's checkpoint; rank 0 publishes it once every worker has (the
+        last of its chunks does, interleaved: ``publish``)."""
         root = self.config.checkpoint_dir
         assert root is not None
         first_microbatch = step * self.plan.num_microbatches
@@ -435,11 +464,11 @@ class Worker:
             self.scaler,
         )
         self.ctx.store.add(f"checkpoint/{step}", 1)
-        if self.ctx.rank == 0:
+        if self.ctx.rank == 0 and publish:
             self.watchdog.doing(f"waiting for every rank's checkpoint of step {step}")
             deadline = time.time() + self.ctx.timeout_s
             polls = 0
-            while self.ctx.store.add(f"checkpoint/{step}", 0) < self.ctx.world_size:
+            while self.ctx.store.add(f"checkpoint/{step}", 0) < len(self.layout.workers):
                 # a rank that failed meanwhile (a non-finite loss on the last stage at the
                 # end of this segment) never checkpoints: end now, not at the timeout. Only
                 # a failure record counts: a heartbeat may pause while a rank pickles a
@@ -472,7 +501,7 @@ class Worker:
         )
 
 
-def _describe(op: Op) -> str:
+def describe_op(op: Op) -> str:
     if op.microbatch is None:
         return f"the {op.kind} of step {op.step}"
     return f"the {op.kind} of micro-batch {op.microbatch} (step {op.step})"

@@ -138,6 +138,8 @@ def add_plan(
     *,
     approve: bool = False,
     num_microbatches: int = 4,
+    schedule: str = "1f1b",
+    **manual: Any,
 ) -> dict[str, Any]:
     response = client.post(
         "/api/plans",
@@ -147,7 +149,8 @@ def add_plan(
             "manual": {
                 "boundaries": boundaries,
                 "num_microbatches": num_microbatches,
-                "schedule": "1f1b",
+                "schedule": schedule,
+                **manual,
             },
         },
     )

@@ -152,3 +152,36 @@ def test_a_model_that_does_not_build_the_plan_is_refused_at_once(
         ).status_code
         == 201
     )
+
+
+def test_an_interleaved_plan_launches_one_rank_per_device(
+    client: TestClient, fake: Callable[..., FakeWorker]
+) -> None:
+    """Two devices of two chunks each: four stages, two ranks; rank d's row names its
+    first chunk d. The planners refuse the new schedules by name (422)."""
+    worker = fake("w", slots=2)
+    profile_id = add_profile(client, mlp_profile())
+    plan = add_plan(
+        client, profile_id, [1, 2, 3], approve=True, schedule="interleaved-1f1b", virtual_stages=2
+    )
+    assert plan["document"]["virtual_stages"] == 2 and len(plan["document"]["stages"]) == 4
+    launched = client.post("/api/runs", headers=AUTH, json={"plan_id": plan["id"], "steps": 1})
+    assert launched.status_code == 201, launched.text
+    assign = worker.expect("assign")
+    assert assign["world_size"] == 2
+    assert [(r["rank"], r["stage"]) for r in assign["ranks"]] == [(0, 0), (1, 1)]
+    planned = client.post(
+        "/api/plans",
+        headers=AUTH,
+        json={
+            "profile_id": profile_id,
+            "planner": {
+                "algorithm": "balance-time",
+                "num_stages": 2,
+                "num_microbatches": 4,
+                "schedule": "zero-bubble",
+            },
+        },
+    )
+    assert planned.status_code == 422, planned.text
+    assert "the planners plan gpipe, 1f1b, pipedream" in planned.text

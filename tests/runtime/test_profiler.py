@@ -66,6 +66,27 @@ def test_times_are_positive(profiled: tuple[ModelSpec, Profile]) -> None:
         assert (layer.update_ms > 0) == (layer.param_bytes > 0), layer.name
 
 
+def test_the_backward_is_split_into_its_weight_half(
+    profiled: tuple[ModelSpec, Profile],
+) -> None:
+    """Both halves measured for every layer with parameters (``backward_split.py``, as
+    the engine runs them); none without, whose backward is all input half."""
+    _, profile = profiled
+    for layer in profile.layers:
+        if layer.param_bytes:
+            assert layer.bwd_weight_ms is not None and layer.bwd_input_ms is not None
+            assert layer.bwd_weight_ms > 0 and layer.bwd_input_ms >= 0, layer.name
+            # split, the halves cost about what one backward does (cold caches: more)
+            assert layer.bwd_input_ms + layer.bwd_weight_ms < 3 * layer.bwd_ms + 1, layer.name
+        else:
+            assert layer.bwd_weight_ms is None and layer.weight_grad_ms == 0, layer.name
+            assert layer.input_grad_ms == layer.bwd_ms
+    merged = median_profile([profile, profile])
+    assert [(layer.bwd_input_ms, layer.bwd_weight_ms) for layer in merged.layers] == [
+        (layer.bwd_input_ms, layer.bwd_weight_ms) for layer in profile.layers
+    ]
+
+
 def test_saved_bytes_of_a_linear_gelu_block() -> None:
     spec = tiny("mlp")
     profile = profile_model(spec, MICROBATCH, **QUICK)

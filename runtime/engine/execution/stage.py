@@ -17,6 +17,14 @@ The backward on the live parameters lets autograd accumulate into their ``.grad`
 ``loss.backward()`` does; on a stashed version it uses ``torch.autograd.grad`` towards the
 weights and received inputs, so the gradients of micro-batches that share one version never
 mix, and the caller adds them into the live parameters' ``.grad``.
+
+``zero-bubble`` splits the backward in two (``backward_input``, ``backward_weight``;
+``runtime/backward_split.py``): the forward keeps the output of every module with
+parameters of its own outside recompute blocks; the input half computes the received
+inputs' gradients, those outputs' and the recompute blocks' parameters' (their layers'
+outputs are remade inside the backward, out of reach); the weight half, later, each
+module's parameters' gradients from its output's. The profiler measures ``bwd_weight_ms``
+the same way.
 """
 
 import contextlib
@@ -28,6 +36,14 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
+from pipestudio.runtime.backward_split import (
+    WeightWork,
+    accumulate,
+    capturing,
+    input_half,
+    weight_half,
+    weight_modules,
+)
 from pipestudio.runtime.batchnorm import recomputation
 from pipestudio.runtime.engine.execution.swap import SwapSpace
 from pipestudio.runtime.engine.execution.weights import trainable
@@ -46,6 +62,8 @@ class ForwardState:
     outputs: dict[str, Tensor]
     loss: Tensor | None
     weights: Mapping[str, Tensor]
+    #: zero-bubble: the calls of modules with parameters, for the weight half.
+    weight_work: WeightWork | None = None
 
 
 class StageRunner:
@@ -62,6 +80,7 @@ class StageRunner:
         swap: SwapSpace,
         recorder: Recorder,
         precision: str = "fp32",
+        split_backward: bool = False,
     ) -> None:
         self.io, self.names = io, list(io.layers)
         self.device, self.precision = device, precision
@@ -76,6 +95,23 @@ class StageRunner:
         ]
         self.blocks = _split_blocks(self.names, io.policies)
         self._needed = self._needed_after_blocks()
+        #: zero-bubble (module docstring): the modules whose calls the forward keeps, and
+        #: the parameters the input half computes itself (those of recompute blocks).
+        self.split_backward = split_backward
+        self._weight_modules = [
+            module
+            for policy, positions in self.blocks
+            if policy != "recompute"
+            for pos in positions
+            for module in weight_modules(self.module[pos])
+        ]
+        self._recomputed_keys = [
+            key
+            for policy, positions in self.blocks
+            if policy == "recompute"
+            for pos in positions
+            for key in self._layer_keys[pos]
+        ]
 
     def _needed_after_blocks(self) -> list[set[str]]:
         """Names each block must hand on: read later in the stage, sent, or the output."""
@@ -120,8 +156,14 @@ class StageRunner:
         a recomputation repeats it: ``checkpoint`` restores the autocast state);
         ``before_layer(name)`` is called before each layer runs (a layer that migrated
         here may still be arriving: ``migration/executor.py``)."""
-        with forwards(self.precision, self.device):
-            return self._forward(microbatch, step, received, data, targets, weights, before_layer)
+        work = WeightWork() if self.split_backward else None
+        with (
+            forwards(self.precision, self.device),
+            capturing(self._weight_modules, work) if work is not None else contextlib.nullcontext(),
+        ):
+            state = self._forward(microbatch, step, received, data, targets, weights, before_layer)
+        state.weight_work = work
+        return state
 
     def _forward(
         self,
@@ -219,17 +261,7 @@ class StageRunner:
         computed first and handed to it, then the weights' in a second pass over the
         graph: the previous stage, waiting for them, starts sooner, for more work here
         (the second pass repeats what lies between the two)."""
-        roots: list[Tensor] = []
-        root_grads: list[Tensor | None] = []
-        if state.loss is not None:
-            roots.append(state.loss)
-            root_grads.append(
-                None if loss_scale is None else torch.full_like(state.loss, loss_scale)
-            )
-        for layer, grad in grads.items():
-            if state.outputs[layer].requires_grad:
-                roots.append(state.outputs[layer])
-                root_grads.append(grad)
+        roots, root_grads = self._roots(state, grads, loss_scale)
         wrt = trainable(state.weights)
         leaves = [(name, leaf) for name, leaf in state.inputs.items() if leaf.requires_grad]
         weights, inputs = [t for _, t in wrt], [t for _, t in leaves]
@@ -256,6 +288,53 @@ class StageRunner:
             return {}, {}
         torch.autograd.backward(roots, root_grads, inputs=weights + inputs)
         return {}, self._input_grads(state, leaves, [leaf.grad for _, leaf in leaves])
+
+    def backward_input(
+        self,
+        state: ForwardState,
+        grads: Mapping[str, Tensor],
+        loss_scale: float | None = None,
+    ) -> tuple[dict[str, Tensor], WeightWork]:
+        """The input half of a split backward (module docstring): the received inputs'
+        gradients, and what the weight half needs; the recompute blocks' parameters get
+        their gradients (into ``.grad``) here."""
+        roots, root_grads = self._roots(state, grads, loss_scale)
+        leaves = [(name, leaf) for name, leaf in state.inputs.items() if leaf.requires_grad]
+        recomputed = [
+            self.params[key] for key in self._recomputed_keys if self.params[key].requires_grad
+        ]
+        work = state.weight_work or WeightWork()
+        state.weight_work = None
+        leaf_grads, now = input_half(
+            roots, root_grads, [leaf for _, leaf in leaves], work, recomputed
+        )
+        accumulate([(p, g) for p, g in zip(recomputed, now, strict=True) if g is not None])
+        return self._input_grads(state, leaves, leaf_grads), work
+
+    @staticmethod
+    def backward_weight(work: WeightWork) -> None:
+        """The weight half: the captured modules' parameters' gradients, added into their
+        ``.grad``."""
+        weight_half(work)
+
+    @staticmethod
+    def _roots(
+        state: ForwardState, grads: Mapping[str, Tensor], loss_scale: float | None
+    ) -> tuple[list[Tensor], list[Tensor | None]]:
+        """What the backward starts from: the loss (scaled under fp16) and the sent
+        outputs with the gradients that came back for them."""
+        roots: list[Tensor] = []
+        root_grads: list[Tensor | None] = []
+        if state.loss is not None:
+            roots.append(state.loss)
+            root_grads.append(
+                None if loss_scale is None else torch.full_like(state.loss, loss_scale)
+            )
+        for layer, grad in grads.items():
+            if state.outputs[layer].requires_grad:
+                roots.append(state.outputs[layer])
+                root_grads.append(grad)
+        return roots, root_grads
 
     @staticmethod
     def _input_grads(

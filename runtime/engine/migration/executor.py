@@ -111,6 +111,7 @@ class MigrationExecutor:
             w.swap,
             w.recorder,
             plan.precision,
+            split_backward=plan.schedule == "zero-bubble",
         )
         step = decision["step"]
         switch_microbatch = step * plan.num_microbatches

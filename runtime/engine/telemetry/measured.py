@@ -162,7 +162,9 @@ def measured_result(plan: Plan, reports: list[dict[str, Any]], steps: list[int])
         step_time_ms=step_time,
         step_times_ms=[b - a for a, b in pairwise(bounds)],
         samples_per_s=samples / step_time * 1e3 if step_time > 0 else 0.0,
-        bubble_fraction=max(0.0, 1 - busy / (len(stages) * step_time)) if step_time else 0.0,
+        bubble_fraction=max(0.0, 1 - busy / (_devices(plan, stages) * step_time))
+        if step_time
+        else 0.0,
         fits=True,
         window_start_ms=bounds[0],
         window_end_ms=bounds[-1],
@@ -170,3 +172,9 @@ def measured_result(plan: Plan, reports: list[dict[str, Any]], steps: list[int])
         timeline=timeline,
         memory_timeline=tracks,
     )
+
+
+def _devices(plan: Plan, stages: list[Any]) -> int:
+    """What runs the stages at once: one device per stage (its busy time is the mean over
+    its replicas), or per interleaved rank, which holds several chunks."""
+    return plan.num_workers if plan.interleaved else len(stages)

@@ -34,7 +34,7 @@ from pipestudio.runtime.engine.telemetry.clock import Mark, Marker
 
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]
-_COMPUTE = ("forward", "backward", "update")
+_COMPUTE = ("forward", "backward", "weight", "update")
 
 
 class JsonlSink:

@@ -20,8 +20,8 @@ def model_args(name: str) -> dict[str, str]:
     return {key: str(value) for key, value in TINY[name].items()}
 
 
-def builder(name: str) -> Callable[[], ModelSpec]:
-    return partial(MODELS[name], **TINY[name])
+def builder(name: str, **changes: Any) -> Callable[[], ModelSpec]:
+    return partial(MODELS[name], **{**TINY[name], **changes})
 
 
 def make_plan(
@@ -36,6 +36,7 @@ def make_plan(
     policies: dict[str, str] | None = None,
     vertical_sync: bool = False,
     precision: str = "fp32",
+    virtual_stages: int = 1,
 ) -> Plan:
     replicas = replicas or [1] * len(stages)
     return parse_document(
@@ -44,6 +45,7 @@ def make_plan(
             "model": model,
             "schedule": schedule,
             "vertical_sync": vertical_sync,
+            "virtual_stages": virtual_stages,
             "num_microbatches": num_microbatches,
             "microbatch_size": microbatch_size,
             "optimizer": optimizer,
@@ -67,10 +69,11 @@ def run(
 ) -> TrainResult:
     """A forked job with one thread per rank that checkpoints into ``folder``."""
     start_method = settings.pop("start_method", "forkserver")
+    changes = settings.pop("model_changes", {})
     config = EngineConfig(
         plan=plan,
         model=model,
-        model_args=model_args(model),
+        model_args={**model_args(model), **{k: str(v) for k, v in changes.items()}},
         steps=steps,
         threads_per_rank=1,
         checkpoint_dir=str(folder),

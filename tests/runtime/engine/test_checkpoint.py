@@ -49,6 +49,35 @@ def test_resume_equals_the_uninterrupted_run(schedule: str, tmp_path: Path) -> N
     assert sorted(p.name for p in broken.iterdir()) == ["latest.json", "step-00000005"]
 
 
+@pytest.mark.parametrize(
+    ("model", "stages", "schedule", "chunks"),
+    [
+        ("mlp", [["block0"], ["block1"], ["head"]], "zero-bubble", 1),
+        ("gpt", [["embed"], ["block0"], ["block1"], ["head"]], "interleaved-1f1b", 2),
+    ],
+)
+def test_the_new_schedules_resume_where_the_uninterrupted_run_is(
+    model: str, stages: list[list[str]], schedule: str, chunks: int, tmp_path: Path
+) -> None:
+    """zero-bubble (its weight halves all done by the step's end) and interleaved-1f1b
+    (every chunk checkpoints; rank 0 publishes once all have) resume bitwise."""
+    plan = make_plan(model, stages, schedule, virtual_stages=chunks, optimizer="momentum")
+    names = builder(model)().layer_names
+    whole = tmp_path / "whole"
+    assert run(plan, model, 3, whole, checkpoint_every=2).ok
+    broken = tmp_path / "broken"
+    assert run(plan, model, 2, broken).ok
+    result = run(plan, model, 3, broken, resume=True)
+    assert result.ok, result.message
+    assert result.summary is not None and result.summary["steps"] == [2]
+    got, expected = final_params(broken, plan, names), final_params(whole, plan, names)
+    assert all(torch.equal(got[key], expected[key]) for key in expected)
+    step = broken / "step-00000003"
+    assert sorted(p.name for p in step.glob("stage*")) == [
+        f"stage{idx}-replica0.pt" for idx in range(len(stages))
+    ]
+
+
 def test_a_bf16_run_resumed_equals_the_single_process_autocast_run(tmp_path: Path) -> None:
     """A bf16 run stopped after step 3 and resumed ends where single-process autocast
     training does (``reference.BF16_TOLERANCE``), with a recomputed layer."""

@@ -180,3 +180,26 @@ def test_fp16_pipedream_and_bad_loss_scales_are_refused(
     ):
         assert main(["train", "--plan", str(path), *TINY_MLP, "--steps", "1", flag, value]) == 2
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule", ["zero-bubble", "interleaved-1f1b"])
+def test_live_migration_under_the_new_schedules_is_refused_by_name(
+    schedule: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(make_plan("mlp", [["block0"], ["block1", "head"]], schedule).to_json())
+    argv = ["train", "--plan", str(path), *TINY_MLP, "--steps", "2", "--migrate", "1:block1@0"]
+    assert main(argv) == 2
+    assert f"live migration is not available under schedule {schedule!r}" in (
+        capsys.readouterr().err
+    )
+
+
+def test_an_interleaved_plan_on_one_device_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = make_plan("mlp", [["block0"], ["block1", "head"]], "interleaved-1f1b", virtual_stages=2)
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    assert main(["train", "--plan", str(path), *TINY_MLP, "--steps", "1"]) == 2
+    assert "interleaved-1f1b needs 2 or more devices to train" in capsys.readouterr().err
