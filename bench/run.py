@@ -9,6 +9,7 @@ HERE = Path(__file__).resolve().parent
 RUNTIME = (
     "runtime_vs_torch.py",
     "runtime_fidelity.py",
+    "schedules_fidelity.py",
     "multihost_fidelity.py",
     "runtime_gpu.py",
     "demo_fidelity.py",

@@ -1,7 +1,10 @@
 """Throughput of ``pipestudio train``'s engine against ``torch.distributed.pipelining``.
 
 Both systems train the same model split into the same stages (equal layer counts), with the
-same schedule (``gpipe``: ``ScheduleGPipe``; ``1f1b``: ``Schedule1F1B``), the same
+same schedule (``gpipe``: ``ScheduleGPipe``; ``1f1b``: ``Schedule1F1B``; ``zero-bubble``:
+``ScheduleInterleavedZeroBubble`` with one stage per rank, its ZB-H1 form;
+``interleaved-1f1b``: ``ScheduleInterleaved1F1B`` with ``--virtual-stages`` chunks per
+rank, chunk c on rank c mod stages), the same
 micro-batches (micro-batch ``k`` of step ``t`` is the model's ``sample(size, t * M + k)``),
 the same optimizer (Adam), gloo between processes on this machine, and the same number of
 torch threads per rank. Every run binds its own ``TCPStore`` on port 0, so no port is fixed.
@@ -63,13 +66,18 @@ def equal_plan(
     num_stages: int,
     num_microbatches: int,
     microbatch_size: int,
+    virtual_stages: int = 1,
 ) -> Plan:
-    """Stages of consecutive layers, as equal in count as the layers allow."""
-    bounds = [round(idx * len(layer_names) / num_stages) for idx in range(num_stages + 1)]
+    """Stages of consecutive layers, as equal in count as the layers allow (interleaved:
+    ``num_stages`` x ``virtual_stages`` chunks)."""
+    chunks = virtual_stages if schedule == "interleaved-1f1b" else 1
+    count = num_stages * chunks
+    bounds = [round(idx * len(layer_names) / count) for idx in range(count + 1)]
     return Plan.model_validate(
         {
             "model": model,
             "schedule": schedule,
+            "virtual_stages": chunks,
             "num_microbatches": num_microbatches,
             "microbatch_size": microbatch_size,
             "optimizer": "adam",
@@ -123,27 +131,47 @@ def _torch_rank(
     threads: int,
     conn: Any,
 ) -> None:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+    )
 
     torch.set_num_threads(threads)
-    world = plan.num_stages
+    world = plan.num_workers
     store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timedelta(seconds=TIMEOUT_S))
     dist.init_process_group(
         "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=TIMEOUT_S)
     )
     spec = load_model(model, args)
     layers = dict(spec.layers)
-    module = nn.Sequential(*[layers[name] for name in plan.stages[rank].layers])
-    stage = PipelineStage(module, rank, world, torch.device("cpu"))
-    kind = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
-    schedule = kind(stage, plan.num_microbatches, loss_fn=spec.loss)
+    chunks = list(range(rank, plan.num_stages, world))  # the plan's own placement
+    modules = [nn.Sequential(*[layers[name] for name in plan.stages[c].layers]) for c in chunks]
+    stages = [
+        PipelineStage(module, chunk, plan.num_stages, torch.device("cpu"))
+        for chunk, module in zip(chunks, modules, strict=True)
+    ]
+    stage, module = stages[0], nn.ModuleList(modules)
+    schedule: Any
+    if plan.schedule == "interleaved-1f1b":
+        schedule = ScheduleInterleaved1F1B(stages, plan.num_microbatches, loss_fn=spec.loss)
+    elif plan.schedule == "zero-bubble":
+        schedule = ScheduleInterleavedZeroBubble([stage], plan.num_microbatches, loss_fn=spec.loss)
+    else:
+        kind = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
+        schedule = kind(stage, plan.num_microbatches, loss_fn=spec.loss)
     optimizer = make_optimizer(plan.optimizer, module.parameters())
     ends_ms = []
     for step in range(num_steps):
         data, targets = _torch_batch(spec, plan, step)
-        if rank == 0:
+        first, last = 0 in chunks, plan.num_stages - 1 in chunks
+        if first and last:
+            schedule.step(data, target=targets, return_outputs=False)
+        elif first:
             schedule.step(data, return_outputs=False)
-        elif rank == world - 1:
+        elif last:
             schedule.step(target=targets, return_outputs=False)
         else:
             schedule.step(return_outputs=False)
@@ -161,14 +189,14 @@ def run_torch(
     store = dist.TCPStore(
         "127.0.0.1",
         0,
-        plan.num_stages + 1,
+        plan.num_workers + 1,
         True,
         wait_for_workers=False,
         timeout=timedelta(seconds=TIMEOUT_S),
     )
     context = mp.get_context("spawn")
     readers, processes = [], []
-    for rank in range(plan.num_stages):
+    for rank in range(plan.num_workers):
         reader, writer = context.Pipe(duplex=False)
         process = context.Process(
             target=_torch_rank,
@@ -206,6 +234,7 @@ def compare(model: str, schedule: str, options: argparse.Namespace) -> tuple[flo
         options.stages,
         options.microbatches,
         MICROBATCH_SIZE[model],
+        options.virtual_stages,
     )
     runners = {"ours": run_ours, "torch": run_torch}
     figures: dict[str, list[float]] = {"ours": [], "torch": []}
@@ -238,6 +267,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default="gpt,mlp")
     parser.add_argument("--schedules", default="gpipe,1f1b")
     parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument(
+        "--virtual-stages", type=int, default=2, help="chunks per rank for interleaved-1f1b"
+    )
     parser.add_argument("--warm-steps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=5)
@@ -282,11 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         for schedule in options.schedules.split(","):
             rows.append((model, schedule, *compare(model, schedule, options)))
     print(
-        f"\n{'model':<6} {'schedule':<9} {'ours/s':>9} {'torch/s':>9} {'ratio':>6}  "
+        f"\n{'model':<6} {'schedule':<17} {'ours/s':>9} {'torch/s':>9} {'ratio':>6}  "
         "(median samples/s; median of the rounds' ratios)"
     )
     for model, schedule, ours, theirs, ratio in rows:
-        print(f"{model:<6} {schedule:<9} {ours:>9.1f} {theirs:>9.1f} {ratio:>6.2f}")
+        print(f"{model:<6} {schedule:<17} {ours:>9.1f} {theirs:>9.1f} {ratio:>6.2f}")
     worst = min(row[-1] for row in rows)
     verdict = "PASS" if worst >= options.target else "FAIL"
     print(f"\n{verdict}: lowest ratio ours/torch {worst:.2f}, target {options.target}")

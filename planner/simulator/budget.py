@@ -61,8 +61,13 @@ def padding_steps(schedule: str, num_workers: int, num_microbatches: int) -> tup
     """Warm-up and drain steps simulated around the measured ones.
 
     ``pipedream`` never flushes: it needs enough micro-batches before the measured steps
-    to fill the pipeline, and after them to keep it full while they finish.
+    to fill the pipeline, and after them to keep it full while they finish. Under
+    ``zero-bubble`` and ``interleaved-1f1b`` a step's start may overlap the previous step's
+    tail (a later stage's deferred weight halves, a device's last chunks) when the stages
+    differ: one step before the measured ones makes them the steady state a run measures.
     """
+    if schedule in ("zero-bubble", "interleaved-1f1b"):
+        return 1, 0
     if schedule != "pipedream":
         return 0, 0
     drain_steps = math.ceil(num_workers / num_microbatches)

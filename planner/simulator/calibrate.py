@@ -72,7 +72,7 @@ from pipestudio.planner.simulator.placement import (
 from pipestudio.planner.simulator.simulate import simulate
 from pipestudio.planner.units import gbps_to_bytes_per_ms
 
-_KINDS = ("forward", "backward", "recompute", "update")
+_KINDS = ("forward", "backward", "weight", "recompute", "update")
 #: A stage's backward factor never goes below this (a recompute measured longer than the
 #: whole backward would otherwise make it negative).
 _MIN_FACTOR = 0.05
@@ -326,17 +326,23 @@ def _stage(
 
 
 def _means(ops: list[dict[str, Any]], recompute_inside: bool) -> dict[str, float]:
-    """Mean forward, backward and update; recompute per backward (a backward may hold
-    several recomputed runs). ``recompute_inside``: the backward's time holds its
-    recompute (the engine's); else the recompute comes before it (the simulator's), and
-    is added, so that both mean the same."""
+    """Mean forward, backward (with its weight half, split: zero-bubble) and update;
+    recompute per backward (a backward may hold several recomputed runs).
+    ``recompute_inside``: the backward's time holds its recompute (the engine's); else the
+    recompute comes before it (the simulator's), and is added, so that both mean the
+    same."""
     durations: dict[str, list[float]] = defaultdict(list)
     for op in ops:
         if op["op"] in _KINDS:
             durations[op["op"]].append(op["end_ms"] - op["start_ms"])
     means = {
-        kind: statistics.fmean(values) for kind, values in durations.items() if kind != "recompute"
+        kind: statistics.fmean(values)
+        for kind, values in durations.items()
+        if kind not in ("recompute", "weight")
     }
+    if durations.get("weight") and durations.get("backward"):
+        # zero-bubble: a backward is its two halves, as the profile's bwd_ms is
+        means["backward"] += sum(durations["weight"]) / len(durations["backward"])
     if durations.get("recompute") and durations.get("backward"):
         means["recompute"] = sum(durations["recompute"]) / len(durations["backward"])
         if not recompute_inside:
@@ -493,8 +499,8 @@ def report(
     busy: dict[tuple[int, int], dict[int, float]] = defaultdict(lambda: defaultdict(float))
     overhead = calibration.stages[0].measured.get("overhead", 0.0) if calibration.stages else 0.0
     for op in ops:  # a run's backwards hold their recomputes
-        if op["op"] in ("forward", "backward", "update"):
-            extra = overhead if op["op"] != "update" else 0.0  # as calibration counts it
+        if op["op"] in ("forward", "backward", "weight", "update"):
+            extra = overhead if op["op"] in ("forward", "backward") else 0.0  # as calibrated
             busy[(op["stage"], op["replica"])][op["step"]] += op["end_ms"] - op["start_ms"] + extra
     stages = []
     for idx in range(plan.num_stages):

@@ -514,6 +514,9 @@ def _result(
     window = (bounds[0], bounds[-1])
     step_time = (window[1] - window[0]) / num_steps
     ledger = MemoryLedger(build.workers, build.costs, plan)
+    # a synchronous step whose start overlaps the previous one's tail (a step simulated
+    # before it: ``budget.padding_steps``) counts its own ops; pipedream, the window's
+    by_step = bool(warmup_steps) and plan.schedule != "pipedream"
     busy = [0.0] * len(build.workers)
     recompute = [0.0] * len(build.workers)
     for op_id, op in enumerate(ops):
@@ -530,7 +533,11 @@ def _result(
                 op.worker, timing.end_seq[op_id], end[op_id], op.memory_at_end, op.kind, at_end=True
             )
         if op.kind in COMPUTE_OPS:
-            overlap = min(end[op_id], window[1]) - max(start[op_id], window[0])
+            if by_step:  # each measured step's own ops, wherever they ran
+                measured = warmup_steps <= op.step < warmup_steps + num_steps
+                overlap = end[op_id] - start[op_id] if measured else 0.0
+            else:
+                overlap = min(end[op_id], window[1]) - max(start[op_id], window[0])
             if overlap > 0:
                 busy[op.worker] += overlap
                 if op.kind == "recompute":
@@ -595,7 +602,15 @@ def _result(
         window_start_ms=window[0],
         window_end_ms=window[1],
         stages=stages,
-        timeline=_timeline(build, start, end, window) if with_timeline else [],
+        timeline=_timeline(
+            build,
+            start,
+            end,
+            window,
+            range(warmup_steps, warmup_steps + num_steps) if by_step else None,
+        )
+        if with_timeline
+        else [],
         memory_timeline=ledger.tracks(build.workers, window) if with_timeline else [],
     )
 
@@ -625,12 +640,18 @@ def _device_memory(cluster: Cluster | None, device_idx: int) -> int | None:
 
 
 def _timeline(
-    build: _Build, start: list[float], end: list[float], window: tuple[float, float]
+    build: _Build,
+    start: list[float],
+    end: list[float],
+    window: tuple[float, float],
+    steps: range | None = None,
 ) -> list[TimelineOp]:
-    """Ops that overlap the measured window, in start order."""
+    """Ops that overlap the measured window (and, with ``steps``, every op of those
+    steps, some of which ran before it), in start order."""
     rows = []
     for op_id, op in enumerate(build.ops):
-        if end[op_id] < window[0] or start[op_id] > window[1]:
+        mine = steps is not None and op.step in steps
+        if not mine and (end[op_id] < window[0] or start[op_id] > window[1]):
             continue
         stage_idx, replica = build.workers[op.worker]
         peer = build.workers[op.peer_worker] if op.peer_worker is not None else (None, None)

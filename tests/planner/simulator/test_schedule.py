@@ -67,11 +67,17 @@ def test_warmup_counts_follow_pipedream_runtime() -> None:
 
 
 def _cells(result: SimResult, rows: int, row_of: Any, label: Any) -> list[list[str]]:
+    """The measured step's compute ops (these schedules simulate a step before it)."""
     cells = [[".."] * round(result.step_time_ms) for _ in range(rows)]
+    step = result.timeline[-1].step
+    first = result.num_microbatches * step
     for op in result.timeline:
-        if op.op in ("forward", "backward", "weight"):
-            for cell in range(round(op.start_ms), round(op.end_ms)):
-                cells[row_of(op.stage)][cell] = label(op)
+        if op.op in ("forward", "backward", "weight") and op.step == step:
+            start = op.start_ms - result.window_start_ms
+            for cell in range(round(start), round(start + op.end_ms - op.start_ms)):
+                cells[row_of(op.stage)][cell] = label(
+                    op.model_copy(update={"microbatch": (op.microbatch or 0) - first})
+                )
     return cells
 
 
