@@ -91,6 +91,7 @@ def create_app(
         app.include_router(module.router)
     app.include_router(workers.router)
     app.include_router(workers.health)
+    app.include_router(workers.links)
     app.include_router(sockets.router)
     _add_fallbacks(app)
     app.add_middleware(InputGuard)

@@ -41,7 +41,7 @@ from pipestudio.runtime.backward_split import (
     weight_half,
     weight_modules,
 )
-from pipestudio.runtime.devices import describe_device, resolve_device
+from pipestudio.runtime.devices import describe_device, resolve_device, synchronize
 from pipestudio.runtime.errors import SettingsError
 from pipestudio.runtime.fx_ops import (
     GRANULARITIES,
@@ -318,32 +318,30 @@ def _measure_halves(
     layer: nn.Module, inputs: list[Tensor], grad_output: Tensor, settings: ProfileSettings
 ) -> tuple[float, float] | None:
     """Milliseconds of the input and weight halves of the backward, as a zero-bubble
-    schedule runs them (``runtime/backward_split.py``): each timed after a fresh forward,
-    the weight half after the untimed input half. None for a layer without parameters
-    that take a gradient."""
+    schedule runs them (``runtime/backward_split.py``): per repeat a fresh forward
+    (untimed), the input half, then the weight half, each timed. None for a layer without
+    parameters that take a gradient."""
     modules = weight_modules(layer)
     if not modules:
         return None
     wanted = [x for x in inputs if x.requires_grad]
+    input_times: list[float] = []
 
-    def forward() -> tuple[Tensor, WeightWork]:
+    def halved() -> WeightWork:
         work = WeightWork()
         with forwards(settings.precision, settings.device), capturing(modules, work):
             output = layer(*inputs)
-        return output, work
+        synchronize(settings.device)
+        start = time.perf_counter()
+        input_half([output], [grad_output], wanted, work)
+        synchronize(settings.device)
+        input_times.append((time.perf_counter() - start) * 1e3)
+        return work
 
-    def first_half(made: tuple[Tensor, WeightWork]) -> None:
-        input_half([made[0]], [grad_output], wanted, made[1])
-
-    def halved() -> WeightWork:
-        made = forward()
-        first_half(made)
-        return made[1]
-
-    timing = {"warmup": settings.warmup, "repeats": settings.repeats}
-    input_ms = median_ms(first_half, forward, settings.device, **timing)
-    weight_ms = median_ms(weight_half, halved, settings.device, **timing)
-    return input_ms, weight_ms
+    weight_ms = median_ms(
+        weight_half, halved, settings.device, warmup=settings.warmup, repeats=settings.repeats
+    )
+    return statistics.median(input_times[settings.warmup :]), weight_ms
 
 
 def _measure_update(layer: nn.Module, settings: ProfileSettings) -> float:

@@ -15,6 +15,8 @@ from pipestudio.backend.services.links import measure_from_thread
 
 router = APIRouter(prefix="/api/workers", tags=["workers"], responses=ERRORS)
 health = APIRouter(prefix="/api/health", tags=["health"])
+#: Apart from /api/workers, whose /{worker_id} would also match a path under it.
+links = APIRouter(prefix="/api/links", tags=["workers"], responses=ERRORS)
 
 
 @router.get("", dependencies=[Readable])
@@ -33,7 +35,7 @@ def list_workers(
     return WorkersPublic(data=[WorkerPublic.model_validate(r) for r in rows], count=total)
 
 
-@router.post("/links", dependencies=[Authorized])
+@links.post("", dependencies=[Authorized])
 def measure_links(session: SessionDep, context: ContextDep, data: LinksMeasure) -> LinksPublic:
     """The workers measure the link of every pair of their hosts (one worker stands for
     each host), in rounds that use each host once, about ``seconds`` a pair; 409 naming

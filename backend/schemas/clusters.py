@@ -3,7 +3,7 @@
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import Public, Request
 from pipestudio.backend.schemas.runs import WorkerId
@@ -39,20 +39,11 @@ class ClusterFromWorkers(Request):
     between_hosts_gbps: Gbps | None = Field(None, description="Between two hosts; null: free.")
     measure_links: bool = Field(
         False,
-        description="The workers measure the link of every pair of hosts; the slowest "
-        "becomes the bandwidth between hosts (a cluster's levels are uniform). Not with "
-        "between_hosts_gbps.",
+        description="The workers measure the link of every pair of hosts (the answer's "
+        "links); the slowest becomes the bandwidth between hosts (a cluster's levels are "
+        "uniform) unless between_hosts_gbps is given, which then wins.",
     )
     measure_seconds: MeasureSeconds = 1.0
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "ClusterFromWorkers":
-        if self.measure_links and self.between_hosts_gbps is not None:
-            raise ValueError(
-                "between_hosts_gbps and measure_links: give the bandwidth or have it "
-                "measured, not both"
-            )
-        return self
 
 
 class LinksMeasure(Request):

@@ -17,6 +17,8 @@ from pipestudio.planner.formats.documents import (
 )
 
 Schedule = Literal["gpipe", "1f1b", "pipedream", "interleaved-1f1b", "zero-bubble"]
+#: What a planner is asked for: a schedule it plans, or ``auto`` (``algorithms/schedules.py``).
+PlannerSchedule = Literal["gpipe", "1f1b", "pipedream", "interleaved-1f1b", "zero-bubble", "auto"]
 Optimizer = Literal["sgd", "momentum", "adam"]
 Policy = Literal["keep", "recompute", "swap"]
 PlanState = Literal["draft", "approved", "launched"]
@@ -35,7 +37,11 @@ class PlannerParameters(Request):
         None, description="Stages (devices for optimal)."
     )
     num_microbatches: NumMicrobatches
-    schedule: Schedule
+    schedule: PlannerSchedule = Field(
+        description="gpipe, 1f1b or pipedream; auto: the fastest fitting of the synchronous "
+        "schedules for the planner's splits (docs/planners.md). The planners do not plan "
+        "interleaved-1f1b or zero-bubble themselves (422)."
+    )
     microbatch_size: MicrobatchSize | None = Field(None, description="Default: the profile's.")
     optimizer: Optimizer = "adam"
     straight: bool = Field(False, description="No replicated stages (optimal, pipedream).")

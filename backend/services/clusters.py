@@ -94,9 +94,9 @@ def cluster_from_workers(
 ) -> models.Cluster:
     """``hosts`` (``hosts_of_workers``) as a cluster: the hosts are the outer level, each
     slot of a worker a device of its host (its GPU's memory, or the host's memory shared by
-    its slots), linked at the bandwidths given or, with ``links`` measured, at the slowest
-    of them; 409 when the hosts hold different numbers of slots (the levels of a cluster
-    are uniform)."""
+    its slots), linked at the bandwidths given or, with ``links`` measured and no
+    bandwidth between hosts given, at the slowest of them; 409 when the hosts hold
+    different numbers of slots (the levels of a cluster are uniform)."""
     slots = {host: sum(w.slots for w in workers) for host, workers in hosts.items()}
     if len(set(slots.values())) > 1:
         listed = ", ".join(f"{host} {count}" for host, count in slots.items())
@@ -120,12 +120,12 @@ def cluster_from_workers(
         Level(name="host", size=next(iter(slots.values())), bandwidth_gbps=data.within_host_gbps)
     ]
     between = data.between_hosts_gbps
-    if links:
+    if links and between is None:
         between = min(link["gbps"] for link in links)
     if len(hosts) > 1:
         levels.append(Level(name="network", size=len(hosts), bandwidth_gbps=between))
     name = data.name or f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}"
-    if links and not data.name:
+    if links and not data.name and data.between_hosts_gbps is None:
         name += f", links measured ({between:.3g} Gbit/s slowest)"
     try:
         cluster = Cluster(name=name, levels=levels, devices=devices)

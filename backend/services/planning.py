@@ -3,7 +3,7 @@ simulating them. Every planner error is the user's input and becomes a 422."""
 
 import itertools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pipestudio.backend.errors import InputError
 from pipestudio.backend.schemas.plans import (
@@ -32,8 +32,9 @@ from pipestudio.planner.algorithms.request import (
     memory_only_cluster,
     run_planner,
 )
+from pipestudio.planner.algorithms.schedules import AUTO
 from pipestudio.planner.formats.documents import parse_document
-from pipestudio.planner.formats.plan import resolve_plan
+from pipestudio.planner.formats.plan import PLANNED_SCHEDULES, Schedule, resolve_plan
 
 T = TypeVar("T")
 
@@ -47,11 +48,17 @@ def planner_request(
                 "num_stages", "device_memory_bytes needs num_stages (the number of devices)"
             )
         cluster = memory_only_cluster(params.num_stages, params.device_memory_bytes)
+    if params.schedule not in (*PLANNED_SCHEDULES, AUTO):
+        raise InputError(
+            "schedule",
+            f"the planners plan {', '.join(PLANNED_SCHEDULES)} (or choose with auto); make a "
+            f"{params.schedule} plan by hand (manual) or from a document",
+        )
     try:
         return PlanRequest(
             profile=profile,
             num_microbatches=params.num_microbatches,
-            schedule=params.schedule,
+            schedule=cast(Schedule, "1f1b" if params.schedule == AUTO else params.schedule),
             num_stages=params.num_stages,
             microbatch_size=params.microbatch_size,
             optimizer=params.optimizer,
@@ -80,6 +87,7 @@ def ask_planner(
             planner_request(profile, cluster, request),
             with_timeline=False,
             max_ops=max_ops,
+            auto=request.schedule == AUTO,
         ),
         "planner",
     )

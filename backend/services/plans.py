@@ -30,6 +30,7 @@ from pipestudio.backend.services import planning
 from pipestudio.planner import Cluster, Plan, Profile, SimResult
 from pipestudio.planner.algorithms import PLANNERS
 from pipestudio.planner.algorithms.request import check_request_budget, run_planner
+from pipestudio.planner.algorithms.schedules import AUTO
 
 
 def documents(
@@ -230,7 +231,14 @@ def compare(session: Session, data: CompareRequest, max_ops: int | None) -> list
     )
     rows = []
     for name in names:
-        outcome = run_planner(name, PLANNERS[name], request, with_timeline=False, max_ops=share)
+        outcome = run_planner(
+            name,
+            PLANNERS[name],
+            request,
+            with_timeline=False,
+            max_ops=share,
+            auto=data.schedule == AUTO,
+        )
         plan_id = None
         if data.save and outcome.plan is not None:
             plan_id = create_plan(

@@ -3,7 +3,8 @@
 Each planner answers a ``PlanRequest`` (``request``) with a plan and its objective:
 ``balance`` (uniform, balance-time, balance-size, on ``blockpartition``), ``pipedream/``,
 ``vpipe``, ``dawnpiper`` and ``optimal/``. ``min_memory`` and ``maxbatch`` search over a
-planner's answers (the least device memory, the largest micro-batch). docs/planners.md
+planner's answers (the least device memory, the largest micro-batch); ``schedules`` runs
+a planner's splits with every synchronous schedule (``--schedule auto``). docs/planners.md
 describes each; docs/architecture.md maps the package.
 """
 

@@ -1,8 +1,10 @@
-"""The pipeline engine: runs a Plan on torch.distributed, one process per stage replica.
+"""The pipeline engine: runs a Plan on torch.distributed, one process per stage replica
+(per device, interleaved).
 
 Vocabulary (as in the planner): a *stage* is a set of layers; a *replica* is one
 data-parallel copy of a stage; a *worker* is one (stage, replica) and runs in one process,
-its *rank* (stage 0's replicas first); a *device* is where a worker computes; a
+its *rank* (stage 0's replicas first; an ``interleaved-1f1b`` rank runs the workers of its
+chunks); a *device* is where a worker computes; a
 *micro-batch* is ``microbatch_size`` samples and a *step* is ``num_microbatches`` of them
 followed by an update (``pipedream`` updates after every micro-batch, and a step is then a
 unit of reporting).
@@ -11,7 +13,8 @@ Modules: ``config`` (what a run needs) and ``errors``; ``launcher`` (all the pro
 job, or one rank under torchrun), ``rank`` (one process from start to end), ``rendezvous``
 (store, groups, device, clock), ``network`` (the interface gloo and NCCL bind to, and the
 check that every peer is reachable), ``layout`` (the plan against the model), ``ops`` (each
-worker's op order), ``worker`` (the training loop), ``checkpoint``, ``faults`` (who died),
+worker's op order), ``worker`` (the training loop), ``interleaved`` (an
+``interleaved-1f1b`` rank's chunks in one order), ``checkpoint``, ``faults`` (who died),
 ``exchange`` (small JSON documents between ranks) and ``job`` (a job in a thread of this
 process, driven through its controller). Subpackages: ``execution/`` (a stage's forward
 and backward, transfers, swap, weight versions, replicas, loss scaling), ``telemetry/``

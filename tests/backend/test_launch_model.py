@@ -184,4 +184,24 @@ def test_an_interleaved_plan_launches_one_rank_per_device(
         },
     )
     assert planned.status_code == 422, planned.text
-    assert "the planners plan gpipe, 1f1b, pipedream" in planned.text
+    error = planned.json()["detail"][0]
+    assert error["loc"][-1] == "schedule", error
+    assert "the planners plan gpipe, 1f1b, pipedream" in error["msg"]
+    # auto: each planner's fastest fitting schedule, every candidate in its provenance
+    compared = client.post(
+        "/api/plans/compare",
+        headers=AUTH,
+        json={
+            "profile_id": profile_id,
+            "num_stages": 2,
+            "num_microbatches": 4,
+            "schedule": "auto",
+            "algorithms": ["balance-time"],
+        },
+    )
+    assert compared.status_code == 200, compared.text
+    row = compared.json()["rows"][0]
+    assert row["error"] is None, row
+    provenance = row["plan"]["provenance"]
+    assert provenance["schedule_chosen_by"] == "auto"
+    assert {"auto gpipe", "auto 1f1b", "auto zero-bubble"} <= set(provenance)

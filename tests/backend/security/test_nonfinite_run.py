@@ -6,6 +6,7 @@ poisoned messages disconnect neither worker and fail no run."""
 
 import json
 import math
+import time
 from typing import Any
 
 import httpx
@@ -70,9 +71,16 @@ def test_500_poisoned_messages_from_a_stranger_disturb_no_real_worker(
         assert json.loads(socket.recv(timeout=30))["type"] == "welcome"
         for seq in range(1, 501):
             socket.send(json.dumps({**_poison(run_id, seq), "seq": seq}))
-        acked = 0
+        acked, deadline = 0, time.monotonic() + 60
         while acked < 500:
-            message = json.loads(socket.recv(timeout=30))
+            # it heartbeats while it waits, as every worker does: storing 500 messages may
+            # take longer than the silence after which a worker is closed
+            socket.send('{"type": "heartbeat"}')
+            try:
+                message = json.loads(socket.recv(timeout=1))
+            except TimeoutError:
+                assert time.monotonic() < deadline, f"only {acked} of 500 acked"
+                continue
             acked = max(acked, message.get("seq", 0) if message["type"] == "ack" else 0)
     run = wait_for(
         lambda: (r := _run(url, run_id))["state"] in ("failed", "finished") and r,
