@@ -111,6 +111,7 @@ class _Build:
     compute_res: dict[int, int] = field(default_factory=dict)
     link_res: dict[tuple[str, int, int], int] = field(default_factory=dict)
     rounds: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
+    streams: list[int] = field(default_factory=list)  # worker -> its compute stream
 
     def __post_init__(self) -> None:
         self.warmups = self.plan.all_warmup_forwards()
@@ -118,6 +119,11 @@ class _Build:
             for replica in range(stage.replicas):
                 self.worker_id[(stage_idx, replica)] = len(self.workers)
                 self.workers.append((stage_idx, replica))
+        # looked up for every compute op: worked out once
+        self.streams = [
+            self.plan.rank_of_stage(stage) if self.plan.interleaved else worker
+            for worker, (stage, _) in enumerate(self.workers)
+        ]
 
     def device(self, worker: int) -> int:
         stage_idx, replica = self.workers[worker]
@@ -126,9 +132,7 @@ class _Build:
     def stream(self, worker: int) -> int:
         """The process whose order the worker's compute ops follow: the worker itself, or
         for an interleaved plan the device rank that runs all its chunks in one order."""
-        if self.plan.interleaved:
-            return self.plan.rank_of_stage(self.workers[worker][0])
-        return worker
+        return self.streams[worker]
 
     def worker_of(self, stage_idx: int, microbatch: int) -> int:
         return self.worker_id[(stage_idx, microbatch % self.plan.stages[stage_idx].replicas)]
