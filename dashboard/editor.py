@@ -34,11 +34,13 @@ def new_editor(
     microbatch_size: int | None,
     device_memory_bytes: int | None,
     optimizer: str = "adam",
+    virtual_stages: int = 1,
 ) -> Editor:
     return {
         "profile_id": profile_id,
         "cluster_id": cluster_id,
         "schedule": schedule,
+        "virtual_stages": virtual_stages,
         "num_microbatches": num_microbatches,
         "microbatch_size": microbatch_size,
         "device_memory_bytes": device_memory_bytes,
@@ -84,7 +86,7 @@ def plan_document(profile: Profile, editor: Editor, boundaries: list[int]) -> di
     return {
         "model": profile.model,
         "schedule": editor["schedule"],
-        "virtual_stages": editor.get("virtual_stages") or 1
+        "virtual_stages": (editor.get("virtual_stages") or 1)
         if editor["schedule"] == "interleaved-1f1b"
         else 1,
         "num_microbatches": editor["num_microbatches"],

@@ -208,6 +208,16 @@ def _calibration(client: ApiClient, run_id: int, state: str) -> dict[str, Any] |
     return calibration
 
 
+def chunk_devices(document: dict[str, Any]) -> dict[int, int] | None:
+    """Under ``interleaved-1f1b``, the device of each chunk (chunk c on device c mod
+    devices); None for the schedules that give each stage its own device."""
+    if document.get("schedule") != "interleaved-1f1b":
+        return None
+    num_chunks = len(document["stages"])
+    devices = max(1, num_chunks // int(document.get("virtual_stages") or 1))
+    return {chunk: chunk % devices for chunk in range(num_chunks)}
+
+
 def figures(view: RunView) -> list[Figure]:
     """[measured Gantt, throughput, compute per stage, memory, recompute/swap, loss]."""
     summary = view.plan.get("summary") or {}
@@ -217,6 +227,7 @@ def figures(view: RunView) -> list[Figure]:
         view.ops,
         f"Measured schedule of step {step}" if step is not None else "Measured schedule",
         empty_message="Waiting for the first measured step…",
+        device_of_stage=chunk_devices(view.plan["document"]),
     )
     return [
         gantt,

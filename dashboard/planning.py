@@ -28,7 +28,7 @@ def planner_body(
         "cluster_id": editor["cluster_id"],
         "num_stages": num_stages,
         "num_microbatches": editor["num_microbatches"],
-        "schedule": editor["schedule"],
+        "schedule": "auto" if editor.get("auto") else editor["schedule"],
         "microbatch_size": editor["microbatch_size"],
         "optimizer": editor.get("optimizer", "adam"),
         "device_memory_bytes": (
@@ -98,7 +98,8 @@ def prediction_text(result: SimResult) -> str:
     peak = max(stage.peak_bytes for stage in result.stages)
     verdict = "fits in device memory" if result.fits else "does NOT fit in device memory"
     return (
-        f"Predicted step {result.step_time_ms:.2f} ms · {result.samples_per_s:.1f} "
+        f"Predicted step {result.step_time_ms:.2f} ms ({result.schedule}) · "
+        f"{result.samples_per_s:.1f} "
         f"samples/s · bubble {result.bubble_fraction:.1%} · largest peak "
         f"{format_bytes(peak)} · {verdict}"
     )

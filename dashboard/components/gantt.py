@@ -1,5 +1,11 @@
 """The schedule as a Gantt chart: one row per stage (replica), one bar per op, bubbles grey.
 
+Under ``interleaved-1f1b`` a device runs several chunks (stages) on one compute stream, so
+its chunks share one row, named by the device and its chunks, and each bar's hover names
+its chunk. Under a schedule that splits the backward (``zero-bubble``) the backward's two
+halves are told apart: ``input gradient`` (what the previous stage waits for) and
+``weight gradient`` (what fills the bubbles).
+
 Compute ops (forward, backward, recompute, update) fill the main lane of a row; transfers
 and swaps, which run beside compute, sit in thin lanes under it. Idle time of the compute
 stream inside the measured window (the pipeline bubble) is drawn as grey bars.
@@ -15,7 +21,7 @@ plot's height is fixed per row, so a stroke's width in pixels fills its lane.
 """
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pipestudio.dashboard.components.style import (
@@ -42,6 +48,9 @@ _HOVER_STEP = 1 / 60
 
 #: A bar to draw: (row index, start ms, end ms, hover text).
 Bar = tuple[int, float, float, str]
+#: Where each worker's ops are drawn: (stage, replica) -> (row key, row label, op prefix).
+#: Workers of one row key share the row (an interleaved device's chunks).
+Rows = Mapping[tuple[int, int], tuple[tuple[int, int], str, str]]
 
 
 def _lane(op: str) -> str:
@@ -71,13 +80,17 @@ def result_ops(result: SimResult) -> list[dict[str, Any]]:
 
 
 def idle_spans(
-    ops: Sequence[Mapping[str, Any]], window: tuple[float, float]
+    ops: Sequence[Mapping[str, Any]],
+    window: tuple[float, float],
+    stream: Callable[[Mapping[str, Any]], tuple[int, int]] | None = None,
 ) -> dict[tuple[int, int], list[tuple[float, float]]]:
-    """Per (stage, replica): the gaps of its compute stream inside ``window``."""
+    """Per compute stream (``stream(op)``; default the op's (stage, replica)): the gaps of
+    the stream inside ``window``."""
     busy: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for op in ops:
         if op["op"] in COMPUTE_OPS:
-            busy.setdefault((op["stage"], op["replica"]), []).append((op["start_ms"], op["end_ms"]))
+            key = stream(op) if stream else (op["stage"], op["replica"])
+            busy.setdefault(key, []).append((op["start_ms"], op["end_ms"]))
     gaps: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for worker, spans in busy.items():
         cursor, mine = window[0], []
@@ -141,11 +154,18 @@ def kind_layers(
     return shape, trace
 
 
-def _op_text(label: str, op: Mapping[str, Any]) -> str:
-    what = OP_LABELS[op["op"]]
+def _op_text(label: str, op: Mapping[str, Any], names: Mapping[str, str]) -> str:
+    what = names[op["op"]]
     if op.get("microbatch") is not None:
         what += f" of micro-batch {op['microbatch']}"
     return f"{label}: {what}<br>{op['end_ms'] - op['start_ms']:.2f} ms from {op['start_ms']:.2f} ms"
+
+
+def chunk_devices_of(result: SimResult) -> dict[int, int] | None:
+    """Under ``interleaved-1f1b``, the device of each chunk (stage); None otherwise."""
+    if result.schedule != "interleaved-1f1b":
+        return None
+    return {stage.index: stage.devices[0] for stage in result.stages}
 
 
 def _gantt_layout(
@@ -153,8 +173,10 @@ def _gantt_layout(
 ) -> tuple[dict[str, Any], float]:
     """The layout with one labelled row per worker, and a row's height in pixels."""
     plot_px = max(_MIN_PLOT_PX, _ROW_PX * len(labels))
+    # about 7 px a character of the tick labels, so a device's list of chunks shows whole
+    margin = {**_MARGIN, "l": max(_MARGIN["l"], 7 * max(map(len, labels)))}
     layout = base_layout(
-        title, "time (ms)", "", height=plot_px + _MARGIN["t"] + _MARGIN["b"], margin=dict(_MARGIN)
+        title, "time (ms)", "", height=plot_px + _MARGIN["t"] + _MARGIN["b"], margin=margin
     )
     layout["yaxis"].update(
         tickmode="array",
@@ -171,33 +193,67 @@ def _gantt_layout(
 
 def _bars_by_kind(
     ops: Sequence[Mapping[str, Any]],
-    rows: Mapping[tuple[int, int], int],
-    labels: Sequence[str],
+    rows: Rows,
+    row_index: Mapping[tuple[int, int], int],
     window: tuple[float, float],
 ) -> list[tuple[str, str, str, list[Bar]]]:
     """(legend name, colour, lane, bars) of the bubbles and of each op kind drawn."""
+    labels = {key: label for key, label, _ in rows.values()}
     idle = [
         (
-            rows[worker],
+            row_index[key],
             start,
             end,
-            f"{labels[rows[worker]]}: idle (bubble)<br>{end - start:.2f} ms from {start:.2f} ms",
+            f"{labels[key]}: idle (bubble)<br>{end - start:.2f} ms from {start:.2f} ms",
         )
-        for worker, spans in idle_spans(ops, window).items()
+        for key, spans in idle_spans(
+            ops, window, lambda op: rows[(op["stage"], op["replica"])][0]
+        ).items()
         for start, end in spans
     ]
     kinds = [("idle (bubble)", IDLE_COLOR, "compute", idle)] if idle else []
+    # a backward whose weight half runs apart is the input-gradient half
+    names = dict(OP_LABELS)
+    if any(op["op"] == "weight" for op in ops):
+        names["backward"] = "input gradient"
     by_kind: dict[str, list[Bar]] = {}
     for op in ops:
-        row = rows[(op["stage"], op["replica"])]
+        key, _, prefix = rows[(op["stage"], op["replica"])]
         by_kind.setdefault(op["op"], []).append(
-            (row, op["start_ms"], op["end_ms"], _op_text(labels[row], op))
+            (row_index[key], op["start_ms"], op["end_ms"], _op_text(prefix, op, names))
         )
     return kinds + [
-        (OP_LABELS[kind], OP_COLORS[kind], _lane(kind), by_kind[kind])
+        (names[kind], OP_COLORS[kind], _lane(kind), by_kind[kind])
         for kind in OP_COLORS
         if kind in by_kind
     ]
+
+
+def worker_rows(
+    ops: Sequence[Mapping[str, Any]],
+) -> dict[tuple[int, int], tuple[tuple[int, int], str, str]]:
+    """One row per worker (stage, replica), labelled with its stage."""
+    replicated = {op["stage"] for op in ops if op["replica"] > 0}
+    rows = {}
+    for worker in {(op["stage"], op["replica"]) for op in ops}:
+        label = row_label(worker[0], worker[1], worker[0] in replicated)
+        rows[worker] = (worker, label, label)
+    return rows
+
+
+def device_rows(
+    ops: Sequence[Mapping[str, Any]], device_of_stage: Mapping[int, int]
+) -> dict[tuple[int, int], tuple[tuple[int, int], str, str]]:
+    """One row per device, its chunks (stages) together: ``interleaved-1f1b``."""
+    chunks: dict[int, list[int]] = {}
+    for stage, device in sorted(device_of_stage.items()):
+        chunks.setdefault(device, []).append(stage)
+    rows = {}
+    for stage, replica in {(op["stage"], op["replica"]) for op in ops}:
+        device = device_of_stage[stage]
+        label = f"device {device} (chunks {', '.join(map(str, chunks[device]))})"
+        rows[(stage, replica)] = ((device, replica), label, f"device {device}, chunk {stage}")
+    return rows
 
 
 def ops_gantt(
@@ -207,19 +263,20 @@ def ops_gantt(
     window: tuple[float, float] | None = None,
     migrations: Iterable[tuple[float, str]] = (),
     empty_message: str = "No ops to draw yet.",
+    device_of_stage: Mapping[int, int] | None = None,
 ) -> Figure:
-    """Gantt of ``ops`` (dicts with stage, replica, op, microbatch, start_ms, end_ms)."""
+    """Gantt of ``ops`` (dicts with stage, replica, op, microbatch, start_ms, end_ms); with
+    ``device_of_stage`` (interleaved chunks) one row per device."""
     if not ops:
         return empty_figure(empty_message, title)
     if window is None:
         window = (min(op["start_ms"] for op in ops), max(op["end_ms"] for op in ops))
-    replicated = {op["stage"] for op in ops if op["replica"] > 0}
-    workers = sorted({(op["stage"], op["replica"]) for op in ops})
-    labels = [row_label(w[0], w[1], w[0] in replicated) for w in workers]
-    rows = {worker: idx for idx, worker in enumerate(workers)}
-    layout, row_px = _gantt_layout(title, labels, window)
+    rows = worker_rows(ops) if device_of_stage is None else device_rows(ops, device_of_stage)
+    labelled = dict(sorted((key, label) for key, label, _ in rows.values()))
+    row_index = {key: idx for idx, key in enumerate(labelled)}
+    layout, row_px = _gantt_layout(title, list(labelled.values()), window)
     layout["shapes"], data = [], []
-    for name, color, lane, bars in _bars_by_kind(ops, rows, labels, window):
+    for name, color, lane, bars in _bars_by_kind(ops, rows, row_index, window):
         shape, trace = kind_layers(
             name, color, lane, bars, row_px, (window[1] - window[0]) * _HOVER_STEP or 1.0
         )
@@ -241,4 +298,5 @@ def schedule_gantt(result: SimResult | None) -> Figure:
         f"{title}: step {result.step_time_ms:.1f} ms, bubble {result.bubble_fraction:.0%} "
         f"({result.schedule}, {result.num_microbatches} micro-batches)",
         window=(result.window_start_ms, result.window_end_ms),
+        device_of_stage=chunk_devices_of(result),
     )

@@ -1,12 +1,16 @@
 """Memory over time of every stage (replica) against its device's limit.
 
 The simulator's memory tracks are step functions; each is one line with horizontal-then-
-vertical steps. Where a stage first goes over its limit a red cross says when. Past ten
-lines the colours repeat, so a legend could not tell the lines apart (and would cost as
-much to draw as the lines); hovering a line names its stage instead.
+vertical steps. Under ``interleaved-1f1b`` a device's chunks are one line, their sum:
+the device's limit holds for them together. Where a stage first goes over its limit a red
+cross says when. Past ten lines the colours repeat, so a legend could not tell the lines
+apart (and would cost as much to draw as the lines); hovering a line names its stage
+instead.
 """
 
-from pipestudio.dashboard.components.gantt import row_label
+import bisect
+
+from pipestudio.dashboard.components.gantt import chunk_devices_of, row_label
 from pipestudio.dashboard.components.style import (
     LIMIT_COLOR,
     Figure,
@@ -15,10 +19,34 @@ from pipestudio.dashboard.components.style import (
     byte_unit,
     empty_figure,
 )
-from pipestudio.planner.formats.result import SimResult
+from pipestudio.planner.formats.result import MemoryTrack, SimResult
 
 #: Most lines with a legend entry each: Plotly's colour cycle has ten colours.
 MAX_LEGEND_LINES = 10
+
+
+def device_tracks(result: SimResult) -> list[MemoryTrack]:
+    """Under ``interleaved-1f1b``, one track per device: its chunks' tracks summed (as
+    ``stage`` the device); otherwise the result's tracks."""
+    devices = chunk_devices_of(result)
+    if devices is None:
+        return list(result.memory_timeline)
+    by_device: dict[int, list[MemoryTrack]] = {}
+    for track in result.memory_timeline:
+        by_device.setdefault(devices[track.stage], []).append(track)
+    summed = []
+    for device, tracks in sorted(by_device.items()):
+        times = sorted({time for track in tracks for time in track.times_ms})
+        values = [
+            sum(
+                track.bytes[index - 1]
+                for track in tracks
+                if (index := bisect.bisect_right(track.times_ms, time)) > 0
+            )
+            for time in times
+        ]
+        summed.append(MemoryTrack(stage=device, replica=0, times_ms=times, bytes=values))
+    return summed
 
 
 def memory_timeline_figure(result: SimResult | None) -> Figure:
@@ -26,18 +54,27 @@ def memory_timeline_figure(result: SimResult | None) -> Figure:
     if result is None or not result.memory_timeline:
         return empty_figure("No plan yet: run a planner or make one by hand.", title)
     limits = {stage.index: stage.device_memory_bytes for stage in result.stages}
+    tracks = device_tracks(result)
+    devices = chunk_devices_of(result)
+    if devices is not None:
+        title = "Memory over time per device"
+        limits = {devices[index]: limit for index, limit in limits.items()}
     unit, size = byte_unit(
         max(
-            [max(track.bytes, default=0) for track in result.memory_timeline]
+            [max(track.bytes, default=0) for track in tracks]
             + [limit for limit in limits.values() if limit]
         )
     )
-    replicated = {track.stage for track in result.memory_timeline if track.replica > 0}
-    legend = len(result.memory_timeline) <= MAX_LEGEND_LINES
+    replicated = {track.stage for track in tracks if track.replica > 0}
+    legend = len(tracks) <= MAX_LEGEND_LINES
     data = []
     over_x, over_y, over_text = [], [], []
-    for track in result.memory_timeline:
-        label = row_label(track.stage, track.replica, track.stage in replicated)
+    for track in tracks:
+        label = (
+            row_label(track.stage, track.replica, track.stage in replicated)
+            if devices is None
+            else f"device {track.stage}"
+        )
         data.append(
             {
                 "type": "scatter",

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from pipestudio.dashboard.components.gantt import chunk_devices_of
 from pipestudio.dashboard.components.style import (
     IDLE_COLOR,
     LIMIT_COLOR,
@@ -19,10 +20,30 @@ _NO_PLAN = "No plan yet: run a planner or make one by hand."
 
 
 def stage_labels(result: SimResult) -> list[str]:
+    if result.schedule == "interleaved-1f1b":
+        return [f"chunk {stage.index} · device {stage.devices[0]}" for stage in result.stages]
     return [
         f"stage {stage.index}" + (f" ×{stage.replicas}" if stage.replicas > 1 else "")
         for stage in result.stages
     ]
+
+
+def _compute_rows(result: SimResult) -> tuple[str, list[tuple[str, float, float]]]:
+    """(what a bar is, [(label, busy ms, recompute ms)]): a bar per stage, or under
+    ``interleaved-1f1b`` a bar per device, its chunks' time together (they share its
+    compute stream, so a chunk's idle time is not the device's)."""
+    devices = chunk_devices_of(result)
+    if devices is None:
+        return "stage", [
+            (label, stage.busy_ms, stage.recompute_ms)
+            for label, stage in zip(stage_labels(result), result.stages, strict=True)
+        ]
+    rows: dict[int, tuple[str, float, float]] = {}
+    for stage in result.stages:
+        device = devices[stage.index]
+        _, busy, recompute = rows.get(device, ("", 0.0, 0.0))
+        rows[device] = (f"device {device}", busy + stage.busy_ms, recompute + stage.recompute_ms)
+    return "device", [rows[device] for device in sorted(rows)]
 
 
 def _bar(x: list[str], y: list[float], name: str, color: Any, unit: str) -> dict[str, Any]:
@@ -41,29 +62,36 @@ def stage_compute_figure(result: SimResult | None) -> Figure:
     title = "Compute per stage and step"
     if result is None:
         return empty_figure(_NO_PLAN, title)
-    labels = stage_labels(result)
-    stages = result.stages
+    axis, rows = _compute_rows(result)
+    title = f"Compute per {axis} and step"
+    labels = [label for label, _, _ in rows]
     data = [
         _bar(
             labels,
-            [s.busy_ms - s.recompute_ms for s in stages],
+            [busy - recompute for _, busy, recompute in rows],
             "compute (forward, backward, update)",
             OP_COLORS["forward"],
             "ms",
         ),
-        _bar(labels, [s.recompute_ms for s in stages], "recompute", OP_COLORS["recompute"], "ms"),
         _bar(
             labels,
-            [max(0.0, result.step_time_ms - s.busy_ms) for s in stages],
+            [recompute for _, _, recompute in rows],
+            "recompute",
+            OP_COLORS["recompute"],
+            "ms",
+        ),
+        _bar(
+            labels,
+            [max(0.0, result.step_time_ms - busy) for _, busy, _ in rows],
             "idle (bubble)",
             IDLE_COLOR,
             "ms",
         ),
     ]
-    busiest = max(range(len(stages)), key=lambda idx: stages[idx].busy_ms)
+    busiest = max(range(len(rows)), key=lambda idx: rows[idx][1])
     layout = base_layout(
         f"{title} (ms; step {result.step_time_ms:.1f} ms)",
-        "stage",
+        axis,
         "time per step (ms)",
         barmode="stack",
         height=330,
@@ -71,8 +99,8 @@ def stage_compute_figure(result: SimResult | None) -> Figure:
     layout["annotations"] = [
         {
             "x": labels[busiest],
-            "y": stages[busiest].busy_ms,
-            "text": f"bottleneck: {stages[busiest].busy_ms:.1f} ms",
+            "y": rows[busiest][1],
+            "text": f"bottleneck: {rows[busiest][1]:.1f} ms",
             "showarrow": True,
             "arrowhead": 2,
             "ay": -30,
@@ -86,6 +114,8 @@ def stage_memory_figure(result: SimResult | None) -> Figure:
     title = "Peak memory per stage"
     if result is None:
         return empty_figure(_NO_PLAN, title)
+    if result.schedule == "interleaved-1f1b":  # a device's total is over time, below
+        title = "Peak memory per chunk"
     labels = stage_labels(result)
     limits = [stage.device_memory_bytes for stage in result.stages]
     unit, size = byte_unit(
@@ -129,7 +159,7 @@ def stage_memory_figure(result: SimResult | None) -> Figure:
     verdict = "fits" if result.fits else "does NOT fit"
     layout = base_layout(
         f"{title} ({unit}; plan {verdict})",
-        "stage",
+        "chunk" if result.schedule == "interleaved-1f1b" else "stage",
         f"peak memory ({unit})",
         barmode="stack",
         height=330,

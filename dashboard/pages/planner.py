@@ -11,7 +11,14 @@ from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.pages import planner_callbacks
 from pipestudio.dashboard.widgets import field, graph, section
 from pipestudio.planner.algorithms import PLANNERS
-from pipestudio.planner.formats.plan import PLANNED_SCHEDULES
+from pipestudio.planner.formats.plan import SCHEDULES
+
+#: The schedule choices: each schedule a plan can have, and ``auto``, which asks the
+#: planners to choose (``planner/algorithms/schedules.py``).
+SCHEDULE_CHOICES = [
+    {"label": "auto (planners choose)", "value": "auto"},
+    *({"label": name, "value": name} for name in SCHEDULES),
+]
 
 PATH = "/planner"
 NAME = "Planner"
@@ -80,11 +87,17 @@ def _request_controls(choices: dict[str, Any]) -> html.Div:
                 "Schedule",
                 dcc.Dropdown(
                     id="planner-schedule",
-                    options=list(PLANNED_SCHEDULES),
+                    options=SCHEDULE_CHOICES,
                     value="1f1b",
                     clearable=False,
-                    style={"width": "130px"},
+                    style={"width": "250px"},
                 ),
+                "auto: the planners pick the fastest that fits",
+            ),
+            field(
+                "Chunks per device",
+                number("planner-virtual-stages", 2),
+                "interleaved-1f1b only",
             ),
             field(
                 "Optimizer",

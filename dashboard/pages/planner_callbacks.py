@@ -30,12 +30,39 @@ FORM = (
     "microbatches",
     "microbatch-size",
     "schedule",
+    "virtual-stages",
     "optimizer",
     "algorithm",
     "straight",
 )
-#: Form fields that reshape the plan being edited without replacing it.
-RESHAPE = ("cluster", "memory", "microbatches", "microbatch-size", "schedule", "optimizer")
+#: Form fields that reshape the plan being edited without replacing it (a schedule or a
+#: chunk count that changes how many chunks the layers are cut into cuts them again).
+RESHAPE = (
+    "cluster",
+    "memory",
+    "microbatches",
+    "microbatch-size",
+    "schedule",
+    "virtual-stages",
+    "optimizer",
+)
+AUTO = "auto"
+
+
+def chunks_per_device(form: dict[str, Any]) -> int:
+    """The form's chunks per device: its value under ``interleaved-1f1b``, else 1."""
+    if form.get("schedule") != "interleaved-1f1b":
+        return 1
+    value = form.get("virtual-stages")
+    if not value or int(value) < 1:
+        raise ValueError(f"'chunks per device' must be a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
+def schedule_name(plan: dict[str, Any]) -> str:
+    """A plan's schedule as people say it: ``interleaved-1f1b x2`` for two chunks each."""
+    chunks = int(plan.get("virtual_stages") or 1)
+    return plan["schedule"] + (f" x{chunks}" if plan["schedule"] == "interleaved-1f1b" else "")
 
 
 def form_editor(form: dict[str, Any]) -> Editor:
@@ -48,15 +75,20 @@ def form_editor(form: dict[str, Any]) -> Editor:
             raise ValueError(
                 f"'{name}' must be a whole number of at least 1, got {form.get(name)!r}"
             )
+    auto = form["schedule"] == AUTO
     editor = new_editor(
         int(form["profile"]),
         form.get("cluster"),
-        schedule=form["schedule"],
+        # ``auto`` asks the planners; a plan made here by hand starts as 1f1b
+        schedule="1f1b" if auto else form["schedule"],
         num_microbatches=int(form["microbatches"]),
         microbatch_size=form.get("microbatch-size") or None,
         device_memory_bytes=parse_size(memory) if memory else None,
         optimizer=form.get("optimizer") or "adam",
+        virtual_stages=chunks_per_device(form),
     )
+    if auto:
+        editor["auto"] = True
     # "one device per stage": the planners that replicate stages (optimal, pipedream) may not
     if form.get("straight"):
         editor["straight"] = True
@@ -218,29 +250,56 @@ def editor_action(
                         "error",
                     ),
                 )
-            loaded, cuts = editor_from_plan(fresh, profile, rows[0]["plan"], form["algorithm"])
-            devices = sum(loaded["replicas"])
+            plan = rows[0]["plan"]
+            loaded, cuts = editor_from_plan(fresh, profile, plan, form["algorithm"])
+            devices = sum(loaded["replicas"]) // int(plan.get("virtual_stages") or 1)
+            chosen = f" with {schedule_name(plan)} (chosen by auto)" if fresh.get("auto") else ""
             return (
                 loaded,
                 slider_props(profile.num_layers, cuts),
                 message(
-                    f"{form['algorithm']} planned {len(cuts) + 1} stage(s) on {devices} device(s) "
+                    f"{form['algorithm']} planned {len(cuts) + 1} stage(s) on "
+                    f"{devices} device(s){chosen} "
                     f"in {rows[0]['planner_ms']:.0f} ms.",
                     "ok",
                 ),
             )
         reshape = trigger in {f"planner-{name}" for name in RESHAPE}
-        if reshape and editor and editor["profile_id"] == fresh["profile_id"]:
+        if (
+            reshape
+            and editor
+            and editor["profile_id"] == fresh["profile_id"]
+            and not _rechunked(editor, fresh)
+        ):
             kept = {key: editor[key] for key in ("replicas", "devices", "policies", "source")}
+            if fresh.get("auto"):  # the plan on screen keeps its schedule
+                kept.update(schedule=editor["schedule"], virtual_stages=editor["virtual_stages"])
             return {**fresh, **kept}, None, ""
-        stages = min(int(form["stages"]), profile.num_layers)
+        chunks = min(int(form["stages"]) * fresh["virtual_stages"], profile.num_layers)
         return (
             fresh,
-            slider_props(profile.num_layers, equal_boundaries(profile.num_layers, stages)),
-            "",
+            slider_props(profile.num_layers, equal_boundaries(profile.num_layers, chunks)),
+            ""
+            if fresh["virtual_stages"] == 1
+            else message(
+                f"{chunks} chunks of equal layer counts: {form['stages']} device(s) x "
+                f"{fresh['virtual_stages']} chunks each, chunk c on device c mod "
+                f"{form['stages']}.",
+                "ok",
+            ),
         )
     except (ValueError, ApiError) as exc:
         return editor, None, message(str(exc), "error")
+
+
+def _rechunked(editor: Editor, fresh: Editor) -> bool:
+    """Whether the form asks for another chunk count per device than the editor's: a
+    change to or from ``interleaved-1f1b``, or of its chunks per device; the layers are
+    then cut again. (``auto`` keeps what is on screen: the planners choose when asked.)"""
+    if fresh.get("auto"):
+        return False
+    was = editor.get("virtual_stages") or 1 if editor["schedule"] == "interleaved-1f1b" else 1
+    return bool(was != fresh["virtual_stages"])
 
 
 def drag_notice(boundaries: list[int] | None, editor: Editor | None) -> Any:

@@ -249,6 +249,33 @@ def test_plans_are_managed_on_their_page(page: object, stack: LiveStack) -> None
     assert prediction(page).startswith("Predicted step")
 
 
+def test_schedules_are_choices_and_their_gantts_show_chunks_and_halves(
+    page: object, stack: LiveStack
+) -> None:
+    """Interleaved: 2 devices x 2 chunks drawn one row per device; zero-bubble: the input-
+    and weight-gradient halves; auto: the planner names the schedule it chose."""
+    page.goto(f"{stack.url}/planner")
+    choose(page, "planner-profile", "vgg16 (41 layers)")
+    set_number(page, "planner-stages", 2)
+    choose(page, "planner-schedule", "interleaved-1f1b")
+    page.wait_for_selector("#planner-status :text('4 chunks of equal layer counts')")
+    page.wait_for_selector("#planner-gantt-graph :text('device 1 (chunks 1, 3)')")
+    assert "(interleaved-1f1b)" in wait_prediction(page)
+    expected, shown = hover_gantt(page, "forward")
+    assert shown.startswith("device ") and ", chunk " in shown
+    shot(page, "planner-interleaved")
+    choose(page, "planner-schedule", "zero-bubble")
+    page.wait_for_selector("#planner-gantt-graph .legendtext:text('weight gradient')")
+    page.wait_for_selector("#planner-gantt-graph .legendtext:text('input gradient')")
+    expected, shown = hover_gantt(page, "weight gradient")
+    assert "weight gradient of micro-batch" in shown and shown == expected.replace("<br>", "")
+    shot(page, "planner-zero-bubble")
+    choose(page, "planner-schedule", "auto (planners choose)")
+    choose(page, "planner-algorithm", "optimal")
+    page.click("#planner-run")
+    page.wait_for_selector("#planner-status :text('(chosen by auto)')")
+
+
 def test_plan_view_of_1000_layers_is_fast(page: object, stack: LiveStack) -> None:
     document = big_profile(1000).model_dump(mode="json")
     created = httpx.post(
@@ -302,20 +329,34 @@ def test_plan_view_of_1000_layers_is_fast(page: object, stack: LiveStack) -> Non
 
 
 def hover_gantt(page: object, kind: str) -> tuple[str, str]:
-    """Move the mouse onto the middle of the first ``kind`` bar of the planner's Gantt:
-    (that bar's hover text in the figure, the hover label's text in the page)."""
+    """Move the mouse onto the middle of the first ``kind`` bar inside the planner's Gantt
+    (some ops of a measured step start before the window drawn): (that bar's hover text in
+    the figure, the hover label's text in the page)."""
     settle(page)
     page.locator("#planner-gantt-graph").scroll_into_view_if_needed()
     x, y, text = page.evaluate(
         """kind => {
         const gd = document.querySelector('#planner-gantt-graph .js-plotly-plot');
         const trace = gd.data.find(t => t.name === kind);
-        const end = trace.text.lastIndexOf(trace.text[0]);
-        const size = gd._fullLayout._size, box = gd.getBoundingClientRect();
-        return [box.left + size.l + gd._fullLayout.xaxis.d2p((trace.x[0] + trace.x[end]) / 2),
-                box.top + size.t + gd._fullLayout.yaxis.d2p(trace.y[0]), trace.text[0]]; }""",
+        const [low, high] = gd._fullLayout.xaxis.range;
+        let first = 0;
+        while (first < trace.x.length) {
+            let end = first;
+            while (end + 1 < trace.x.length && trace.text[end + 1] === trace.text[first]
+                   && trace.y[end + 1] === trace.y[first]) { end++; }
+            const middle = (trace.x[first] + trace.x[end]) / 2;
+            if (middle > low && middle < high) {
+                const size = gd._fullLayout._size, box = gd.getBoundingClientRect();
+                return [box.left + size.l + gd._fullLayout.xaxis.d2p(middle),
+                        box.top + size.t + gd._fullLayout.yaxis.d2p(trace.y[first]),
+                        trace.text[first]];
+            }
+            first = end + 1;
+        }
+        return [null, null, null]; }""",
         kind,
     )
+    assert text is not None, f"no {kind} bar inside the Gantt's window"
     page.mouse.move(x, y)
     page.wait_for_selector("#planner-gantt-graph .hovertext")
     return text, page.text_content("#planner-gantt-graph .hovertext")

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from pipestudio.dashboard import planning
+from pipestudio.dashboard import monitor, planning
 from pipestudio.dashboard.components import (
     compare,
     gantt,
@@ -151,6 +151,63 @@ def test_measured_gantt_rows_of_replicas_and_migrations():
     forward = next(s for s in figure["layout"]["shapes"] if s.get("name") == "forward")
     assert [row for row, _, _ in drawn_bars(forward)] == [0, 1, 2]
     assert "migrated: b1 0→1" in [a["text"] for a in figure["layout"]["annotations"]]
+
+
+def test_interleaved_gantt_has_a_row_per_device_with_its_chunks():
+    profile = big_profile(8)
+    result = simulate(profile, plan_template(profile, 2, 4, "interleaved-1f1b", virtual_stages=2))
+    figure = gantt.schedule_gantt(result)
+    assert figure["layout"]["yaxis"]["ticktext"] == [
+        "device 0 (chunks 0, 2)",
+        "device 1 (chunks 1, 3)",
+    ]
+    forward = next(s for s in figure["layout"]["shapes"] if s["name"] == "forward")
+    rows = [row for row, _, _ in drawn_bars(forward)]
+    assert rows.count(0) == rows.count(1) == 2 * 4  # each device: 2 chunks x 4 micro-batches
+    hovers = next(t for t in figure["data"] if t["name"] == "forward")["text"]
+    assert any(text.startswith("device 1, chunk 3: forward of micro-batch") for text in hovers)
+    # the bubble is the device's: its two chunks share one compute stream
+    idle = next(s for s in figure["layout"]["shapes"] if s["name"] == "idle (bubble)")
+    for device in (0, 1):
+        busy = sum(stage.busy_ms for stage in result.stages if stage.devices[0] == device)
+        drawn = sum(end - start for row, start, end in drawn_bars(idle) if row == device)
+        assert drawn == pytest.approx(result.step_time_ms - busy, abs=1e-3)
+    # the bars and the memory lines are the devices' too, not the chunks'
+    compute = stage_charts.stage_compute_figure(result)
+    assert compute["data"][0]["x"] == ["device 0", "device 1"]
+    busy = [sum(s.busy_ms for s in result.stages if s.devices[0] == d) for d in (0, 1)]
+    drawn = zip(compute["data"][0]["y"], compute["data"][1]["y"], strict=True)
+    assert [work + recompute for work, recompute in drawn] == pytest.approx(busy)
+    memory = memory_charts.memory_timeline_figure(result)
+    assert [t["name"] for t in memory["data"]] == ["device 0", "device 1"]
+    tracks = memory_charts.device_tracks(result)
+    for device, track in enumerate(tracks):
+        chunks = [t for t in result.memory_timeline if t.stage % 2 == device]
+        # at every time a chunk's memory changes the device holds the chunks' sum
+        for chunk in chunks:
+            for time, value in zip(chunk.times_ms, chunk.bytes, strict=True):
+                other = next(t for t in chunks if t is not chunk)
+                before = [b for t, b in zip(other.times_ms, other.bytes, strict=True) if t <= time]
+                at = track.bytes[track.times_ms.index(time)]
+                assert at == value + (before[-1] if before else 0)
+
+
+def test_zero_bubble_gantt_names_the_two_halves_of_the_backward():
+    profile = big_profile(8)
+    result = simulate(profile, plan_template(profile, 2, 4, "zero-bubble"))
+    figure = gantt.schedule_gantt(result)
+    legend = [shape["name"] for shape in figure["layout"]["shapes"]]
+    assert "input gradient" in legend and "weight gradient" in legend
+    assert "backward" not in legend
+    assert figure["layout"]["yaxis"]["ticktext"] == ["stage 0", "stage 1"]
+    plain = gantt.schedule_gantt(simulate(profile, plan_template(profile, 2, 4, "1f1b")))
+    assert "backward" in [shape["name"] for shape in plain["layout"]["shapes"]]
+
+
+def test_measured_interleaved_run_is_drawn_by_device():
+    document = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "stages": [{}] * 6}
+    assert monitor.chunk_devices(document) == {0: 0, 1: 1, 2: 2, 3: 0, 4: 1, 5: 2}
+    assert monitor.chunk_devices({"schedule": "1f1b", "stages": [{}] * 2}) is None
 
 
 def test_idle_spans_are_the_gaps_between_compute_ops():

@@ -95,6 +95,58 @@ def test_run_one_planner_loads_its_plan(context, vgg_id):
     assert not failed
 
 
+def test_interleaved_cuts_devices_times_chunks_and_draws_devices(context, vgg_id):
+    values = form(vgg_id, stages=2, schedule="interleaved-1f1b", **{"virtual-stages": 2})
+    editor, slider, notice = act(context, "planner-schedule", values)
+    assert slider["value"] == equal_boundaries(41, 4)  # 2 devices x 2 chunks
+    assert "4 chunks of equal layer counts: 2 device(s) x 2 chunks each" in notice.children
+    text, failed, _ = planning.plan_view(context, editor, slider["value"])
+    assert not failed and "(interleaved-1f1b)" in text
+    gantt, _ = planning.timeline_view(context, editor, slider["value"])
+    assert gantt["layout"]["yaxis"]["ticktext"] == [
+        "device 0 (chunks 0, 2)",
+        "device 1 (chunks 1, 3)",
+    ]
+    # more micro-batches keep the cuts; more chunks per device cut the layers again
+    kept, slider_kept, _ = act(
+        context, "planner-microbatches", {**values, "microbatches": 16}, editor, slider["value"]
+    )
+    assert slider_kept is None and kept["num_microbatches"] == 16
+    three = {**values, "virtual-stages": 3}
+    recut, slider3, _ = act(context, "planner-virtual-stages", three, kept, slider["value"])
+    assert len(slider3["value"]) + 1 == 6 and recut["virtual_stages"] == 3
+    back, slider1, _ = act(
+        context, "planner-schedule", {**values, "schedule": "1f1b"}, recut, slider3["value"]
+    )
+    assert len(slider1["value"]) + 1 == 2 and back["schedule"] == "1f1b"
+    # a count the schedule cannot run is named, and a chunk count that is no count too
+    odd = {**values, "microbatches": 3}
+    shaped, _, _ = act(context, "planner-microbatches", odd, editor, slider["value"])
+    text, failed, _ = planning.plan_view(context, shaped, slider["value"])
+    assert failed and "num_microbatches a multiple of 2" in text
+    _, _, notice = act(context, "planner-virtual-stages", {**values, "virtual-stages": 0})
+    assert "'chunks per device' must be a whole number of at least 1, got 0" in notice.children
+
+
+def test_auto_asks_the_planners_for_the_schedule(context, vgg_id):
+    values = form(vgg_id, schedule="auto", algorithm="optimal", straight=["straight"])
+    editor, slider, notice = act(context, "planner-run", values)
+    assert editor["auto"] and editor["source"] == "optimal"
+    assert planning.planner_body(editor, 4, None)["schedule"] == "auto"
+    chosen = callbacks.schedule_name(
+        {"schedule": editor["schedule"], "virtual_stages": editor["virtual_stages"]}
+    )
+    assert f"with {chosen} (chosen by auto)" in notice.children
+    text, failed, _ = planning.plan_view(context, editor, slider["value"])
+    assert not failed and f"({editor['schedule']})" in text
+    # by hand, auto starts from 1f1b; asked for a schedule they do not plan, planners say so
+    manual, _, _ = act(context, "planner-schedule", {**values, "algorithm": "uniform"})
+    assert manual["schedule"] == "1f1b"
+    _, slider, notice = act(context, "planner-run", form(vgg_id, schedule="zero-bubble"))
+    assert slider is None and "ps-error" in notice.className
+    assert "the planners plan gpipe, 1f1b, pipedream (or choose with auto)" in notice.children
+
+
 def test_infeasible_planner_says_so(context, vgg_id):
     _editor, slider, notice = act(
         context, "planner-run", form(vgg_id, memory="1GiB", algorithm="optimal")
