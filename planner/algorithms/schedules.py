@@ -16,10 +16,18 @@ them. For one planner and a request, the candidates are:
   device memory each (a device holds v chunks) with the cluster's swap bandwidth, links
   free, then simulated on the request's cluster, chunk c on device c mod p.
 
+A derived plan (zero-bubble, interleaved) was split for another schedule, so it is then
+improved under its own with the simulator as the judge (``refine``): a hill climb that
+moves one stage boundary by one layer or changes one layer's policy, keeps a move that
+makes the plan fit or faster while fitting, and stops when no move helps or after
+``REFINE_SIMULATIONS`` simulations.
+
 Every candidate is simulated; the fastest that fits wins (when none fits, the one that
 needs the least memory beyond the cap is not offered: the answer is the planner's own
 infeasibility). A derived plan carries no optimality claim: ``optimal`` proves its bound
-for the schedule it planned for, not for the derived ones.
+for the schedule it planned for, not for the derived ones, and the hill climb finds a
+local best, not a proven one (tests/planner/algorithms/test_auto_exhaustive.py measures
+the gap to exhaustive search).
 """
 
 import dataclasses
@@ -34,6 +42,9 @@ from pipestudio.planner.simulator.simulate import simulate
 
 #: Chunks per device that ``auto`` tries for ``interleaved-1f1b``.
 VIRTUAL_STAGES = (2, 4)
+#: Most simulations the hill climb of one derived candidate spends (``refine``).
+REFINE_SIMULATIONS = 60
+_POLICIES = ("keep", "recompute", "swap")
 AUTO = "auto"
 _CLAIMS = ("step_optimal", "step_gap")
 
@@ -63,7 +74,7 @@ def auto_candidates(
             base = candidate.plan
     if base is not None and all(stage.replicas == 1 for stage in base.stages):
         derived = _derived(base, "zero-bubble", 1)
-        candidates.append(_simulated(Candidate("zero-bubble", derived), request))
+        candidates.append(refine(_simulated(Candidate("zero-bubble", derived), request), request))
     devices = request.num_stages or (request.cluster.num_devices if request.cluster else 0)
     for chunks in VIRTUAL_STAGES:
         label = f"interleaved-1f1b x{chunks}"
@@ -87,8 +98,100 @@ def auto_candidates(
         candidate = _planned(planner, chunked, label)
         if candidate.plan is not None:
             candidate.plan = _derived(candidate.plan, "interleaved-1f1b", chunks)
-        candidates.append(_simulated(candidate, request))
+        candidates.append(refine(_simulated(candidate, request), request))
     return candidates
+
+
+def _score(result: SimResult) -> tuple[int, float, float]:
+    """What the hill climb lowers: a plan that fits before one that does not, then the
+    bytes its stages are over their devices' memory, then the step."""
+    over = sum(
+        max(0, stage.peak_bytes - stage.device_memory_bytes)
+        for stage in result.stages
+        if stage.device_memory_bytes is not None
+    )
+    return (0, 0.0, result.step_time_ms) if result.fits else (1, float(over), result.step_time_ms)
+
+
+def _better(tried: SimResult, result: SimResult) -> bool:
+    """Whether ``tried`` scores lower than ``result`` by more than rounding."""
+    new, old = _score(tried), _score(result)
+    if new[:2] != old[:2]:
+        return new[:2] < old[:2]
+    return new[2] < old[2] * (1 - 1e-6)
+
+
+def _moves(plan: Plan, fits: bool) -> list[dict[str, Any]]:
+    """The plans one move from ``plan`` (stage documents and policies): each boundary
+    earlier or later by 2^k layers, the longest jumps first (no stage left empty); then
+    each layer's policy changed, toward ``keep`` or between recompute and swap while the
+    plan fits (keeping is what fitting allows to buy), away from ``keep`` while it does
+    not."""
+    stages = [list(stage.layers) for stage in plan.stages]
+    moved: list[dict[str, Any]] = []
+    for cut in range(1, len(stages)):
+        before, after = stages[cut - 1], stages[cut]
+        jump = 1 << max(0, (max(len(before), len(after)) - 1).bit_length() - 1)
+        while jump >= 1:
+            if len(before) > jump:  # the boundary ``jump`` layers earlier
+                moved.append({"cut": cut, "layers": (before[:-jump], before[-jump:] + after)})
+            if len(after) > jump:
+                moved.append({"cut": cut, "layers": (before + after[:jump], after[jump:])})
+            jump //= 2
+    for stage in stages:
+        for layer in stage:
+            current = plan.policies.get(layer, "keep")
+            if fits:
+                choices = [p for p in _POLICIES if p != current]
+                if current == "keep":
+                    choices = []
+            else:
+                choices = [p for p in _POLICIES if p != current and p != "keep"]
+            moved += [{"layer": layer, "policy": p} for p in choices]
+    return moved
+
+
+def _apply(plan: Plan, move: dict[str, Any]) -> Plan:
+    """``plan`` with one move made (a copy: a move keeps every stage non-empty and every
+    policy one of the three, so the plan stays valid)."""
+    if "cut" in move:
+        cut, (before, after) = move["cut"], move["layers"]
+        stages = list(plan.stages)
+        stages[cut - 1] = stages[cut - 1].model_copy(update={"layers": before})
+        stages[cut] = stages[cut].model_copy(update={"layers": after})
+        return plan.model_copy(update={"stages": stages})
+    policies = dict(plan.policies)
+    policies[move["layer"]] = move["policy"]
+    kept = {layer: policy for layer, policy in policies.items() if policy != "keep"}
+    return plan.model_copy(update={"policies": kept})
+
+
+def refine(candidate: Candidate, request: Any, budget: int = REFINE_SIMULATIONS) -> Candidate:
+    """``candidate`` improved by the hill climb of the module docstring (first improving
+    move, then the moves of the new plan), within ``budget`` simulations."""
+    if candidate.plan is None or candidate.result is None:
+        return candidate
+    plan, result, spent, improved = candidate.plan, candidate.result, 0, True
+    while improved and spent < budget:
+        improved = False
+        for move in _moves(plan, result.fits):
+            if spent >= budget:
+                break
+            trial = _apply(plan, move)
+            spent += 1
+            tried = simulate(request.scaled, trial, request.cluster, with_timeline=False)
+            if _better(tried, result):
+                plan, result, improved = trial, tried, True
+                break
+    if plan is not candidate.plan:
+        provenance = dict(plan.provenance)
+        provenance["refined"] = (
+            f"hill climb under {plan.schedule}: "
+            f"{candidate.result.step_time_ms:.3f} -> {result.step_time_ms:.3f} ms"
+            f"{'' if result.fits else ', does not fit'} ({spent} simulations)"
+        )
+        plan = plan.model_copy(update={"provenance": provenance})
+    return Candidate(candidate.label, plan, result, candidate.error)
 
 
 def best(candidates: list[Candidate]) -> Candidate | None:
