@@ -76,7 +76,7 @@ def candidate(row: dict[str, Any]) -> Candidate:
         samples_per_s=summary["samples_per_s"],
         bubble_fraction=summary["bubble_fraction"],
         fits=summary["fits"],
-        peak_bytes=max(summary["stage_peak_bytes"]),
+        peak_bytes=max(summary.get("device_peak_bytes") or summary["stage_peak_bytes"]),
         device_memory_bytes=min(limits) if limits else None,
         claim=step_claim((row.get("plan") or {}).get("provenance") or {}),
         replicas=replicas,
@@ -95,7 +95,7 @@ def editor_documents(
 
 
 def prediction_text(result: SimResult) -> str:
-    peak = max(stage.peak_bytes for stage in result.stages)
+    peak = result.largest_peak_bytes
     verdict = "fits in device memory" if result.fits else "does NOT fit in device memory"
     return (
         f"Predicted step {result.step_time_ms:.2f} ms ({result.schedule}) · "

@@ -158,6 +158,11 @@ class PlanSummary(BaseModel):
     stage_busy_ms: list[float]
     stage_peak_bytes: list[int]
     stage_device_memory_bytes: list[int | None]
+    device_peak_bytes: list[int] = Field(
+        default_factory=list,
+        description="Each device's peak, its stages together (interleaved: its chunks); "
+        "index: device.",
+    )
 
 
 class PlanPublic(Public):

@@ -216,5 +216,6 @@ def summarize(result: SimResult) -> PlanSummary:
         fits=result.fits,
         stage_busy_ms=[stage.busy_ms for stage in result.stages],
         stage_peak_bytes=[stage.peak_bytes for stage in result.stages],
+        device_peak_bytes=result.device_peak_bytes,
         stage_device_memory_bytes=[stage.device_memory_bytes for stage in result.stages],
     )

@@ -43,7 +43,7 @@ class Candidate:
             result.samples_per_s,
             result.bubble_fraction,
             result.fits,
-            max(stage.peak_bytes for stage in result.stages),
+            result.largest_peak_bytes,
             min(limits) if limits else None,
         )
 
@@ -180,5 +180,5 @@ def compare_figure(candidates: Sequence[Candidate]) -> Figure:
     layout = base_layout(title, "", "", height=340)
     layout.update(_panel(1, "step time (ms)"))
     layout.update(_panel(2, "bubble (% of the step)"))
-    layout.update(_panel(3, f"largest stage peak ({unit})"))
+    layout.update(_panel(3, f"largest device peak ({unit})"))
     return {"data": data, "layout": layout}

@@ -79,7 +79,7 @@ def plan_rows(
     for plan in sorted(plans, key=lambda p: p["id"]):
         document, summary = plan["document"], plan.get("summary") or {}
         replicas = [stage.get("replicas", 1) for stage in document["stages"]]
-        peaks = summary.get("stage_peak_bytes") or []
+        peaks = summary.get("device_peak_bytes") or summary.get("stage_peak_bytes") or []
         rows.append(
             {
                 "id": str(plan["id"]),

@@ -62,10 +62,10 @@ class Attempt:
 
     @property
     def peak_bytes(self) -> int | None:
-        """The largest stage peak of the plan, None without a plan."""
+        """The largest device peak of the plan, None without a plan."""
         if self.result is None:
             return None
-        return max(stage.peak_bytes for stage in self.result.stages)
+        return self.result.largest_peak_bytes
 
 
 def attempt(planner: "Planner", request: "PlanRequest", *, with_timeline: bool = False) -> Attempt:

@@ -106,6 +106,12 @@ class SimResult(Document):
     samples_per_s: float = Field(description="Samples per second; 0 when a step takes no time.")
     bubble_fraction: float = Field(description="1 - sum of stages' busy_ms / (stages x step time).")
     fits: bool
+    device_peak_bytes: list[int] = Field(
+        default_factory=list,
+        description="Peak of each device, the workers placed on it together (index: device; "
+        "0 where none runs): under interleaved-1f1b a device's chunks, whose stages' "
+        "peaks are each a chunk's.",
+    )
     model_flops: int = Field(
         0,
         description="The model's forward and backward FLOPs per step "
@@ -126,3 +132,9 @@ class SimResult(Document):
     stages: list[StageResult]
     timeline: list[TimelineOp]
     memory_timeline: list[MemoryTrack]
+
+    @property
+    def largest_peak_bytes(self) -> int:
+        """The most any device holds: its workers together (a stage's peak where the
+        result names no device peaks)."""
+        return max(self.device_peak_bytes or [stage.peak_bytes for stage in self.stages])

@@ -103,17 +103,20 @@ class MemoryLedger:
 
     def device_fits(self, device: int, limit: int | None, devices: list[list[int]]) -> bool:
         """Whether all workers placed on ``device`` fit in ``limit`` bytes together."""
-        if limit is None:
-            return True
+        return limit is None or self.device_peak(device, devices) <= limit
+
+    def device_peak(self, device: int, devices: list[list[int]]) -> int:
+        """The most bytes the workers placed on ``device`` hold at once, together (0: no
+        worker there)."""
         on_device = [w for w, (s, r) in enumerate(self._workers) if devices[s][r] == device]
-        if len(on_device) == 1:
-            return self.peaks()[on_device[0]].memory.total_bytes <= limit
+        if len(on_device) <= 1:
+            return self.peaks()[on_device[0]].memory.total_bytes if on_device else 0
         events = sorted(e for w in on_device for e in self._events[w])
         level = peak = sum(self.static_bytes(w) for w in on_device)
         for _, _, act_delta, ws_delta, _ in events:
             level += act_delta + ws_delta
             peak = max(peak, level)
-        return peak <= limit
+        return peak
 
     def tracks(
         self, workers: list[tuple[int, int]], window: tuple[float, float]

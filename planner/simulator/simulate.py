@@ -597,6 +597,7 @@ def _result(
         samples_per_s=samples / step_time * 1e3 if step_time > 0 else 0.0,
         bubble_fraction=max(0.0, bubble),
         fits=all(stage.fits for stage in stages),
+        device_peak_bytes=_device_peaks(build, ledger),
         model_flops=model_flops,
         model_tflops=model_tflops,
         mfu=model_flop_utilisation(model_tflops, plan.num_workers, profile_peak(profile))
@@ -637,6 +638,15 @@ def _fits_by_device(build: _Build, ledger: MemoryLedger) -> dict[int, bool]:
         elif device not in fits:
             fits[device] = ledger.device_fits(device, limit, build.devices)
     return fits
+
+
+def _device_peaks(build: _Build, ledger: MemoryLedger) -> list[int]:
+    """Each device's peak, its workers together (index: device; 0 where none runs)."""
+    used = sorted({build.device(worker) for worker in range(len(build.workers))})
+    peaks = [0] * (used[-1] + 1 if used else 0)
+    for device in used:
+        peaks[device] = ledger.device_peak(device, build.devices)
+    return peaks
 
 
 def _device_memory(cluster: Cluster | None, device_idx: int) -> int | None:

@@ -357,3 +357,17 @@ def test_plan_view_of_1000_layers_on_16_stages_stays_a_few_traces():
     lines = [trace for trace in figures[3]["data"] if trace["name"].startswith("stage")]
     assert len(lines) == 16 and not any(trace["showlegend"] for trace in lines)
     assert "hover a line for its stage" in figures[3]["layout"]["title"]["text"]
+
+
+def test_interleaved_peaks_are_the_devices_not_the_chunks():
+    profile = big_profile(8)
+    result = simulate(profile, plan_template(profile, 2, 4, "interleaved-1f1b", virtual_stages=2))
+    chunk = max(stage.peak_bytes for stage in result.stages)
+    tracks = memory_charts.device_tracks(result)
+    # a device's peak is its chunks' sum at its highest, more than any chunk's own
+    assert result.device_peak_bytes == [max(track.bytes) for track in tracks]
+    assert result.largest_peak_bytes == max(result.device_peak_bytes) > chunk
+    assert compare.Candidate.of("x", result, 1.0).peak_bytes == result.largest_peak_bytes
+    assert format_bytes(result.largest_peak_bytes) in planning.prediction_text(result)
+    straight = simulate(profile, plan_template(profile, 2, 4, "1f1b"))
+    assert straight.device_peak_bytes == [stage.peak_bytes for stage in straight.stages]

@@ -226,7 +226,7 @@ def compare_table(outcomes: list[PlanOutcome]) -> str:
             )
             continue
         result = outcome.result
-        largest = max(stage.peak_bytes for stage in result.stages)
+        largest = result.largest_peak_bytes
         rows.append(
             [
                 outcome.algorithm,
@@ -246,7 +246,7 @@ def compare_table(outcomes: list[PlanOutcome]) -> str:
             "step ms",
             "samples/s",
             "bubble",
-            "largest stage",
+            "largest peak",
             "fits",
             "planner ms",
             "objective ms",

@@ -12,7 +12,7 @@ from pipestudio.planner.simulator.schedule import (
     worker_order,
     zero_bubble_order,
 )
-from tests.planner.helpers import chain_profile, even_plan
+from tests.planner.helpers import chain_profile, even_plan, single_level_cluster
 
 
 def render(schedule_name: str, num_stages: int = 4, num_mb: int = 8) -> list[str]:
@@ -167,3 +167,22 @@ def test_the_orders_cover_every_op_once() -> None:
         assert sorted(order) == sorted((kind, mb) for kind in "FBW" for mb in microbatches)
         # a weight half never comes before its input half
         assert all(order.index(("W", mb)) > order.index(("B", mb)) for mb in microbatches)
+
+
+def test_an_interleaved_device_holds_its_chunks_together() -> None:
+    """A device's peak is its chunks' memory summed over time; a cap between the largest
+    chunk's peak and that does not fit, though every chunk alone would."""
+    profile = chain_profile(8, fwd_ms=1.0, bwd_ms=2.0, saved_bytes=1000, param_bytes=10_000)
+    plan = plan_template(profile, 2, 4, "interleaved-1f1b", virtual_stages=2)
+    free = simulate(profile, plan)
+    chunks = [stage.peak_bytes for stage in free.stages]
+    assert len(free.device_peak_bytes) == 2
+    for device in (0, 1):
+        mine = [peak for stage, peak in enumerate(chunks) if stage % 2 == device]
+        assert max(mine) < free.device_peak_bytes[device] <= sum(mine)
+    cap = max(chunks) + 1
+    assert cap < free.largest_peak_bytes
+    capped = simulate(profile, plan, single_level_cluster(2, memory=cap))
+    assert not capped.fits
+    just = simulate(profile, plan, single_level_cluster(2, memory=free.largest_peak_bytes))
+    assert just.fits
