@@ -167,7 +167,9 @@ def join(
         _arrive(store, rank, world_size, join_timeout_s(timeout_s))
         store.set_timeout(timeout)
         _check_peers(store, rank, world_size, binding, timeout_s)
-        _arrive(store, rank, world_size, timeout_s, "checked", "reach its peers")
+        # a rank that cannot reach a peer fails after ``timeout_s`` of dialing, naming both
+        # ends; the others wait longer, so that its reason, not theirs, fails the run first
+        _arrive(store, rank, world_size, 2 * timeout_s, "checked", "reach its peers")
     device = choose_device(layout, rank, device_kind)
     if device.type == "cuda":
         torch.cuda.set_device(device)
