@@ -5,6 +5,8 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bootstrapped
 PYTEST_ARGS ?=
+# Test processes: the suite runs in two (tests/conftest.py says how it is split).
+TEST_JOBS ?= 2
 
 .PHONY: bootstrap test test-fast lint format demo bench schemas clean
 
@@ -18,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP) lint
-	$(PY) -m pytest -m "not gpu" --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -n $(TEST_JOBS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not gpu and not browser" -x -q $(PYTEST_ARGS)
