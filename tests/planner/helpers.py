@@ -1,5 +1,6 @@
 """Builders of profiles, plans and clusters for the planner's tests and benchmarks."""
 
+import os
 import random
 
 from pipestudio.planner import Cluster, Plan, Profile, cluster_template
@@ -89,3 +90,10 @@ def block_chain(num_layers: int = 2000, seed: int = 3) -> Profile:
         for idx in range(num_layers)
     ]
     return Profile.model_validate({"model": "bench-chain", "microbatch_size": 1, "layers": layers})
+
+
+def exhaustive_cases(full: int) -> int:
+    """How many random cases an exhaustive-search test runs: half of ``full`` in
+    ``make test`` (its seeded first half), every one with ``PIPESTUDIO_EXHAUSTIVE=full``,
+    the count docs/planners.md reports."""
+    return full if os.environ.get("PIPESTUDIO_EXHAUSTIVE") == "full" else max(1, full // 2)

@@ -16,8 +16,9 @@ from pipestudio.planner import Profile, cluster_template, simulate
 from pipestudio.planner.algorithms.optimal.planner import optimal
 from pipestudio.planner.algorithms.request import InfeasibleError, PlanRequest
 from tests.planner.bruteforce import simulate_every_straight_plan
+from tests.planner.helpers import exhaustive_cases
 
-CHAINS = 300
+CHAINS = exhaustive_cases(300)
 CHUNKS = 3
 
 
