@@ -105,10 +105,18 @@ class ChunkedRank:
             worker.recorder.flush()
 
     def _prepare(self, ops: list[Scheduled], idx: int) -> None:
-        """Post the receives of the next compute ops; prefetch swapped tensors."""
+        """Post the receives of the next compute ops, whichever chunks they are of: the
+        next ``_LOOKAHEAD``, and as many more as the rank has chunks besides, once the
+        shapes they need are known (posting a receive of an unknown shape waits for its
+        sender to publish it, which in the first step may wait on this rank); prefetch
+        swapped tensors."""
         ahead = [(w, op) for w, op in ops[idx:] if op.kind in ("forward", "backward")]
-        for worker, op in ahead[:_LOOKAHEAD]:
+        for count, (worker, op) in enumerate(ahead[: _LOOKAHEAD * len(self.workers)]):
             assert op.microbatch is not None
+            io = worker.io_for(op.microbatch)
+            needed = io.receives if op.kind == "forward" else io.sends
+            if count >= _LOOKAHEAD and not worker.transport.knows_shapes(needed):
+                continue
             if op.kind == "forward":
                 worker._post(ACTIVATION, op.microbatch, worker.io_for(op.microbatch).receives)
             elif op.microbatch in worker.states:

@@ -19,6 +19,7 @@ pair iterate micro-batches and layers in the same order. Every wait has the job'
 and a failed wait is diagnosed by the watchdog (``faults.py``).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -88,6 +89,11 @@ class Transport:
             groups = self.ctx.groups
             return (groups.activation if direction == ACTIVATION else groups.gradient), False
         return None, self.ctx.device.type == "cuda"
+
+    def knows_shapes(self, transfers: Sequence[Transfer]) -> bool:
+        """Whether the shapes of ``transfers``' tensors are known here (``shape`` would not
+        wait for them)."""
+        return all(t.layer in self._shapes for t in transfers)
 
     def shape(self, layer: str) -> tuple[torch.dtype, tuple[int, ...]]:
         if layer not in self._shapes:
