@@ -10,15 +10,18 @@ blocks of width 512 and a head, 8 layers, micro-batch 32) this
 2. plans ``1f1b`` with ``balance-time`` on a device per stage, runs the same stages as
    ``zero-bubble``, and plans 2p chunks with ``balance-time`` run as ``interleaved-1f1b``
    with 2 chunks per device;
-3. trains each with the engine (``--warm-steps`` + ``--steps``) and takes the mean step;
-4. predicts each step from the profile, and again from the profile calibrated on the
-   ``1f1b`` run's first half (``pipestudio calibrate``'s ``calibrate``, compute and links):
-   what the machine does to the compute is then measured once, on the schedule every
-   other is compared with, and the new schedules are predicted, not fitted.
+3. trains each with the engine (``--warm-steps`` + ``--steps``) and takes the mean step,
+   ``--runs`` times, the schedules in another order each run (a run of a few hundred
+   milliseconds on a shared machine is noise as much as signal);
+4. predicts each step from the profile, and again from the profile calibrated on each
+   run's ``1f1b`` first half (``pipestudio calibrate``'s ``calibrate``, compute and
+   links): what the machine does to the compute is then measured once, on the schedule
+   every other is compared with, and the new schedules are predicted, not fitted.
 
-Prints, per case, each schedule's measured and predicted step, the error, and the gain
-over 1F1B measured and predicted (1f1b step / schedule step - 1). Target: the calibrated
-prediction of each new schedule within 15% of its measured step. With more ranks than
+Prints, per case, each schedule's measured step (median over the runs) and predicted step
+(the calibrated one: the median of the runs' calibrations), the error, each run's error,
+and the gain over 1F1B measured and predicted (1f1b step / schedule step - 1). Target:
+the calibrated prediction of each new schedule within 15% of its measured step. With more ranks than
 cores (4 stages on 2 cores) the ranks time-share the cores and the bubbles fill with other
 ranks' compute: that case is printed for what it shows, not judged.
 """
@@ -82,30 +85,39 @@ def run_case(stages: int, options: argparse.Namespace) -> list[dict[str, Any]]:
     gbps = measure_gloo_gbps(output)
     own = cluster_template([stages], [gbps])
     by_schedule = plans(profile, stages, stages, gbps)
-    measured: dict[str, list[float]] = {}
-    calibration = None
-    for schedule, plan in by_schedule.items():
-        steps_ms, _, ops = measured_run(
-            plan, MODEL, ARGS, options.warm_steps, options.steps, threads
-        )
-        measured[schedule] = steps_ms
-        if schedule == "1f1b":
-            half = range(options.warm_steps, options.warm_steps + options.steps // 2)
-            calibration = calibrate(profile, plan, ops, own, half)
-    assert calibration is not None
+    names = list(by_schedule)
+    measured: dict[str, list[float]] = {name: [] for name in names}
+    calibrated: dict[str, list[float]] = {name: [] for name in names}
+    for run in range(options.runs):
+        # each run trains the schedules in another order, so none always goes first
+        calibration = None
+        for schedule in names[run % len(names) :] + names[: run % len(names)]:
+            steps_ms, _, ops = measured_run(
+                by_schedule[schedule], MODEL, ARGS, options.warm_steps, options.steps, threads
+            )
+            measured[schedule].append(statistics.mean(steps_ms))
+            if schedule == "1f1b":
+                half = range(options.warm_steps, options.warm_steps + options.steps // 2)
+                calibration = calibrate(profile, by_schedule[schedule], ops, own, half)
+        assert calibration is not None
+        for schedule, plan in by_schedule.items():
+            calibrated[schedule].append(
+                simulate(
+                    calibration.profile, plan, calibration.cluster or own, with_timeline=False
+                ).step_time_ms
+            )
     rows = []
     for schedule, plan in by_schedule.items():
-        predicted = simulate(profile, plan, own, with_timeline=False).step_time_ms
-        calibrated = simulate(
-            calibration.profile, plan, calibration.cluster or own, with_timeline=False
-        ).step_time_ms
         rows.append(
             {
                 "stages": stages,
                 "schedule": schedule,
-                "measured_ms": statistics.mean(measured[schedule]),
-                "predicted_ms": predicted,
-                "calibrated_ms": calibrated,
+                "measured_ms": statistics.median(measured[schedule]),
+                "predicted_ms": simulate(profile, plan, own, with_timeline=False).step_time_ms,
+                "calibrated_ms": statistics.median(calibrated[schedule]),
+                "run_errors": [
+                    m / c - 1 for m, c in zip(measured[schedule], calibrated[schedule], strict=True)
+                ],
             }
         )
     flat = rows[0]
@@ -122,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stages", default="2,4")
     parser.add_argument("--warm-steps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quiet-load", type=float, default=3.0)
     parser.add_argument("--quiet-wait", type=float, default=60.0)
@@ -141,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['stages']:>3} {row['schedule']:<17} {row['measured_ms']:>9.1f} "
                 f"{row['predicted_ms']:>9.1f} {row['error']:>+7.1%} "
                 f"{row['calibrated_ms']:>10.1f} {row['error_calibrated']:>+7.1%} "
-                f"{row['gain_measured']:>+10.1%} {row['gain_predicted']:>+10.1%}"
+                f"{row['gain_measured']:>+10.1%} {row['gain_predicted']:>+10.1%}  runs "
+                + " ".join(f"{e:+.0%}" for e in row["run_errors"])
                 + ("" if row["judged"] else "  (ranks share cores: not judged)"),
                 flush=True,
             )
