@@ -302,6 +302,24 @@ def _rechunked(editor: Editor, fresh: Editor) -> bool:
     return bool(was != fresh["virtual_stages"])
 
 
+#: The form fields an opened plan sets, so that the form says what is in the editor.
+SYNCED = ("schedule", "virtual-stages", "microbatches", "microbatch-size", "optimizer", "stages")
+
+
+def form_of(editor: Editor) -> dict[str, Any]:
+    """The values of ``SYNCED`` that describe ``editor``'s plan."""
+    chunks = int(editor.get("virtual_stages") or 1)
+    replicas = editor.get("replicas") or []
+    return {
+        "schedule": editor["schedule"],
+        "virtual-stages": chunks if editor["schedule"] == "interleaved-1f1b" else 2,
+        "microbatches": editor["num_microbatches"],
+        "microbatch-size": editor["microbatch_size"],
+        "optimizer": editor.get("optimizer", "adam"),
+        "stages": max(1, len(replicas) // chunks) if replicas else no_update,
+    }
+
+
 def drag_notice(boundaries: list[int] | None, editor: Editor | None) -> Any:
     """After a drag the status says the plan is edited by hand, not what a planner made."""
     if not editor or boundaries is None or list(boundaries) == editor.get("cuts"):
@@ -368,6 +386,8 @@ def register(app: Dash, context: Context) -> None:
         Output("planner-boundaries", "value"),
         Output("planner-boundaries", "marks"),
         Output("planner-status", "children"),
+        # an opened plan sets the form (the same callback reads it: Dash allows the cycle)
+        *[Output(f"planner-{name}", "value") for name in SYNCED],
         [Input(name, "n_clicks") for name in triggers],
         [Input(f"planner-{name}", "value") for name in ("profile", "stages", *RESHAPE)],
         *form_states,
@@ -395,11 +415,17 @@ def register(app: Dash, context: Context) -> None:
             policy,
             search,
         )
+        unchanged = [no_update] * len(SYNCED)
         if slider is None:
-            return new, no_update, no_update, no_update, no_update, notice
+            return new, no_update, no_update, no_update, no_update, notice, *unchanged
+        synced = (
+            [form_of(new)[name] for name in SYNCED]
+            if new is not None and new.get("plan_id") is not None
+            else unchanged
+        )
         if new is not None:  # the cuts it drew, to tell a drag from them (``_dragged``)
             new = {**new, "cuts": list(slider["value"])}
-        return new, slider["min"], slider["max"], slider["value"], slider["marks"], notice
+        return new, slider["min"], slider["max"], slider["value"], slider["marks"], notice, *synced
 
     @app.callback(
         Output("planner-status", "children", allow_duplicate=True),

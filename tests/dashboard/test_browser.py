@@ -264,12 +264,27 @@ def test_schedules_are_choices_and_their_gantts_show_chunks_and_halves(
     expected, shown = hover_gantt(page, "forward")
     assert shown.startswith("device ") and ", chunk " in shown
     shot(page, "planner-interleaved")
+    page.click("#planner-save")
+    page.wait_for_selector("#planner-save-status :text('is draft')")
+    saved = page.inner_text("#planner-save-status").split("Plan ", 1)[1].split(" ", 1)[0]
     choose(page, "planner-schedule", "zero-bubble")
     page.wait_for_selector("#planner-gantt-graph .legendtext:text('weight gradient')")
     page.wait_for_selector("#planner-gantt-graph .legendtext:text('input gradient')")
     expected, shown = hover_gantt(page, "weight gradient")
     assert "weight gradient of micro-batch" in shown and shown == expected.replace("<br>", "")
     shot(page, "planner-zero-bubble")
+    # the saved interleaved plan opens as it was: the form says so too, and a change of
+    # micro-batches keeps its chunks (the form no longer says zero-bubble)
+    page.goto(f"{stack.url}/planner?plan={saved}")
+    page.wait_for_selector("#planner-status :text('Opened plan')")
+    assert page.inner_text("#planner-schedule") == "interleaved-1f1b"
+    assert page.input_value("#planner-virtual-stages") == "2"
+    set_number(page, "planner-microbatches", 4)
+    page.wait_for_function(
+        "() => document.querySelector('#planner-gantt-graph').textContent"
+        ".includes('4 micro-batches')"
+    )
+    assert "device 1 (chunks 1, 3)" in page.inner_text("#planner-gantt-graph")
     choose(page, "planner-schedule", "auto (planners choose)")
     choose(page, "planner-algorithm", "optimal")
     page.click("#planner-run")

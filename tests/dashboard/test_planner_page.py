@@ -128,6 +128,23 @@ def test_interleaved_cuts_devices_times_chunks_and_draws_devices(context, vgg_id
     assert "'chunks per device' must be a whole number of at least 1, got 0" in notice.children
 
 
+def test_an_opened_plan_sets_the_form(context, vgg_id):
+    values = form(vgg_id, stages=2, schedule="interleaved-1f1b", **{"virtual-stages": 2})
+    editor, slider, _ = act(context, "planner-schedule", values)
+    saved, _ = planning.save_plan(context, editor, slider["value"], "chunks", approve=False)
+    opened, _, _ = callbacks.open_stored(context, saved["plan_id"])
+    assert callbacks.form_of(opened) == {
+        "schedule": "interleaved-1f1b",
+        "virtual-stages": 2,
+        "microbatches": 8,
+        "microbatch-size": opened["microbatch_size"],
+        "optimizer": "adam",
+        "stages": 2,
+    }
+    plain = callbacks.form_of({**opened, "schedule": "1f1b", "virtual_stages": 1})
+    assert plain["schedule"] == "1f1b" and plain["stages"] == 4
+
+
 def test_auto_asks_the_planners_for_the_schedule(context, vgg_id):
     values = form(vgg_id, schedule="auto", algorithm="optimal", straight=["straight"])
     editor, slider, notice = act(context, "planner-run", values)
