@@ -1,6 +1,7 @@
 """The planner page's callbacks: plain functions that tests call, and their Dash wiring."""
 
 import json
+import math
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -49,14 +50,24 @@ RESHAPE = (
 AUTO = "auto"
 
 
+def whole_number(label: str, value: Any) -> int:
+    """``value`` (a form field's, from the browser or from anyone who posts to the
+    callback) as a whole number of at least 1; for anything else (text, a fraction, NaN,
+    infinity, true or false) a ``ValueError`` that names ``label`` and the value."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"'{label}' must be a whole number of at least 1, got {value!r}")
+    return value
+
+
 def chunks_per_device(form: dict[str, Any]) -> int:
     """The form's chunks per device: its value under ``interleaved-1f1b``, else 1."""
     if form.get("schedule") != "interleaved-1f1b":
         return 1
-    value = form.get("virtual-stages")
-    if not value or int(value) < 1:
-        raise ValueError(f"'chunks per device' must be a whole number of at least 1, got {value!r}")
-    return int(value)
+    return whole_number("chunks per device", form.get("virtual-stages"))
 
 
 def schedule_name(plan: dict[str, Any]) -> str:
@@ -71,17 +82,14 @@ def form_editor(form: dict[str, Any]) -> Editor:
         raise ValueError("Pick a profile first (upload one on the Profiles page).")
     memory = (form.get("memory") or "").strip()
     for name in ("stages", "microbatches"):
-        if not form.get(name) or int(form[name]) < 1:
-            raise ValueError(
-                f"'{name}' must be a whole number of at least 1, got {form.get(name)!r}"
-            )
+        whole_number(name, form.get(name))
     auto = form["schedule"] == AUTO
     editor = new_editor(
-        int(form["profile"]),
+        whole_number("profile", form["profile"]),
         form.get("cluster"),
         # ``auto`` asks the planners; a plan made here by hand starts as 1f1b
         schedule="1f1b" if auto else form["schedule"],
-        num_microbatches=int(form["microbatches"]),
+        num_microbatches=whole_number("microbatches", form["microbatches"]),
         microbatch_size=form.get("microbatch-size") or None,
         device_memory_bytes=parse_size(memory) if memory else None,
         optimizer=form.get("optimizer") or "adam",
@@ -200,7 +208,7 @@ def editor_action(
             trigger == "planner-profile"
             and editor
             and form.get("profile") is not None
-            and editor["profile_id"] == int(form["profile"])
+            and editor["profile_id"] == whole_number("profile", form["profile"])
         ):
             return editor, None, no_update  # the same profile again: keep what is edited
         if trigger == "planner-policy-apply":
@@ -232,7 +240,9 @@ def editor_action(
                 message(f"Opened the {pick} plan in the editor.", "ok"),
             )
         if trigger == "planner-run":
-            rows = planning.run_planners(context, fresh, int(form["stages"]), [form["algorithm"]])
+            rows = planning.run_planners(
+                context, fresh, whole_number("stages", form["stages"]), [form["algorithm"]]
+            )
             if rows[0]["plan"] is None:
                 shown = (
                     ""
@@ -275,7 +285,9 @@ def editor_action(
             if fresh.get("auto"):  # the plan on screen keeps its schedule
                 kept.update(schedule=editor["schedule"], virtual_stages=editor["virtual_stages"])
             return {**fresh, **kept}, None, ""
-        chunks = min(int(form["stages"]) * fresh["virtual_stages"], profile.num_layers)
+        chunks = min(
+            whole_number("stages", form["stages"]) * fresh["virtual_stages"], profile.num_layers
+        )
         return (
             fresh,
             slider_props(profile.num_layers, equal_boundaries(profile.num_layers, chunks)),
@@ -508,7 +520,9 @@ def _register_compare(app: Dash, context: Context, form_states: list[State]) -> 
     def _run_all(_: int, *values: Any) -> Any:
         form = dict(zip(FORM, values, strict=True))
         try:
-            rows = planning.run_planners(context, form_editor(form), int(form["stages"]), None)
+            rows = planning.run_planners(
+                context, form_editor(form), whole_number("stages", form["stages"]), None
+            )
         except (ValueError, ApiError) as exc:
             return no_update, message(str(exc), "error")
         return rows, compare_notice(rows)

@@ -319,3 +319,19 @@ def test_the_page_starts_on_the_opened_plans_profile_or_the_newest(context, vgg_
     assert callbacks.choices(context, None)["profile"] == newer
     assert callbacks.choices(context, f"?plan={saved['plan_id']}")["profile"] == vgg_id
     assert callbacks.choices(context, "?plan=99999")["profile"] == newer  # a plan gone
+
+
+@pytest.mark.parametrize("field", ["virtual-stages", "stages", "microbatches", "profile"])
+@pytest.mark.parametrize("value", ["abc", "\x00", float("inf"), float("nan"), 2.5, True, -3])
+def test_a_hostile_form_value_is_named_not_raised(context, vgg_id, field, value):
+    """Any value may be posted to the callback, not only what the number inputs allow:
+    each is refused in words naming the field, and the edited plan stays."""
+    values = form(vgg_id, stages=2, schedule="interleaved-1f1b", **{"virtual-stages": 2})
+    before, slider, _ = act(context, "planner-schedule", values)
+    label = {"virtual-stages": "chunks per device"}.get(field, field)
+    for trigger in (f"planner-{field}", "planner-template", "planner-run"):
+        kept, moved, notice = act(
+            context, trigger, {**values, field: value}, before, slider["value"]
+        )
+        assert kept == before and moved is None, trigger
+        assert f"'{label}' must be a whole number of at least 1, got {value!r}" in (notice.children)
