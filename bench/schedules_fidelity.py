@@ -38,6 +38,7 @@ from runtime_vs_torch import wait_for_quiet
 from pipestudio.planner import Plan, Profile, cluster_template, simulate
 from pipestudio.planner.algorithms import PLANNERS
 from pipestudio.planner.algorithms.request import PlanRequest
+from pipestudio.planner.algorithms.schedules import derived
 from pipestudio.planner.simulator.calibrate import calibrate
 
 MODEL = "mlp"
@@ -64,15 +65,8 @@ def plans(profile: Profile, stages: int, microbatches: int, gbps: float) -> dict
     chunked = _planned(profile, 2 * stages, microbatches, cluster_template([2 * stages], [gbps]))
     return {
         "1f1b": flat,
-        "zero-bubble": flat.model_copy(update={"schedule": "zero-bubble"}),
-        "interleaved-1f1b": Plan.model_validate(
-            chunked.model_dump(mode="json")
-            | {
-                "schedule": "interleaved-1f1b",
-                "virtual_stages": 2,
-                "stages": [{**s, "devices": None} for s in chunked.model_dump()["stages"]],
-            }
-        ),
+        "zero-bubble": derived(flat, "zero-bubble", 1),
+        "interleaved-1f1b": derived(chunked, "interleaved-1f1b", 2),
     }
 
 

@@ -25,6 +25,7 @@ from pipestudio.dashboard.components.run_charts import (
     throughput_figure,
 )
 from pipestudio.dashboard.components.style import Figure
+from pipestudio.planner.formats.plan import Plan
 
 #: Event kinds that mark a repartition of the running job.
 MIGRATION_KINDS = ("migration", "migration_requested")
@@ -209,13 +210,12 @@ def _calibration(client: ApiClient, run_id: int, state: str) -> dict[str, Any] |
 
 
 def chunk_devices(document: dict[str, Any]) -> dict[int, int] | None:
-    """Under ``interleaved-1f1b``, the device of each chunk (chunk c on device c mod
-    devices); None for the schedules that give each stage its own device."""
+    """Under ``interleaved-1f1b``, the device of each chunk (``Plan.rank_of_stage``);
+    None for the schedules that give each stage its own device."""
     if document.get("schedule") != "interleaved-1f1b":
         return None
-    num_chunks = len(document["stages"])
-    devices = max(1, num_chunks // int(document.get("virtual_stages") or 1))
-    return {chunk: chunk % devices for chunk in range(num_chunks)}
+    plan = Plan.model_validate(document)
+    return {chunk: plan.rank_of_stage(chunk) for chunk in range(plan.num_stages)}
 
 
 def figures(view: RunView) -> list[Figure]:

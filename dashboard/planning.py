@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 from pipestudio.dashboard.api import ApiError
-from pipestudio.dashboard.components.compare import Candidate
+from pipestudio.dashboard.components.compare import Candidate, summary_peaks
 from pipestudio.dashboard.components.gantt import schedule_gantt
 from pipestudio.dashboard.components.memory_charts import memory_timeline_figure
 from pipestudio.dashboard.components.stage_charts import stage_compute_figure, stage_memory_figure
@@ -76,7 +76,7 @@ def candidate(row: dict[str, Any]) -> Candidate:
         samples_per_s=summary["samples_per_s"],
         bubble_fraction=summary["bubble_fraction"],
         fits=summary["fits"],
-        peak_bytes=max(summary.get("device_peak_bytes") or summary["stage_peak_bytes"]),
+        peak_bytes=max(summary_peaks(summary)),
         device_memory_bytes=min(limits) if limits else None,
         claim=step_claim((row.get("plan") or {}).get("provenance") or {}),
         replicas=replicas,

@@ -63,6 +63,12 @@ COMPARE_COLUMNS = (
 )
 
 
+def summary_peaks(summary: dict[str, Any]) -> list[int]:
+    """A stored plan summary's peaks: per device (an interleaved device's chunks
+    together), or per stage in a summary stored before device peaks were."""
+    return list(summary.get("device_peak_bytes") or summary.get("stage_peak_bytes") or [])
+
+
 def replicas_text(replicas: Sequence[int]) -> str:
     """``1`` each, or every stage's count: a planner may trade stages for replicas."""
     if not replicas:

@@ -96,7 +96,7 @@ def _request_controls(choices: dict[str, Any]) -> html.Div:
             ),
             field(
                 "Chunks per device",
-                number("planner-virtual-stages", 2),
+                number("planner-virtual-stages", planner_callbacks.DEFAULT_CHUNKS_PER_DEVICE),
                 "interleaved-1f1b only",
             ),
             field(

@@ -48,6 +48,8 @@ RESHAPE = (
     "optimizer",
 )
 AUTO = "auto"
+#: What "Chunks per device" says until an interleaved plan sets it.
+DEFAULT_CHUNKS_PER_DEVICE = 2
 
 
 def whole_number(label: str, value: Any) -> int:
@@ -310,7 +312,7 @@ def _rechunked(editor: Editor, fresh: Editor) -> bool:
     then cut again. (``auto`` keeps what is on screen: the planners choose when asked.)"""
     if fresh.get("auto"):
         return False
-    was = editor.get("virtual_stages") or 1 if editor["schedule"] == "interleaved-1f1b" else 1
+    was = (editor.get("virtual_stages") or 1) if editor["schedule"] == "interleaved-1f1b" else 1
     return bool(was != fresh["virtual_stages"])
 
 
@@ -324,7 +326,9 @@ def form_of(editor: Editor) -> dict[str, Any]:
     replicas = editor.get("replicas") or []
     return {
         "schedule": editor["schedule"],
-        "virtual-stages": chunks if editor["schedule"] == "interleaved-1f1b" else 2,
+        "virtual-stages": chunks
+        if editor["schedule"] == "interleaved-1f1b"
+        else DEFAULT_CHUNKS_PER_DEVICE,
         "microbatches": editor["num_microbatches"],
         "microbatch-size": editor["microbatch_size"],
         "optimizer": editor.get("optimizer", "adam"),

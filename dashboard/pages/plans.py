@@ -7,7 +7,7 @@ import dash
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from pipestudio.dashboard.api import ApiError
-from pipestudio.dashboard.components.compare import replicas_text
+from pipestudio.dashboard.components.compare import replicas_text, summary_peaks
 from pipestudio.dashboard.components.style import format_bytes
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.widgets import field, message, section, table
@@ -79,7 +79,7 @@ def plan_rows(
     for plan in sorted(plans, key=lambda p: p["id"]):
         document, summary = plan["document"], plan.get("summary") or {}
         replicas = [stage.get("replicas", 1) for stage in document["stages"]]
-        peaks = summary.get("device_peak_bytes") or summary.get("stage_peak_bytes") or []
+        peaks = summary_peaks(summary)
         rows.append(
             {
                 "id": str(plan["id"]),

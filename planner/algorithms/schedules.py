@@ -73,8 +73,8 @@ def auto_candidates(
         if schedule == "1f1b":
             base = candidate.plan
     if base is not None and all(stage.replicas == 1 for stage in base.stages):
-        derived = _derived(base, "zero-bubble", 1)
-        candidates.append(refine(_simulated(Candidate("zero-bubble", derived), request), request))
+        as_zb = derived(base, "zero-bubble", 1)
+        candidates.append(refine(_simulated(Candidate("zero-bubble", as_zb), request), request))
     devices = request.num_stages or (request.cluster.num_devices if request.cluster else 0)
     for chunks in VIRTUAL_STAGES:
         label = f"interleaved-1f1b x{chunks}"
@@ -97,7 +97,7 @@ def auto_candidates(
         )
         candidate = _planned(planner, chunked, label)
         if candidate.plan is not None:
-            candidate.plan = _derived(candidate.plan, "interleaved-1f1b", chunks)
+            candidate.plan = derived(candidate.plan, "interleaved-1f1b", chunks)
         candidates.append(refine(_simulated(candidate, request), request))
     return candidates
 
@@ -239,7 +239,7 @@ def _simulated(candidate: Candidate, request: Any) -> Candidate:
     return candidate
 
 
-def _derived(plan: Plan, schedule: str, chunks: int) -> Plan:
+def derived(plan: Plan, schedule: str, chunks: int) -> Plan:
     """``plan`` run with another schedule: devices left to the schedule's placement, and no
     claim that was made for the plan's own schedule."""
     provenance = {k: v for k, v in plan.provenance.items() if k not in _CLAIMS}

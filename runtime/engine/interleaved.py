@@ -118,7 +118,7 @@ class ChunkedRank:
             if count >= _LOOKAHEAD and not worker.transport.knows_shapes(needed):
                 continue
             if op.kind == "forward":
-                worker._post(ACTIVATION, op.microbatch, worker.io_for(op.microbatch).receives)
+                worker._post(ACTIVATION, op.microbatch, io.receives)
             elif op.microbatch in worker.states:
                 worker._post(GRADIENT, op.microbatch, worker._float_sends(op.microbatch))
         following = ops[idx + 1] if idx + 1 < len(ops) else None

@@ -205,8 +205,16 @@ def test_zero_bubble_gantt_names_the_two_halves_of_the_backward():
 
 
 def test_measured_interleaved_run_is_drawn_by_device():
-    document = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "stages": [{}] * 6}
-    assert monitor.chunk_devices(document) == {0: 0, 1: 1, 2: 2, 3: 0, 4: 1, 5: 2}
+    profile = big_profile(6)
+    document = plan_template(profile, 3, 6, "interleaved-1f1b", virtual_stages=2)
+    assert monitor.chunk_devices(document.model_dump(mode="json")) == {
+        0: 0,
+        1: 1,
+        2: 2,
+        3: 0,
+        4: 1,
+        5: 2,
+    }
     assert monitor.chunk_devices({"schedule": "1f1b", "stages": [{}] * 2}) is None
 
 

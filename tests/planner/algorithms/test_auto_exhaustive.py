@@ -10,7 +10,7 @@ not claim to be optimal over those schedules; the gap to the exhaustive best ove
 four is printed and bounded here, and its figures are in docs/planners.md.
 """
 
-import itertools
+import dataclasses
 import math
 import random
 from collections.abc import Iterator
@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from pipestudio.planner import Profile, cluster_template, simulate
 from pipestudio.planner.algorithms import PLANNERS
 from pipestudio.planner.algorithms.request import PlanRequest, run_planner
+from pipestudio.planner.algorithms.schedules import derived
 from pipestudio.planner.formats.plan import Plan
 from tests.planner.algorithms.optimal.test_optimal_exact import random_chain
+from tests.planner.bruteforce import every_straight_plan
 
 #: (schedule, chunks per device) of the exhaustive search.
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("zero-bubble", 1), ("interleaved-1f1b", 2))
@@ -29,20 +31,17 @@ MAX_GAP = 0.06
 
 
 def every_plan(request: PlanRequest, schedule: str, chunks: int) -> Iterator[Plan]:
-    """Every contiguous split into devices x chunks stages times every policy (3^n)."""
-    num_layers, num_stages = request.scaled.num_layers, (request.num_stages or 1) * chunks
-    for cuts in itertools.combinations(range(1, num_layers), num_stages - 1):
-        stages = [list(range(a, b)) for a, b in itertools.pairwise([0, *cuts, num_layers])]
-        for policies in itertools.product(("keep", "recompute", "swap"), repeat=num_layers):
-            chosen = {layer: p for layer, p in enumerate(policies) if p != "keep"}
-            plan = request.build_plan(stages, chosen, replicas=[1] * num_stages, planner="bf")
-            document = plan.model_dump(mode="json") | {
-                "schedule": schedule,
-                "virtual_stages": chunks,
-            }
-            if chunks > 1:  # chunk c on device c mod devices
-                document["stages"] = [{**s, "devices": None} for s in document["stages"]]
-            yield Plan.model_validate(document)
+    """Every contiguous split into devices x chunks stages times every policy (3^n), run
+    with ``schedule`` (chunk c on device c mod devices)."""
+    chunked = (  # the chunks' plans are built as one stage per device of a larger cluster
+        request
+        if chunks == 1
+        else dataclasses.replace(
+            request, num_stages=(request.num_stages or 1) * chunks, cluster=None
+        )
+    )
+    for plan in every_straight_plan(chunked):
+        yield derived(plan, schedule, chunks)
 
 
 def small_chain(rng: random.Random) -> tuple[Profile, dict[str, object]]:
