@@ -171,6 +171,15 @@ class CalibratedProfilePublic(Public):
     )
     stages: list[StageFactors]
     link_gbps: dict[str, float]
+    op_overhead_ms: float = Field(
+        description="The engine's time between two compute ops, measured where nothing "
+        "waits (the calibrated profile's op_overhead_ms, added to each forward, backward "
+        "and weight-gradient op)."
+    )
+    core_wait: float = Field(
+        description="How much longer compute takes for the waits for a core between ops "
+        "when ranks outnumbered their host's cores (1: none)."
+    )
     shared_cores: bool = Field(
         description="Some host ran more ranks than it has cores for their threads, or put "
         "several on one GPU: the prediction from the profile places them there, sharing."

@@ -136,6 +136,14 @@ class Profile(Document):
         "threads); null: the table of known devices gives it (planner/simulator/peaks.py).",
     )
     input_bytes: Bytes = Field(0, description="Bytes of one micro-batch of input data.")
+    op_overhead_ms: Milliseconds = Field(
+        0.0,
+        description="What the training engine spends between two compute ops on the "
+        "machine profiled (posting transfers, sampling data, its own Python), whatever the "
+        "op holds: each forward, backward and weight-gradient op takes this much longer. "
+        "Calibration from a run measures it; 0: none. It does not scale with the "
+        "micro-batch.",
+    )
     layers: list[Layer] = Field(min_length=1, max_length=MAX_LAYERS)
     edges: list[Edge] | None = Field(
         None,

@@ -14,11 +14,15 @@ threads, under this load. Per stage, over the steps chosen:
   update but the run took time, that time is shared among the stage's layers by parameter
   bytes, as ``runtime/engine/telemetry/observe.py`` does.
 
-Between two compute ops a worker also spends time the simulator does not have: posting the
-previous op's sends (gloo copies in the caller when the receiver is ready), posting
-receives, sampling data, Python. ``op_overhead_ms`` measures it where no waiting can hide
-in it (before the first stage's forwards and the last stage's backwards) and
-calibration adds it to each measured forward and backward before taking the ratios.
+Between two compute ops a worker also spends time no op event holds: posting the previous
+op's sends (gloo copies in the caller when the receiver is ready), posting receives,
+sampling data, Python. ``op_overhead_ms`` measures it where no waiting can hide in it
+(before the first stage's forwards and the last stage's backwards), and the calibrated
+profile carries it as ``Profile.op_overhead_ms``, which the simulator adds to every
+forward, backward and weight-gradient op: it is paid once per op, so a schedule with more,
+shorter ops (interleaved chunks, zero-bubble's split backwards) pays it more often than
+the run calibrated from, which a per-stage factor would not say. The factors above compare
+the measured ops with the predicted ones less the overhead the profile already had.
 
 Ranks that shared a host's cores (more ranks than the host has cores for their threads)
 or a GPU (``Sharing`` says where each ran: the run's ``start`` events tell) computed slower
@@ -69,7 +73,7 @@ from pipestudio.planner.simulator.placement import (
     shared_placement,
     started_hosts,
 )
-from pipestudio.planner.simulator.simulate import simulate
+from pipestudio.planner.simulator.simulate import ENGINE_OPS, simulate
 from pipestudio.planner.units import gbps_to_bytes_per_ms
 
 _KINDS = ("forward", "backward", "weight", "recompute", "update")
@@ -157,6 +161,7 @@ class Calibration:
                 for s in self.stages
             ],
             "link_gbps": {str(level): gbps for level, gbps in self.link_gbps.items()},
+            "op_overhead_ms": self.profile.op_overhead_ms,
             "core_wait": self.core_wait,
         }
 
@@ -211,12 +216,12 @@ def calibrate(
         _stage(
             idx,
             [e for e in ops if e["stage"] == idx],
-            [op.model_dump() for op in predicted if op.stage == idx],
+            [_less_overhead(op.model_dump(), profile) for op in predicted if op.stage == idx],
             overhead,
         )
         for idx in range(plan.num_stages)
     ]
-    calibrated = _scaled(profile, plan, stages)
+    calibrated = _scaled(profile, plan, stages).model_copy(update={"op_overhead_ms": overhead})
     waiting = sharing.oversubscribed() if sharing is not None else set()
     link_gbps = _link_gbps(ops, plan, cluster, overhead, waiting)
     new_cluster = _with_links(cluster, plan, link_gbps)
@@ -269,13 +274,20 @@ def _slowed(profile: Profile, factor: float) -> Profile:
     return profile.model_copy(update={"layers": layers, "metadata": metadata})
 
 
+def _less_overhead(op: dict[str, Any], profile: Profile) -> dict[str, Any]:
+    """A predicted op without the profile's ``op_overhead_ms`` (the compute proper)."""
+    if op["op"] in ENGINE_OPS:
+        op["end_ms"] = max(op["start_ms"], op["end_ms"] - profile.op_overhead_ms)
+    return op
+
+
 def op_overhead_ms(ops: list[dict[str, Any]], num_stages: int) -> float:
     """What a worker spends between two compute ops when it waits for no one: the median
     gap before the ops that need nothing from another stage (the first stage's forwards,
     the last stage's backwards). That gap posts the previous op's sends
     (gloo copies in the caller when the receiver is ready), posts receives, samples data,
-    and runs Python; the simulator has none of it, so calibration adds it to each forward
-    and backward (0 when the run has no such gap)."""
+    and runs Python; no op event holds it, and the calibrated profile carries it
+    (``Profile.op_overhead_ms``; 0 when the run has no such gap)."""
     by_worker: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for op in ops:
         if op["op"] in ("forward", "backward", "update"):
@@ -304,7 +316,7 @@ def _stage(
         if kind not in measured:
             raise CalibrationError(f"stage {idx} has no measured {kind} in these steps")
     measured["overhead"] = overhead_ms
-    forward = _ratio(measured["forward"] + overhead_ms, predicted.get("forward", 0.0))
+    forward = _ratio(measured["forward"], predicted.get("forward", 0.0))
     # both backwards hold their recompute (``_means``). The simulator times a recompute as
     # the forward of its layers, so the calibrated one is f x the predicted one, and the
     # backward proper gets the rest of the measured backward: their sum is what the run
@@ -313,7 +325,7 @@ def _stage(
     backward = max(
         _MIN_FACTOR,
         _ratio(
-            measured["backward"] + overhead_ms - forward * predicted_recompute,
+            measured["backward"] - forward * predicted_recompute,
             predicted.get("backward", 0.0) - predicted_recompute,
         ),
     )
@@ -479,8 +491,9 @@ def report(
     max_ops: int | None = None,
 ) -> dict[str, Any]:
     """The calibration's factors, and over the calibrated steps the step and each stage's
-    compute per step (forwards, backwards with their recomputes, update, and the overhead
-    between ops that calibration adds to each forward and backward; mean over replicas):
+    compute per step (forwards, backwards with their recomputes, weight halves, update,
+    and the overhead between ops the simulator adds to each of the first three; mean over
+    replicas):
     measured, predicted from the profile and from the calibrated profile, and each
     prediction's error as measured / predicted - 1. Ranks that shared their hosts' cores
     are simulated so when predicted from the profile (``Calibration.placed``); the
@@ -500,7 +513,7 @@ def report(
     overhead = calibration.stages[0].measured.get("overhead", 0.0) if calibration.stages else 0.0
     for op in ops:  # a run's backwards hold their recomputes
         if op["op"] in ("forward", "backward", "weight", "update"):
-            extra = overhead if op["op"] in ("forward", "backward") else 0.0  # as calibrated
+            extra = overhead if op["op"] in ENGINE_OPS else 0.0  # as the simulator adds it
             busy[(op["stage"], op["replica"])][op["step"]] += op["end_ms"] - op["start_ms"] + extra
     stages = []
     for idx in range(plan.num_stages):

@@ -18,6 +18,11 @@ order of its schedule (``schedule.py``) on its device's compute stream. Beside i
   issued before has ended, one transfer at a time per direction of the host link; the
   backward waits for the fetch, which is the stall the schedule cannot hide;
 - recompute runs, when the output gradient has arrived, just before the backward;
+- each forward, backward and weight-gradient op also takes the profile's
+  ``op_overhead_ms``: what the engine spends between two compute ops (posting transfers,
+  sampling data, Python), once per op however much work the op holds, so a schedule with
+  more, shorter ops (interleaved chunks, split backwards) pays it more often; the engine
+  runs a recompute inside its backward, so a recompute pays none of its own;
 - replicas of a stage all-reduce their gradients (ring: 2 (r-1)/r of the parameter bytes
   over the slowest link between them) before updating: once per step for the synchronous
   schedules, once per round of r micro-batches for ``pipedream``.
@@ -69,6 +74,8 @@ from pipestudio.planner.units import transfer_ms
 _TIMELINE = TypeAdapter(list[TimelineOp])
 #: Ops that change a worker's memory (the others only move data between devices).
 _MEMORY_OPS = frozenset({"forward", "backward", "weight", "recompute", "swap_out", "swap_in"})
+#: The compute ops the engine runs one by one, each with ``Profile.op_overhead_ms``.
+ENGINE_OPS = frozenset({"forward", "backward", "weight"})
 
 
 @dataclass
@@ -94,6 +101,7 @@ class _Build:
     costs: list[StageCosts]
     boundaries: dict[tuple[int, int], int]
     devices: list[list[int]]
+    op_overhead_ms: float = 0.0
     graph: OpGraph = field(default_factory=OpGraph)
     ops: list[_Op] = field(default_factory=list)
     workers: list[tuple[int, int]] = field(default_factory=list)
@@ -148,6 +156,8 @@ class _Build:
         return self.graph.add(duration_ms, resource)
 
     def add_compute(self, op: _Op, duration_ms: float) -> int:
+        if op.kind in ENGINE_OPS:
+            duration_ms += self.op_overhead_ms
         op_id = self.add(op, duration_ms, self.resource("compute", self.device(op.worker)))
         stream = self.stream(op.worker)
         previous = self.last_op.get(stream)
@@ -213,7 +223,12 @@ def _simulate(
             for device_idx in stage_devices:
                 cluster.check_device(device_idx)
     build = _Build(
-        plan, cluster, stage_costs(profile, plan, layout), boundary_bytes(profile, layout), devices
+        plan,
+        cluster,
+        stage_costs(profile, plan, layout),
+        boundary_bytes(profile, layout),
+        devices,
+        profile.op_overhead_ms,
     )
     warmup_steps, drain_steps = padding_steps(
         plan.schedule, plan.num_workers, plan.num_microbatches

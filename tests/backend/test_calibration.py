@@ -46,6 +46,9 @@ def test_a_run_calibrates_its_profile_as_it_goes(client: TestClient, fake: Worke
     assert all(abs(s["calibrated_error"]) < 1e-6 for s in body["stage_busy_ms"])
     calibrated = Profile.model_validate(body["profile"])
     assert calibrated.layers[0].fwd_ms == 2.0 * profile.layers[0].fwd_ms
+    # the simulator's ops follow each other with no gap: the engine spent nothing between
+    assert body["op_overhead_ms"] == calibrated.op_overhead_ms == 0.0
+    assert body["core_wait"] == 1.0
 
     for hostile in (0, 10**12, "NaN", "1e3"):
         assert client.get(url, headers=AUTH, params={"window": hostile}).status_code == 422

@@ -171,6 +171,12 @@ def format_report(summary: dict[str, Any]) -> str:
     ]
     for level, gbps in summary["link_gbps"].items():
         lines.append(f"links at level {level}: {gbps:.3f} Gbit/s as the receivers felt them")
+    if summary.get("op_overhead_ms"):
+        lines.append(
+            f"between two ops the engine spent {summary['op_overhead_ms']:.3f} ms "
+            "(the calibrated profile's op_overhead_ms: each forward, backward and "
+            "weight-gradient op pays it)"
+        )
     for busy in summary["stage_busy_ms"]:
         lines.append(
             f"stage {busy['stage']} compute per step: measured {_ms(busy['measured'])}"

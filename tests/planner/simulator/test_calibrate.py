@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from pipestudio.cli import main
+from pipestudio.cli.calibrate import format_report
 from pipestudio.planner import Profile, cluster_template, plan_template, simulate
+from pipestudio.planner.algorithms.schedules import derived
 from pipestudio.planner.formats.plan import Plan
 from pipestudio.planner.simulator.calibrate import (
     CalibrationError,
@@ -155,6 +157,50 @@ def test_the_time_between_ops_is_found_and_counted() -> None:
     assert compared["step_ms"]["calibrated_error"] == pytest.approx(0.0, abs=1e-9)
     expected = simulate(real, plan, None, with_timeline=False).step_time_ms
     assert compared["step_ms"]["measured"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zero-bubble"])
+def test_the_time_between_ops_is_paid_per_op_by_the_schedules_predicted(schedule: str) -> None:
+    """A run of a machine whose engine spends c between any two ops (the truth's
+    ``op_overhead_ms``; each op event starts c after the op before it could): calibrated
+    on one schedule, the profile carries c apart from the stages' factors, so it predicts
+    the schedules with more, shorter ops (zero-bubble's split backward, interleaved's
+    chunks) as the truth runs them. Folded into per-stage factors, c would be paid once per
+    stage's forward and backward whatever the schedule."""
+    rng = random.Random(17)
+    for _ in range(6):
+        base = profile(rng, 8)
+        plan = plan_template(base, 2, 4, schedule)
+        overhead = rng.uniform(0.2, 1.0)
+        real = truth(base, plan, [(1.5, 1.2, 1.0), (0.8, 1.4, 1.0)])
+        real = real.model_copy(update={"op_overhead_ms": overhead})
+        events = engine_events(real, plan, None, steps=3)
+        for event in events:
+            if event["op"] in ("forward", "backward", "weight"):
+                event["start_ms"] += overhead  # the op proper; the overhead came before it
+        calibration = calibrate(base, plan, events)
+        assert calibration.profile.op_overhead_ms == pytest.approx(overhead)
+        assert calibration.summary()["op_overhead_ms"] == pytest.approx(overhead)
+        assert calibration.stages[1].factors["forward"] == pytest.approx(0.8)
+        assert calibration.stages[1].factors["backward"] == pytest.approx(1.4)
+        chunked = plan_template(base, 4, 4, "1f1b")
+        for other in (
+            plan_template(base, 2, 4, "1f1b"),
+            plan_template(base, 2, 4, "zero-bubble"),
+            derived(chunked, "interleaved-1f1b", 2),
+        ):
+            expected = simulate(real, other, None, with_timeline=False).step_time_ms
+            predicted = simulate(calibration.profile, other, None, with_timeline=False)
+            assert predicted.step_time_ms == pytest.approx(expected, rel=1e-9), other.schedule
+        compared = report(calibration, base, plan, None, events)
+        assert compared["step_ms"]["calibrated_error"] == pytest.approx(0.0, abs=1e-9)
+        for stage in compared["stage_busy_ms"]:
+            assert stage["calibrated_error"] == pytest.approx(0.0, abs=1e-9)
+        assert f"between two ops the engine spent {overhead:.3f} ms" in format_report(compared)
+        again = calibrate(calibration.profile, plan, events)  # from a calibrated profile
+        assert again.profile.op_overhead_ms == pytest.approx(overhead)
+        assert again.stages[0].factors["forward"] == pytest.approx(1.0)
+        assert again.stages[0].factors["backward"] == pytest.approx(1.0)
 
 
 def test_an_update_the_profile_lacks_is_shared_by_parameter_bytes() -> None:
