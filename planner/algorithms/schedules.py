@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipestudio.planner.errors import InfeasibleError, PlannerError
+from pipestudio.planner.formats.documents import MAX_BYTES
 from pipestudio.planner.formats.plan import Plan
 from pipestudio.planner.formats.result import SimResult
 from pipestudio.planner.simulator.simulate import simulate
@@ -104,13 +105,24 @@ def auto_candidates(
 
 def _score(result: SimResult) -> tuple[int, float, float]:
     """What the hill climb lowers: a plan that fits before one that does not, then the
-    bytes its stages are over their devices' memory, then the step."""
-    over = sum(
-        max(0, stage.peak_bytes - stage.device_memory_bytes)
-        for stage in result.stages
-        if stage.device_memory_bytes is not None
+    bytes its devices are over their memory, then the step."""
+    return (
+        (0, 0.0, result.step_time_ms)
+        if result.fits
+        else (1, float(over_memory_bytes(result)), result.step_time_ms)
     )
-    return (0, 0.0, result.step_time_ms) if result.fits else (1, float(over), result.step_time_ms)
+
+
+def over_memory_bytes(result: SimResult) -> int:
+    """Bytes over memory, summed over the devices: each device's peak, its workers together
+    (an interleaved device's chunks; ``SimResult.device_peak_bytes``), past its memory."""
+    limits: dict[int, int] = {}
+    for stage in result.stages:
+        if stage.device_memory_bytes is not None:
+            for device in stage.devices:
+                limits[device] = min(limits.get(device, MAX_BYTES), stage.device_memory_bytes)
+    peaks = result.device_peak_bytes  # every simulated result names them
+    return sum(max(0, peaks[device] - limit) for device, limit in limits.items())
 
 
 def _better(tried: SimResult, result: SimResult) -> bool:
@@ -185,9 +197,10 @@ def refine(candidate: Candidate, request: Any, budget: int = REFINE_SIMULATIONS)
                 break
     if plan is not candidate.plan:
         provenance = dict(plan.provenance)
+        start = "" if candidate.result.fits else " (did not fit)"
         provenance["refined"] = (
             f"hill climb under {plan.schedule}: "
-            f"{candidate.result.step_time_ms:.3f} -> {result.step_time_ms:.3f} ms"
+            f"{candidate.result.step_time_ms:.3f} ms{start} -> {result.step_time_ms:.3f} ms"
             f"{'' if result.fits else ', does not fit'} ({spent} simulations)"
         )
         plan = plan.model_copy(update={"provenance": provenance})

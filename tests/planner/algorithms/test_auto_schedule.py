@@ -3,8 +3,10 @@ synchronous schedules for a planner's splits, each candidate named in the proven
 
 import pytest
 
+from pipestudio.planner import plan_template
 from pipestudio.planner.algorithms import PLANNERS
 from pipestudio.planner.algorithms.request import PlanRequest, run_planner
+from pipestudio.planner.algorithms.schedules import derived, over_memory_bytes
 from pipestudio.planner.simulator.simulate import simulate
 from tests.planner.helpers import chain_profile, single_level_cluster
 
@@ -70,9 +72,14 @@ def test_auto_respects_the_memory_cap() -> None:
     rows = {k: v for k, v in outcome.plan.provenance.items() if str(k).startswith("auto ")}
     fitting = [float(str(v).split(" ms")[0]) for v in rows.values() if str(v).endswith(" ms")]
     assert outcome.result.step_time_ms == pytest.approx(min(fitting), abs=1e-3)
-    # the cap binds: interleaved x4 would be faster, and holds more micro-batches
-    assert rows["auto interleaved-1f1b x4"].endswith("does not fit")
-    assert outcome.plan.schedule == "zero-bubble"
+    # the cap binds: gpipe and interleaved x2 do not fit, and interleaved x4's plan as
+    # derived from the planner's split held more than a device has; the climb, measuring
+    # each device's chunks together, moved it until it fit, and it is then the fastest
+    assert rows["auto gpipe"].endswith("does not fit")
+    assert rows["auto interleaved-1f1b x2"].endswith("does not fit")
+    assert outcome.plan.schedule == "interleaved-1f1b" and outcome.plan.virtual_stages == 4
+    assert "(did not fit) ->" in outcome.plan.provenance["refined"]
+    assert outcome.result.step_time_ms < float(rows["auto zero-bubble"].split(" ms")[0])
     again = simulate(capped.scaled, outcome.plan, capped.cluster, with_timeline=False)
     assert again.fits and again.step_time_ms == pytest.approx(outcome.result.step_time_ms)
     refused = run_planner(
@@ -96,3 +103,23 @@ def test_interleaving_needs_micro_batches_in_groups_of_the_devices() -> None:
         outcome.plan.provenance["auto interleaved-1f1b x2"] == "needs micro-batches a multiple of 4"
     )
     assert outcome.plan.schedule != "interleaved-1f1b"
+
+
+def test_the_climb_counts_a_device_over_memory_by_its_chunks_together() -> None:
+    """Under interleaved-1f1b a device holds several chunks: each chunk's peak may fit its
+    device while their sum does not. The climb's measure of how far a plan is from fitting
+    is the devices' peaks past their memory, not the chunks'."""
+    profile = chain_profile(8, fwd_ms=1.0, bwd_ms=2.0, saved_bytes=50_000, param_bytes=10_000)
+    plan = derived(plan_template(profile, 4, 4, "1f1b"), "interleaved-1f1b", 2)
+    roomy = simulate(profile, plan, with_timeline=False)
+    chunk_peak = max(stage.peak_bytes for stage in roomy.stages)
+    device_peak = max(roomy.device_peak_bytes)
+    assert chunk_peak < device_peak
+    memory = (chunk_peak + device_peak) // 2
+    result = simulate(profile, plan, single_level_cluster(2, memory=memory), with_timeline=False)
+    assert not result.fits
+    assert all(stage.peak_bytes <= memory for stage in result.stages)  # each chunk fits
+    assert over_memory_bytes(result) == sum(
+        max(0, peak - memory) for peak in result.device_peak_bytes
+    )
+    assert over_memory_bytes(result) > 0
