@@ -14,9 +14,10 @@ blocks of width 512 and a head, 8 layers, micro-batch 32) this
    ``--runs`` times, the schedules in another order each run (a run of a few hundred
    milliseconds on a shared machine is noise as much as signal);
 4. predicts each step from the profile, and again from the profile calibrated on each
-   run's ``1f1b`` first half (``pipestudio calibrate``'s ``calibrate``, compute and
-   links): what the machine does to the compute is then measured once, on the schedule
-   every other is compared with, and the new schedules are predicted, not fitted.
+   run's ``1f1b`` first half (``pipestudio calibrate``'s ``calibrate``: compute, links,
+   and the engine's time between ops, which each op of the new schedules pays again):
+   what the machine does to the compute is then measured once, on the schedule every
+   other is compared with, and the new schedules are predicted, not fitted.
 
 Prints, per case, each schedule's measured step (median over the runs) and predicted step
 (the calibrated one: the median of the runs' calibrations), the error, each run's error,
