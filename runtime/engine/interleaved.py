@@ -42,6 +42,8 @@ class ChunkedRank:
             for worker in layout.workers_of(ctx.rank)
         ]
         self._by_stage = {worker.stage_idx: worker for worker in self.workers}
+        for worker in self.workers[1:]:  # a wait of any chunk makes the data of any other
+            worker.data = self.workers[0].data
 
     def train(self, start_step: int) -> None:
         every = self.config.checkpoint_every
@@ -108,8 +110,9 @@ class ChunkedRank:
         """Post the receives of the next compute ops, whichever chunks they are of: the
         next ``_LOOKAHEAD``, and as many more as the rank has chunks besides, once the
         shapes they need are known (posting a receive of an unknown shape waits for its
-        sender to publish it, which in the first step may wait on this rank); prefetch
-        swapped tensors."""
+        sender to publish it, which in the first step may wait on this rank); want the
+        data of the next forward after this op (``execution/data.py``); prefetch swapped
+        tensors."""
         ahead = [(w, op) for w, op in ops[idx:] if op.kind in ("forward", "backward")]
         for count, (worker, op) in enumerate(ahead[: _LOOKAHEAD * len(self.workers)]):
             assert op.microbatch is not None
@@ -121,6 +124,9 @@ class ChunkedRank:
                 worker._post(ACTIVATION, op.microbatch, io.receives)
             elif op.microbatch in worker.states:
                 worker._post(GRADIENT, op.microbatch, worker._float_sends(op.microbatch))
+        forward = next(((w, op) for w, op in ops[idx + 1 :] if op.kind == "forward"), None)
+        if forward is not None:
+            forward[0].want_data([forward[1]])
         following = ops[idx + 1] if idx + 1 < len(ops) else None
         if following is not None and following[1].kind == "backward":
             worker, op = following

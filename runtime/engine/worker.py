@@ -45,6 +45,7 @@ from pipestudio.runtime.backward_split import WeightWork
 from pipestudio.runtime.engine import checkpoint as ckpt
 from pipestudio.runtime.engine.config import EngineConfig
 from pipestudio.runtime.engine.errors import NonFiniteLoss
+from pipestudio.runtime.engine.execution.data import DataAhead
 from pipestudio.runtime.engine.execution.replicas import allreduce_gradients
 from pipestudio.runtime.engine.execution.scaling import LossScaler
 from pipestudio.runtime.engine.execution.stage import ForwardState, StageRunner
@@ -118,6 +119,8 @@ class Worker:
             else None
         )
         self.transport = Transport(ctx, layout, self.recorder, watchdog)
+        #: the data of the next forwards, made while this rank waits (``execution/data.py``)
+        self.data = DataAhead(spec.sample, self.plan.microbatch_size)
         self.states: dict[int, ForwardState] = {}
         self.posted: dict[tuple[str, int], list[tuple[str, Pending]]] = {}
         self.versions: WeightVersions | None = None
@@ -221,7 +224,8 @@ class Worker:
             self.control.after_step(step, self.recorder, self.meter)
 
     def _prepare(self, ops: list[Op], idx: int) -> None:
-        """Post the receives of the next compute ops; prefetch swapped tensors."""
+        """Post the receives of the next compute ops; want the data of the forward after
+        this op (``execution/data.py``); prefetch swapped tensors."""
         ahead = [op for op in ops[idx:] if op.kind in ("forward", "backward")][:_LOOKAHEAD]
         for op in ahead:
             assert op.microbatch is not None
@@ -229,10 +233,20 @@ class Worker:
                 self._post(ACTIVATION, op.microbatch, self.io_for(op.microbatch).receives)
             elif op.microbatch in self.states:
                 self._post(GRADIENT, op.microbatch, self._float_sends(op.microbatch))
+        self.want_data(ops[idx + 1 :])
         following = ops[idx + 1] if idx + 1 < len(ops) else None
         if following is not None and following.kind == "backward":
             assert following.microbatch is not None
             self._swap_in(following.microbatch, following.step)
+
+    def want_data(self, later: Sequence[Op]) -> None:
+        """Want the data of the first forward among ``later``, if it reads any: it is made
+        in this rank's next wait for a peer (``execution/data.py``)."""
+        forward = next((op for op in later if op.kind == "forward"), None)
+        if forward is not None and forward.microbatch is not None:
+            io = self.io_for(forward.microbatch)
+            if io.reads_data or io.has_loss:
+                self.data.want(forward.microbatch)
 
     def _float_sends(self, microbatch: int) -> list[Transfer]:
         return [
@@ -250,6 +264,7 @@ class Worker:
 
     def _received(self, direction: str, microbatch: int) -> list[tuple[str, Tensor]]:
         pending = self.posted.pop((direction, microbatch), [])
+        self.data.while_waiting(lambda: self.transport.arrived([p for _, p in pending]))
         return [(layer, self.transport.wait(p)) for layer, p in pending]
 
     def _run(self, op: Op) -> None:
@@ -294,7 +309,7 @@ class Worker:
         }
         data = targets = None
         if io.reads_data or io.has_loss:
-            data, targets = self.spec.sample(self.plan.microbatch_size, mb)
+            data, targets = self.data.take(mb)
             data, targets = data.to(self.ctx.device), targets.to(self.ctx.device)
         self.watchdog.doing(f"the forward of micro-batch {mb} (step {step})")
         record = self.recorder.start("forward", mb, step)

@@ -133,6 +133,11 @@ class Transport:
         )
         return Pending(work, buffer, peer, what)
 
+    @staticmethod
+    def arrived(pending: Sequence[Pending]) -> bool:
+        """Whether every one of these receives has completed (``wait`` would not block)."""
+        return all(p.work.is_completed() for p in pending)
+
     def wait(self, pending: Pending) -> Tensor:
         self.watchdog.doing(pending.what, waiting_on=pending.peer)
         try:
