@@ -60,16 +60,35 @@ def fidelity_view(
         return html.Div(waiting, className="ps-empty", id="runs-fidelity-waiting")
     rows = [_row("step", calibration["step_ms"])]
     rows += [_row(f"stage {s['stage']} compute", s) for s in calibration["stage_busy_ms"]]
-    return html.Div(
-        [
-            html.Div(
-                headline(calibration, samples_per_step),
-                id="runs-fidelity-headline",
-                className="ps-prediction",
-            ),
-            table(FIDELITY_COLUMNS, rows, "Nothing measured yet.", "runs-fidelity-table"),
-        ]
-    )
+    children = [
+        html.Div(
+            headline(calibration, samples_per_step),
+            id="runs-fidelity-headline",
+            className="ps-prediction",
+        ),
+        table(FIDELITY_COLUMNS, rows, "Nothing measured yet.", "runs-fidelity-table"),
+    ]
+    between = engine_text(calibration)
+    if between:
+        children.append(html.Div(between, id="runs-fidelity-engine", className="ps-hint"))
+    return html.Div(children)
+
+
+def engine_text(calibration: dict[str, Any]) -> str:
+    """What the calibrated prediction adds that no op of the profile holds: the engine's
+    time between two ops, and the waits for a core on a host with more ranks than cores
+    (empty when neither was measured)."""
+    parts = []
+    overhead = calibration.get("op_overhead_ms") or 0.0
+    if overhead > 0:
+        parts.append(
+            f"Between two ops the engine spent {overhead:.2f} ms; the calibrated "
+            "prediction adds it to every forward, backward and weight-gradient op."
+        )
+    core_wait = calibration.get("core_wait") or 1.0
+    if core_wait > 1.0:
+        parts.append(f"Ranks waited for a core between ops: calibrated compute x{core_wait:.2f}.")
+    return " ".join(parts)
 
 
 def _row(label: str, compared: dict[str, Any]) -> dict[str, str]:

@@ -238,6 +238,15 @@ def test_live_view_draws_measurements_and_the_migration():
         ["stage 0 compute", "40.00", "30.00", "+33.3%", "40.00", "+0.0%"],
         ["stage 1 compute", "41.00", "30.00", "+36.7%", "40.00", "+2.5%"],
     ]
+    assert len(shown.children) == 2  # no time between ops measured: no line for it
+    engine = {**view.calibration, "op_overhead_ms": 0.214, "core_wait": 1.3}
+    line = fidelity_view(engine, view.samples_per_step, "waiting").children[2]
+    assert line.id == "runs-fidelity-engine"
+    assert line.children == (
+        "Between two ops the engine spent 0.21 ms; the calibrated prediction adds it to "
+        "every forward, backward and weight-gradient op. Ranks waited for a core between "
+        "ops: calibrated compute x1.30."
+    )
 
 
 class ResumedBackend(RecordedBackend):
