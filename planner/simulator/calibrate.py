@@ -77,9 +77,11 @@ from pipestudio.planner.simulator.simulate import ENGINE_OPS, simulate
 from pipestudio.planner.units import gbps_to_bytes_per_ms
 
 _KINDS = ("forward", "backward", "weight", "recompute", "update")
-#: A stage's backward factor never goes below this (a recompute measured longer than the
-#: whole backward would otherwise make it negative).
-_MIN_FACTOR = 0.05
+#: The backward proper keeps at least this share of the measured backward (a recompute
+#: predicted longer than the whole measured backward would otherwise leave it nothing, or
+#: less). A share, not a floor on the factor: a profile of a far larger model than the run's
+#: (factors of 0.01) is calibrated as faithfully as any.
+_MIN_BACKWARD_SHARE = 0.05
 _TRANSFERS = {"send_activation": "forward", "send_gradient": "backward"}
 #: The ops a run reports (the simulator's timeline kinds); anything else is left out.
 _OP_KINDS = frozenset(get_args(OpKind))
@@ -322,12 +324,12 @@ def _stage(
     # backward proper gets the rest of the measured backward: their sum is what the run
     # measured, whatever share of it the recompute really took
     predicted_recompute = predicted.get("recompute", 0.0)
-    backward = max(
-        _MIN_FACTOR,
-        _ratio(
+    backward = _ratio(
+        max(
             measured["backward"] - forward * predicted_recompute,
-            predicted.get("backward", 0.0) - predicted_recompute,
+            _MIN_BACKWARD_SHARE * measured["backward"],
         ),
+        predicted.get("backward", 0.0) - predicted_recompute,
     )
     factors = {
         "forward": forward,

@@ -431,6 +431,9 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
         headline,
     ), headline
     assert page.inner_text("#runs-fidelity-table").count("stage") == 2
+    # a real run always spends some time between two ops: calibration measures it
+    engine = page.inner_text("#runs-fidelity-engine")
+    assert re.match(r"Between two ops the engine spent \d+\.\d\d ms", engine), engine
     shot(page, "runs-live")
 
     # the plan is unbalanced: a proposal comes by itself, nobody pressed Propose

@@ -203,6 +203,46 @@ def test_the_time_between_ops_is_paid_per_op_by_the_schedules_predicted(schedule
         assert again.stages[0].factors["backward"] == pytest.approx(1.0)
 
 
+def test_a_profile_of_a_far_larger_model_is_calibrated_as_faithfully() -> None:
+    """A run of a small model planned on the profile of a large one (the built-in gpt24
+    profile and a width-32 gpt): forward and backward a hundredth of the profile's. The
+    factors come back as they are, and the calibrated stages and step are the measured ones
+    (a floor of 0.05 on the backward's factor once made them 3 times too slow)."""
+    rng = random.Random(21)
+    base = profile(rng, 8)
+    plan = plan_template(base, 2, 4, "1f1b")
+    factors = [(0.019, 0.0147, 0.3), (0.028, 0.021, 0.47)]
+    events = engine_events(truth(base, plan, factors), plan, None, steps=3)
+    calibration = calibrate(base, plan, events)
+    for stage, (f, b, u) in zip(calibration.stages, factors, strict=True):
+        assert stage.factors["forward"] == pytest.approx(f, rel=1e-9)
+        assert stage.factors["backward"] == pytest.approx(b, rel=1e-9)
+        assert stage.factors["update"] == pytest.approx(u, rel=1e-9)
+    compared = report(calibration, base, plan, None, events)
+    assert compared["step_ms"]["calibrated_error"] == pytest.approx(0.0, abs=1e-9)
+    for stage in compared["stage_busy_ms"]:
+        assert stage["calibrated_error"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_recompute_predicted_longer_than_the_measured_backward_leaves_it_a_share() -> None:
+    """The backward proper is what the measured backward leaves after the recompute, at
+    least ``_MIN_BACKWARD_SHARE`` of it, never zero or less."""
+    base = profile(random.Random(4), 4)
+    plan = plan_template(base, 2, 4, "1f1b")
+    plan = plan.model_copy(update={"policies": {layer.name: "recompute" for layer in base.layers}})
+    events = engine_events(base, plan, None, steps=3, recompute_spans=False)
+    for event in events:  # backwards that measured less than the recompute alone should take
+        if event["op"] == "backward":
+            event["start_ms"] = event["end_ms"] - 0.01
+    calibration = calibrate(base, plan, events)
+    for stage in calibration.stages:
+        assert stage.factors["backward"] > 0
+        proper = stage.factors["backward"] * (
+            stage.predicted["backward"] - stage.predicted.get("recompute", 0.0)
+        )
+        assert proper == pytest.approx(0.05 * stage.measured["backward"])
+
+
 def test_an_update_the_profile_lacks_is_shared_by_parameter_bytes() -> None:
     base = profile(random.Random(3), 4)
     base = base.model_copy(
