@@ -48,8 +48,9 @@ forward (activation) or backward (gradient) starts once the tensor is there, so 
 receiver was idle from before the send started, the gap from the send's start to that op's
 start is the transfer as the run felt it. Per level of the cluster the links cross, the
 bandwidth that makes the median such gap is the calibrated bandwidth (bytes / time; on CPU
-this folds gloo's latency in at the sizes the run sends). A level no idle receiver measured
-keeps its bandwidth.
+this folds gloo's latency in at the sizes the run sends), counting for each send the bytes
+the simulator moves for it (the profile's, ``_link_gbps``). A level no idle receiver
+measured keeps its bandwidth.
 """
 
 import itertools
@@ -63,9 +64,10 @@ from typing import Any, get_args
 
 from pipestudio.planner.errors import PlannerError
 from pipestudio.planner.formats.cluster import Cluster, cluster_template
-from pipestudio.planner.formats.plan import Plan
+from pipestudio.planner.formats.plan import Plan, resolve_plan
 from pipestudio.planner.formats.profile import Profile
 from pipestudio.planner.formats.result import OpKind
+from pipestudio.planner.simulator.costs import boundary_bytes
 from pipestudio.planner.simulator.peaks import profile_peak
 from pipestudio.planner.simulator.placement import (
     Host,
@@ -225,7 +227,7 @@ def calibrate(
     ]
     calibrated = _scaled(profile, plan, stages).model_copy(update={"op_overhead_ms": overhead})
     waiting = sharing.oversubscribed() if sharing is not None else set()
-    link_gbps = _link_gbps(ops, plan, cluster, overhead, waiting)
+    link_gbps = _link_gbps(ops, plan, cluster, overhead, waiting, _profile_bytes(profile, plan))
     new_cluster = _with_links(cluster, plan, link_gbps)
     calibration = Calibration(
         calibrated, new_cluster, stages, sorted({e["step"] for e in ops}), link_gbps, sharing
@@ -397,18 +399,31 @@ def _scaled(profile: Profile, plan: Plan, stages: list[StageCalibration]) -> Pro
     return profile.model_copy(update={"layers": layers, "metadata": metadata})
 
 
+def _profile_bytes(profile: Profile, plan: Plan) -> dict[tuple[int, int], int]:
+    """Bytes per micro-batch the simulator moves from stage a to a later stage c, keyed
+    (a, c): the profile's, at the plan's micro-batch size."""
+    layout = resolve_plan(plan, profile)
+    if plan.microbatch_size != profile.microbatch_size:
+        profile = profile.rescaled(plan.microbatch_size)
+    return boundary_bytes(profile, layout)
+
+
 def _link_gbps(
     ops: list[dict[str, Any]],
     plan: Plan,
     cluster: Cluster | None,
     overhead_ms: float,
     waiting: set[tuple[int, int]],
+    profile_bytes: dict[tuple[int, int], int],
 ) -> dict[int, float]:
     """Calibrated bandwidth per cluster level from the idle receivers' gaps (module
     docstring), less the overhead every op starts after (``op_overhead_ms``, which the
     calibrated ops carry); levels are those of ``cluster`` (one level without one). A
     receiver in ``waiting`` (its host had more ranks than cores) may have waited for a core
-    rather than for the tensor: its gaps say nothing of the link."""
+    rather than for the tensor: its gaps say nothing of the link. Each send counts the
+    bytes the profile says it carries (``profile_bytes``, its share of its boundary's
+    measured bytes): the simulator moves those, so a run of a smaller model than the
+    profile's is reproduced, not priced at the profile's larger tensors."""
     compute = defaultdict(list)  # (stage, replica) -> its compute ops by start
     for op in ops:
         if op["op"] in _KINDS:
@@ -421,7 +436,11 @@ def _link_gbps(
         if op["op"] in ("forward", "backward")
     }
     devices = plan.worker_devices()
-    gaps: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    sent: dict[tuple[Any, ...], int] = defaultdict(int)  # a boundary's bytes per message
+    for send in ops:
+        if send["op"] in _TRANSFERS and isinstance(send.get("bytes"), int):
+            sent[_boundary(send)] += send["bytes"]
+    gaps: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for send in ops:
         kind = _TRANSFERS.get(send["op"])
         num_bytes = send.get("bytes")
@@ -452,12 +471,20 @@ def _link_gbps(
         )
         if level < 0:
             continue  # one device: the simulator moves nothing
-        gaps[level].append((gap, num_bytes))
+        pair = (min(send["stage"], peer_stage), max(send["stage"], peer_stage))
+        moved = profile_bytes.get(pair, num_bytes) * num_bytes / sent[_boundary(send)]
+        if moved > 0:  # else the simulator moves nothing there: nothing to learn
+            gaps[level].append((gap, moved))
     result = {}
     for level, samples in gaps.items():
         rates = sorted(num_bytes / gap for gap, num_bytes in samples)  # bytes per ms
         result[level] = statistics.median(rates) / gbps_to_bytes_per_ms(1.0)
     return result
+
+
+def _boundary(send: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The message a send is part of: its two stages, direction, micro-batch and step."""
+    return (send["stage"], send.get("peer_stage"), send["op"], send.get("microbatch"), send["step"])
 
 
 def _placed(devices: list[list[int]], stage: Any, replica: Any) -> bool:

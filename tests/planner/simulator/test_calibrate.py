@@ -224,6 +224,25 @@ def test_a_profile_of_a_far_larger_model_is_calibrated_as_faithfully() -> None:
         assert stage["calibrated_error"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_links_are_calibrated_for_the_bytes_the_profile_moves() -> None:
+    """The same run, its tensors 64 times smaller than the profile's (a small model on a
+    large model's profile): each send counts the bytes the simulator moves for it, so the
+    calibrated links reproduce the run's transfers and step; counted at the run's bytes,
+    they came out 64 times slower and the step far too slow."""
+    rng = random.Random(8)
+    base = profile(rng, 6)
+    plan = plan_template(base, 3, 4, "1f1b")
+    real_cluster = cluster_template([3], [1.0])
+    events = engine_events(base, plan, real_cluster, steps=3)
+    for event in events:
+        if event["op"].startswith("send_"):
+            event["bytes"] //= 64
+    calibration = calibrate(base, plan, events, cluster_template([3], [100.0]))
+    assert calibration.link_gbps[0] == pytest.approx(1.0, rel=1e-6)
+    compared = report(calibration, base, plan, cluster_template([3], [100.0]), events)
+    assert compared["step_ms"]["calibrated_error"] == pytest.approx(0.0, abs=1e-6)
+
+
 def test_a_recompute_predicted_longer_than_the_measured_backward_leaves_it_a_share() -> None:
     """The backward proper is what the measured backward leaves after the recompute, at
     least ``_MIN_BACKWARD_SHARE`` of it, never zero or less."""
