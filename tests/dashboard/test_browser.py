@@ -423,7 +423,12 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     page.wait_for_function(f"() => ({points})() >= 3", timeout=90_000)
     first = page.evaluate(f"({points})()")
     page.wait_for_function(f"() => ({points})() > {first}", timeout=30_000)
-    page.wait_for_selector("#runs-fidelity-headline", timeout=30_000)
+    # the panel refreshes every 5 s: it may still say it waits for a measured step
+    page.wait_for_function(
+        "() => { const h = document.querySelector('#runs-fidelity-headline');"
+        " return h && h.innerText.startsWith('Measured'); }",
+        timeout=30_000,
+    )
     headline = page.inner_text("#runs-fidelity-headline")
     assert re.match(
         r"Measured [\d.]+ samples/s · predicted [\d.]+ \(measured [-+][\d.]+%\) "
