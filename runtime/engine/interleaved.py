@@ -10,6 +10,8 @@ the next chunk's rank like any stage's (tags tell the layers apart), so the wrap
 last rank back to rank 0 is a transfer like the others.
 """
 
+import itertools
+
 from pipestudio.planner.simulator.schedule import FORWARD, interleaved_order
 from pipestudio.runtime.engine.config import EngineConfig
 from pipestudio.runtime.engine.execution.transport import ACTIVATION, GRADIENT
@@ -124,7 +126,8 @@ class ChunkedRank:
                 worker._post(ACTIVATION, op.microbatch, io.receives)
             elif op.microbatch in worker.states:
                 worker._post(GRADIENT, op.microbatch, worker._float_sends(op.microbatch))
-        forward = next(((w, op) for w, op in ops[idx + 1 :] if op.kind == "forward"), None)
+        later = itertools.islice(ops, idx + 1, None)
+        forward = next(((w, op) for w, op in later if op.kind == "forward"), None)
         if forward is not None:
             forward[0].want_data([forward[1]])
         following = ops[idx + 1] if idx + 1 < len(ops) else None

@@ -32,10 +32,11 @@ change between two micro-batches; before the worker first touches an op of a ste
 migrations announced for it, and its updates release the layer state due to move.
 """
 
+import itertools
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -233,13 +234,13 @@ class Worker:
                 self._post(ACTIVATION, op.microbatch, self.io_for(op.microbatch).receives)
             elif op.microbatch in self.states:
                 self._post(GRADIENT, op.microbatch, self._float_sends(op.microbatch))
-        self.want_data(ops[idx + 1 :])
+        self.want_data(itertools.islice(ops, idx + 1, None))
         following = ops[idx + 1] if idx + 1 < len(ops) else None
         if following is not None and following.kind == "backward":
             assert following.microbatch is not None
             self._swap_in(following.microbatch, following.step)
 
-    def want_data(self, later: Sequence[Op]) -> None:
+    def want_data(self, later: Iterable[Op]) -> None:
         """Want the data of the first forward among ``later``, if it reads any: it is made
         in this rank's next wait for a peer (``execution/data.py``)."""
         forward = next((op for op in later if op.kind == "forward"), None)
