@@ -99,6 +99,9 @@ def form_editor(form: dict[str, Any]) -> Editor:
     )
     if auto:
         editor["auto"] = True
+    # the stage count these cuts are for: a reshape keeps the cuts only while the form still
+    # asks for it (a stage change whose own call a quicker edit superseded still cuts again)
+    editor["stages_asked"] = whole_number("stages", form["stages"])
     # "one device per stage": the planners that replicate stages (optimal, pipedream) may not
     if form.get("straight"):
         editor["straight"] = True
@@ -177,6 +180,7 @@ def open_stored(context: Context, plan_id: int) -> tuple[Editor, dict[str, Any],
         "plan_state": row["state"],
         "saved": planning.fingerprint(document),
     }
+    loaded["stages_asked"] = form_of(loaded)["stages"]  # what the opened plan sets the form to
     return (
         loaded,
         slider_props(profile.num_layers, cuts),
@@ -281,6 +285,7 @@ def editor_action(
             reshape
             and editor
             and editor["profile_id"] == fresh["profile_id"]
+            and editor.get("stages_asked") == fresh["stages_asked"]
             and not _rechunked(editor, fresh)
         ):
             kept = {key: editor[key] for key in ("replicas", "devices", "policies", "source")}

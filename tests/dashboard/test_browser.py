@@ -387,6 +387,9 @@ def approve_gpt_plan(page: object, stack: LiveStack) -> None:
     choose(page, "planner-profile", "gpt (26 layers)")
     set_number(page, "planner-stages", 2)
     set_number(page, "planner-microbatches", 4)
+    page.wait_for_function(  # two stages: one boundary to drag
+        "() => document.querySelectorAll('#planner-boundaries [role=slider]').length === 1"
+    )
     wait_prediction(page)
     drag_handle(page, 0, 300)  # an unbalanced plan: the online planner should rebalance it
     asked: list[str] = []  # two workers are online and the plan fits: nothing to confirm

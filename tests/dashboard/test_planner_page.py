@@ -79,6 +79,18 @@ def test_reshaping_keeps_the_boundaries_and_no_profile_is_a_hint(context, vgg_id
     assert nothing is None and slider is None and "Pick a profile" in notice.children
 
 
+def test_a_reshape_after_a_missed_stage_change_cuts_the_asked_stages(context, vgg_id):
+    """Typing 2 stages and then another micro-batch count quickly can leave the stage
+    change's own call superseded: the micro-batch call must still cut 2 stages, not keep
+    the 4 on screen (an approved plan then asked for 4 ranks that were not there)."""
+    editor, _, _ = act(context, "planner-profile", form(vgg_id))
+    asked = form(vgg_id, stages=2, microbatches=4)
+    cut, slider, _ = act(context, "planner-microbatches", asked, editor, [11, 21, 31])
+    assert slider["value"] == equal_boundaries(41, 2) and cut["num_microbatches"] == 4
+    kept, slider, _ = act(context, "planner-microbatches", {**asked, "microbatches": 8}, cut, [7])
+    assert slider is None and kept["num_microbatches"] == 8  # the same stages: cuts stay
+
+
 def test_bad_memory_is_named(context, vgg_id):
     editor, slider, notice = act(context, "planner-memory", form(vgg_id, memory="lots"))
     assert editor is None and slider is None
