@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from typing import Any
 
-from dash import dcc, html
+from dash import Output, dcc, html, no_update
 
 #: Every chart's modebar offers "Download plot as a PNG" (Plotly's toImage).
 GRAPH_CONFIG: dict[str, Any] = {
@@ -25,6 +25,25 @@ def graph(component_id: str, figure: dict[str, Any] | None = None) -> dcc.Graph:
         "toImageButtonOptions": {**GRAPH_CONFIG["toImageButtonOptions"], "filename": component_id},
     }
     return dcc.Graph(id=component_id, figure=figure or {"data": [], "layout": {}}, config=config)
+
+
+def chart_box(component_id: str) -> html.Div:
+    """Where the chart ``component_id`` goes once its first figure comes (``chart``, into
+    ``chart_output``): an empty Plotly chart costs a browser 15-30 ms to draw on a small
+    machine, and the Planner, which drew seven of them, showed its first numbers a quarter
+    of a second later for it."""
+    return html.Div(id=f"{component_id}-box")
+
+
+def chart_output(component_id: str) -> Output:
+    return Output(f"{component_id}-box", "children")
+
+
+def chart(component_id: str, figure: Any) -> Any:
+    """What ``chart_output(component_id)`` gets: ``figure`` drawn (``no_update`` stays,
+    None leaves the place empty); the same chart again is updated in place, as a figure
+    output would be."""
+    return figure if figure is no_update or figure is None else graph(component_id, figure)
 
 
 def message(text: str, kind: str = "info") -> html.Div:

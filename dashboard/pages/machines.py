@@ -335,11 +335,10 @@ def register_callbacks(app: Dash, context: Context) -> None:
         Output("machines-workers", "children"),
         Output("machines-clusters", "children"),
         Output("machines-cluster-pick", "options"),
-        Input("url", "pathname"),
         Input("machines-interval", "n_intervals"),
         Input("machines-changed", "data"),
     )
-    def _list(_: str, __: int | None, ___: int) -> Any:
+    def _list(_: int | None, __: int) -> Any:
         try:
             workers, runs = context.client.workers(), context.client.runs()
             clusters, plans = context.client.clusters(), context.client.plans()

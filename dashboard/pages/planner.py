@@ -6,10 +6,9 @@ from typing import Any
 import flask
 from dash import Dash, Input, Output, State, dcc, html
 
-from pipestudio.dashboard.components.gantt import schedule_gantt
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.pages import planner_callbacks
-from pipestudio.dashboard.widgets import field, graph, section
+from pipestudio.dashboard.widgets import chart_box, field, section
 from pipestudio.planner.algorithms import PLANNERS
 from pipestudio.planner.formats.plan import SCHEDULES
 
@@ -30,7 +29,7 @@ def _button(label: str, component_id: str, secondary: bool = False) -> html.Butt
     )
 
 
-def _request_controls(choices: dict[str, Any]) -> html.Div:
+def _request_controls(choices: dict[str, Any], form: dict[str, Any]) -> html.Div:
     def number(component_id: str, value: int | None, minimum: int = 1) -> dcc.Input:
         return dcc.Input(
             id=component_id,
@@ -50,7 +49,7 @@ def _request_controls(choices: dict[str, Any]) -> html.Div:
                     id="planner-profile",
                     placeholder="pick a profile",
                     options=choices["profiles"],
-                    value=choices["profile"],
+                    value=form["profile"],
                     style={"minWidth": "260px"},
                 ),
             ),
@@ -68,7 +67,7 @@ def _request_controls(choices: dict[str, Any]) -> html.Div:
                 "Memory per device",
                 dcc.Input(
                     id="planner-memory",
-                    value="",
+                    value=form["memory"],
                     debounce=True,
                     className="ps-input",
                     placeholder="e.g. 16GiB",
@@ -76,11 +75,11 @@ def _request_controls(choices: dict[str, Any]) -> html.Div:
                 ),
                 "empty: unlimited",
             ),
-            field("Stages", number("planner-stages", 4)),
-            field("Micro-batches per step", number("planner-microbatches", 8)),
+            field("Stages", number("planner-stages", form["stages"])),
+            field("Micro-batches per step", number("planner-microbatches", form["microbatches"])),
             field(
                 "Micro-batch size",
-                number("planner-microbatch-size", None),
+                number("planner-microbatch-size", form["microbatch-size"]),
                 "samples; empty: the profile's",
             ),
             field(
@@ -88,7 +87,7 @@ def _request_controls(choices: dict[str, Any]) -> html.Div:
                 dcc.Dropdown(
                     id="planner-schedule",
                     options=SCHEDULE_CHOICES,
-                    value="1f1b",
+                    value=form["schedule"],
                     clearable=False,
                     style={"width": "250px"},
                 ),
@@ -96,14 +95,14 @@ def _request_controls(choices: dict[str, Any]) -> html.Div:
             ),
             field(
                 "Chunks per device",
-                number("planner-virtual-stages", planner_callbacks.DEFAULT_CHUNKS_PER_DEVICE),
+                number("planner-virtual-stages", form["virtual-stages"]),
                 "interleaved-1f1b only",
             ),
             field(
                 "Optimizer",
                 dcc.Dropdown(
                     id="planner-optimizer",
-                    value="adam",
+                    value=form["optimizer"],
                     clearable=False,
                     options=["sgd", "momentum", "adam"],
                     style={"width": "130px"},
@@ -114,7 +113,7 @@ def _request_controls(choices: dict[str, Any]) -> html.Div:
     )
 
 
-def _make_controls() -> html.Div:
+def _make_controls(form: dict[str, Any]) -> html.Div:
     return html.Div(
         [
             _button("Equal layers per stage", "planner-template", secondary=True),
@@ -123,7 +122,7 @@ def _make_controls() -> html.Div:
                 dcc.Dropdown(
                     id="planner-algorithm",
                     options=list(PLANNERS),
-                    value="balance-time",
+                    value=form["algorithm"],
                     clearable=False,
                     style={"width": "170px"},
                 ),
@@ -136,20 +135,22 @@ def _make_controls() -> html.Div:
                 options=[
                     {"label": " one device per stage (no replicated stages)", "value": "straight"}
                 ],
-                value=[],
+                value=form["straight"],
             ),
         ],
         className="ps-row",
     )
 
 
-def _editor_controls() -> html.Div:
+def _editor_controls(first: dict[str, Any]) -> html.Div:
+    shape = first.get("slider") or {"min": 1, "max": 2, "value": [], "marks": None}
     slider = dcc.RangeSlider(
         id="planner-boundaries",
-        min=1,
-        max=2,
+        min=shape["min"],
+        max=shape["max"],
+        marks=shape["marks"],
         step=1,
-        value=[],
+        value=shape["value"],
         pushable=1,
         allowCross=False,
         updatemode="mouseup",
@@ -176,7 +177,7 @@ def _editor_controls() -> html.Div:
                 ),
             ),
             _button("Apply to these layers", "planner-policy-apply", secondary=True),
-            html.Div(id="planner-policy-summary", className="ps-hint"),
+            html.Div(first.get("policies"), id="planner-policy-summary", className="ps-hint"),
         ],
         className="ps-row",
     )
@@ -220,21 +221,27 @@ def _save_controls() -> html.Div:
 
 def layout(plan: str | None = None, **_: Any) -> html.Div:
     """The page, its profile and cluster choices filled in (the profile of the plan that
-    ``?plan=ID`` opens, else the newest): the first prediction is then one round trip
-    away, not two."""
+    ``?plan=ID`` opens, else the newest) and its first plan and prediction drawn
+    (``planner_callbacks.first_view``): the charts are then one round trip away."""
     context = (
         flask.current_app.config.get("PIPESTUDIO_CONTEXT") if flask.has_request_context() else None
     )
+    search = f"?plan={plan}" if plan else None
     choices = (
-        planner_callbacks.choices(context, f"?plan={plan}" if plan else None)
+        planner_callbacks.choices(context, search)
         if context is not None
         else planner_callbacks.NO_CHOICES
     )
-    shown, figure, _openable = planner_callbacks.compare_view([])  # nothing compared yet
+    first: dict[str, Any] = (
+        planner_callbacks.first_view(context, choices["profile"], search)
+        if context is not None
+        else {"form": planner_callbacks.FORM_DEFAULTS}
+    )
+    shown, _figure, _openable = planner_callbacks.compare_view([])  # nothing compared yet
     compare = html.Div(
         [
             html.Div(shown, id="planner-compare-table"),
-            graph("planner-compare-graph", figure),
+            chart_box("planner-compare-graph"),
             html.Div(
                 [
                     field(
@@ -252,12 +259,8 @@ def layout(plan: str | None = None, **_: Any) -> html.Div:
             ),
             html.Div(
                 [
-                    html.Div(
-                        graph("planner-side-a-graph", schedule_gantt(None)), className="ps-col"
-                    ),
-                    html.Div(
-                        graph("planner-side-b-graph", schedule_gantt(None)), className="ps-col"
-                    ),
+                    html.Div(chart_box("planner-side-a-graph"), className="ps-col"),
+                    html.Div(chart_box("planner-side-b-graph"), className="ps-col"),
                 ],
                 className="ps-row",
             ),
@@ -267,30 +270,34 @@ def layout(plan: str | None = None, **_: Any) -> html.Div:
         [
             section(
                 "What to plan",
-                _request_controls(choices),
-                _make_controls(),
-                dcc.Loading(html.Div(id="planner-status"), type="dot"),
+                _request_controls(choices, first["form"]),
+                _make_controls(first["form"]),
+                dcc.Loading(html.Div(first.get("notice"), id="planner-status"), type="dot"),
             ),
             section(
                 "Plan",
-                html.Div(id="planner-prediction", className="ps-prediction"),
-                _editor_controls(),
+                html.Div(
+                    first.get("prediction"),
+                    id="planner-prediction",
+                    className=first.get("prediction_class", "ps-prediction"),
+                ),
+                _editor_controls(first),
                 _save_controls(),
                 html.Div(id="planner-save-status"),
                 html.Div(
                     [
-                        html.Div(graph("planner-compute-graph"), className="ps-col"),
-                        html.Div(graph("planner-memory-graph"), className="ps-col"),
+                        html.Div(chart_box("planner-compute-graph"), className="ps-col"),
+                        html.Div(chart_box("planner-memory-graph"), className="ps-col"),
                     ],
                     className="ps-row",
                 ),
-                graph("planner-gantt-graph"),
-                graph("planner-memory-time-graph"),
+                chart_box("planner-gantt-graph"),
+                chart_box("planner-memory-time-graph"),
             ),
             section("Compare plans", compare),
-            dcc.Store(id="planner-editor"),
+            dcc.Store(id="planner-editor", data=first.get("editor")),
             dcc.Store(id="planner-candidates", data=[]),
-            dcc.Store(id="planner-drawn"),
+            dcc.Store(id="planner-drawn", data=first.get("drawn")),
         ]
     )
 

@@ -19,7 +19,7 @@ from pipestudio.dashboard.components.compare import (
 from pipestudio.dashboard.components.gantt import schedule_gantt
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.editor import Editor, editor_from_plan, equal_boundaries, new_editor
-from pipestudio.dashboard.widgets import message, table
+from pipestudio.dashboard.widgets import chart, chart_output, message, table
 from pipestudio.planner import PlannerError
 from pipestudio.planner.units import parse_size
 
@@ -50,6 +50,20 @@ RESHAPE = (
 AUTO = "auto"
 #: What "Chunks per device" says until an interleaved plan sets it.
 DEFAULT_CHUNKS_PER_DEVICE = 2
+#: The form as the page opens (``profile``: the one ``choices`` starts on).
+FORM_DEFAULTS: dict[str, Any] = {
+    "profile": None,
+    "cluster": None,
+    "memory": "",
+    "stages": 4,
+    "microbatches": 8,
+    "microbatch-size": None,
+    "schedule": "1f1b",
+    "virtual-stages": DEFAULT_CHUNKS_PER_DEVICE,
+    "optimizer": "adam",
+    "algorithm": "balance-time",
+    "straight": [],
+}
 
 
 def whole_number(label: str, value: Any) -> int:
@@ -149,6 +163,39 @@ def choices(context: Context, search: str | None) -> dict[str, Any]:
         ],
         "profile": profile_id if profile_id in ids else (max(ids) if ids else None),
     }
+
+
+def first_view(context: Context, profile: int | None, search: str | None) -> dict[str, Any]:
+    """What the page's first call of the editor (and of the prediction) would draw, for
+    its layout to draw at once (each call is a round trip and a render after the page's,
+    0.1-0.15 s on a small machine, and the status line shows a spinner, not the notice,
+    while a call that may change it runs): the form (an opened plan sets its ``SYNCED``
+    fields), the editor with its slider and notice, and the prediction with its
+    ``drawn_key``. Without a slider (no profile, or it failed) there is no prediction."""
+    form = {**FORM_DEFAULTS, "profile": profile}
+    editor, slider, notice = editor_action(
+        context, None, form, None, None, [], None, None, "keep", search
+    )
+    if editor is None or slider is None:
+        return {"form": form, "editor": editor, "notice": notice}
+    editor = {**editor, "cuts": list(slider["value"])}
+    if editor.get("plan_id") is not None:
+        form.update((k, v) for k, v in form_of(editor).items() if v is not no_update)
+    text, failed = planning.prediction_view(context, editor, slider["value"])
+    return {
+        "form": form,
+        "editor": editor,
+        "slider": slider,
+        "notice": notice,
+        "prediction": text,
+        "prediction_class": prediction_class(failed),
+        "policies": policy_summary(editor),
+        "drawn": drawn_key(editor, slider["value"]),
+    }
+
+
+def prediction_class(failed: bool) -> str:
+    return "ps-prediction ps-message ps-error" if failed else "ps-prediction"
 
 
 def opened_plan(search: str | None) -> int | None:
@@ -419,6 +466,7 @@ def register(app: Dash, context: Context) -> None:
         State("planner-policy-layers", "value"),
         State("planner-policy-choice", "value"),
         State("url", "search"),
+        prevent_initial_call=True,  # the layout draws the first call's (``first_view``)
     )
     def _edit(*args: Any) -> Any:
         first = len(triggers) + 2 + len(RESHAPE)
@@ -466,36 +514,40 @@ def register(app: Dash, context: Context) -> None:
         Input("planner-boundaries", "value"),
         Input("planner-editor", "data"),
         State("planner-drawn", "data"),
+        # the layout draws the first (and a first call that changed nothing would hold
+        # back the charts, which Dash asks for only after their inputs' callbacks ran)
+        prevent_initial_call=True,
     )
     def _predict(boundaries: list[int] | None, editor: Editor | None, drawn: str | None) -> Any:
         key = drawn_key(editor, boundaries)
         if key is not None and key == drawn:
             raise PreventUpdate  # saved or approved: the same plan, drawn already
         text, failed = planning.prediction_view(context, editor, boundaries)
-        css = "ps-prediction ps-message ps-error" if failed else "ps-prediction"
-        return text, css, policy_summary(editor), key
+        return text, prediction_class(failed), policy_summary(editor), key
 
     # The charts follow the numbers: asked for once the numbers are on screen (a new
     # ``planner-drawn``), so that drawing them does not hold the numbers back.
     @app.callback(
-        Output("planner-compute-graph", "figure"),
-        Output("planner-memory-graph", "figure"),
+        chart_output("planner-compute-graph"),
+        chart_output("planner-memory-graph"),
         Input("planner-drawn", "data"),
         State("planner-boundaries", "value"),
         State("planner-editor", "data"),
     )
     def _stage_charts(_: str | None, boundaries: list[int] | None, editor: Editor | None) -> Any:
-        return planning.stage_figures(context, editor, boundaries)
+        compute, memory = planning.stage_figures(context, editor, boundaries)
+        return chart("planner-compute-graph", compute), chart("planner-memory-graph", memory)
 
     @app.callback(
-        Output("planner-gantt-graph", "figure"),
-        Output("planner-memory-time-graph", "figure"),
+        chart_output("planner-gantt-graph"),
+        chart_output("planner-memory-time-graph"),
         Input("planner-drawn", "data"),
         State("planner-boundaries", "value"),
         State("planner-editor", "data"),
     )
     def _timeline(_: str | None, boundaries: list[int] | None, editor: Editor | None) -> Any:
-        return planning.timeline_view(context, editor, boundaries)
+        gantt, memory = planning.timeline_view(context, editor, boundaries)
+        return chart("planner-gantt-graph", gantt), chart("planner-memory-time-graph", memory)
 
     # The layer names change with the profile only, not at every edit of the plan.
     @app.callback(Output("planner-policy-layers", "options"), Input("planner-profile", "value"))
@@ -538,20 +590,20 @@ def _register_compare(app: Dash, context: Context, form_states: list[State]) -> 
 
     @app.callback(
         Output("planner-compare-table", "children"),
-        Output("planner-compare-graph", "figure"),
+        chart_output("planner-compare-graph"),
         Output("planner-compare-pick", "options"),
         Output("planner-side-a", "options"),
         Output("planner-side-b", "options"),
         Input("planner-candidates", "data"),
         prevent_initial_call=True,
-    )  # the layout draws the empty comparison
+    )  # the layout says that nothing is compared yet
     def _compare(candidates: list[dict[str, Any]] | None) -> Any:
         shown, figure, names = compare_view(candidates or [])
-        return shown, figure, names, names, names
+        return shown, chart("planner-compare-graph", figure), names, names, names
 
     @app.callback(
-        Output("planner-side-a-graph", "figure"),
-        Output("planner-side-b-graph", "figure"),
+        chart_output("planner-side-a-graph"),
+        chart_output("planner-side-b-graph"),
         Input("planner-side-a", "value"),
         Input("planner-side-b", "value"),
         State("planner-candidates", "data"),
@@ -561,13 +613,17 @@ def _register_compare(app: Dash, context: Context, form_states: list[State]) -> 
     def _side(
         a: str | None, b: str | None, candidates: list[dict[str, Any]] | None, editor: Editor | None
     ) -> Any:
-        if not editor:
-            return schedule_gantt(None), schedule_gantt(None)
         rows = {row["algorithm"]: row for row in candidates or []}
-        return (
-            planning.candidate_gantt(context, editor, rows.get(a or "")),
-            planning.candidate_gantt(context, editor, rows.get(b or "")),
-        )
+
+        def drawn(side: str, pick: str | None) -> Any:
+            figure = (
+                planning.candidate_gantt(context, editor, rows.get(pick or ""))
+                if editor
+                else schedule_gantt(None)
+            )
+            return chart(f"planner-side-{side}-graph", figure)
+
+        return drawn("a", a), drawn("b", b)
 
 
 def _register_save(app: Dash, context: Context) -> None:

@@ -166,11 +166,10 @@ def register_callbacks(app: Dash, context: Context) -> None:
         Output("plans-list", "children"),
         Output("plans-select", "options"),
         Output("plans-select", "value"),
-        Input("url", "pathname"),
         Input("plans-changed", "data"),
         State("plans-select", "value"),
     )
-    def _list(_: str, __: int, selected: int | None) -> Any:
+    def _list(_: int, selected: int | None) -> Any:
         return list_plans(context, selected)
 
     @app.callback(Output("plans-open", "href"), Input("plans-select", "value"))

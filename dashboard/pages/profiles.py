@@ -10,7 +10,15 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from pipestudio.dashboard.api import ApiError
 from pipestudio.dashboard.components.profile_charts import layer_bytes_figure, layer_time_figure
 from pipestudio.dashboard.context import Context
-from pipestudio.dashboard.widgets import field, graph, message, section, table
+from pipestudio.dashboard.widgets import (
+    chart,
+    chart_box,
+    chart_output,
+    field,
+    message,
+    section,
+    table,
+)
 
 PATH = "/profiles"
 NAME = "Profiles"
@@ -90,8 +98,8 @@ def layout(**_: Any) -> html.Div:
             ),
             section(
                 "Layers",
-                graph("profiles-time-graph", layer_time_figure(None)),
-                graph("profiles-bytes-graph", layer_bytes_figure(None)),
+                chart_box("profiles-time-graph"),
+                chart_box("profiles-bytes-graph"),
             ),
             dcc.Store(id="profiles-changed", data=0),
         ]
@@ -263,12 +271,13 @@ def register_callbacks(app: Dash, context: Context) -> None:
         return list_profiles(context, selected)
 
     @app.callback(
-        Output("profiles-time-graph", "figure"),
-        Output("profiles-bytes-graph", "figure"),
+        chart_output("profiles-time-graph"),
+        chart_output("profiles-bytes-graph"),
         Input("profiles-select", "value"),
     )
     def _charts(profile_id: int | None) -> Any:
-        return layer_figures(context, profile_id)
+        times, sizes = layer_figures(context, profile_id)
+        return chart("profiles-time-graph", times), chart("profiles-bytes-graph", sizes)
 
     @app.callback(
         Output("profiles-delete-status", "children"),

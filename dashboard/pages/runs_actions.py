@@ -206,11 +206,10 @@ def tick(
 ) -> list[Any]:
     """The live monitor's figures, the run's status, its proposals, whether to stop
     polling (the run has ended), and the run picker's options when the run's state in
-    them is out of date (else ``no_update``)."""
+    them is out of date (else ``no_update``). No run picked: no charts (None)."""
     if run_id is None:
-        blank = [empty_figure("Launch a run, or pick one above.", t) for t in _TITLES]
         return [
-            *blank,
+            *[None] * len(_TITLES),
             "No run selected.",
             html.Div(),
             html.Div("No proposals.", className="ps-empty"),

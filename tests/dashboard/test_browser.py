@@ -281,7 +281,7 @@ def test_schedules_are_choices_and_their_gantts_show_chunks_and_halves(
     assert page.input_value("#planner-virtual-stages") == "2"
     set_number(page, "planner-microbatches", 4)
     page.wait_for_function(
-        "() => document.querySelector('#planner-gantt-graph').textContent"
+        "() => document.querySelector('#planner-gantt-graph')?.textContent"
         ".includes('4 micro-batches')"
     )
     assert "device 1 (chunks 1, 3)" in page.inner_text("#planner-gantt-graph")
@@ -315,7 +315,7 @@ def test_plan_view_of_1000_layers_is_fast(page: object, stack: LiveStack) -> Non
     page.wait_for_function(
         """() => {
         const gantt = document.querySelector('#planner-gantt-graph');
-        if (!gantt.textContent.includes('stage 15')) { return false; }
+        if (!gantt || !gantt.textContent.includes('stage 15')) { return false; }
         window.__drawn_at = performance.now(); return true; }""",
         polling="raf",
     )
@@ -451,7 +451,7 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     page.wait_for_selector("#runs-decision-status :text('is approved')")
     # The migration: the proposal is applied by the workers and marked on the charts.
     page.wait_for_function(
-        "() => document.querySelector('#runs-throughput-graph').textContent.includes('migrat')",
+        "() => document.querySelector('#runs-throughput-graph')?.textContent.includes('migrat')",
         timeout=60_000,
     )
     deadline = time.monotonic() + 90  # the workers report once the engine has switched
@@ -466,7 +466,7 @@ def test_launch_watch_and_repartition(page: object, stack: LiveStack) -> None:
     assert any(p["state"] == "applied" for p in proposals), outcome
     page.wait_for_function(
         "() => document.querySelector('#runs-throughput-graph')"
-        ".textContent.includes('migrated (step')",
+        "?.textContent.includes('migrated (step')",
         timeout=60_000,
     )
     # ten steps after the migration the card sets the measured gain beside the predicted
@@ -551,7 +551,7 @@ def test_a_diverged_run_says_why(page: object, stack: LiveStack) -> None:
         timeout=90_000,
     )
     page.wait_for_function(
-        "() => document.querySelector('#runs-loss-graph').textContent.includes('NaN from step')",
+        "() => document.querySelector('#runs-loss-graph')?.textContent.includes('NaN from step')",
         timeout=30_000,
     )
     assert ": failed" in page.inner_text("#runs-status")

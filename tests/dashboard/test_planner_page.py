@@ -157,6 +157,36 @@ def test_an_opened_plan_sets_the_form(context, vgg_id):
     assert plain["schedule"] == "1f1b" and plain["stages"] == 4
 
 
+def test_the_first_view_is_what_the_first_calls_would_draw(context, vgg_id):
+    """The layout draws the page's first plan and prediction itself; they must be what
+    the editor and prediction callbacks would have drawn from the same form."""
+    first = callbacks.first_view(context, vgg_id, None)
+    editor, slider, _ = act(
+        context, "planner-profile", {**callbacks.FORM_DEFAULTS, "profile": vgg_id}
+    )
+    assert first["slider"] == slider and first["slider"]["value"] == equal_boundaries(41, 4)
+    assert first["editor"] == {**editor, "cuts": slider["value"]}
+    text, failed = planning.prediction_view(context, first["editor"], slider["value"])
+    assert first["prediction"] == text and text.startswith("Predicted step") and not failed
+    assert first["drawn"] == callbacks.drawn_key(first["editor"], slider["value"])
+    # an opened plan sets the form; no profile leaves the drawing to the callbacks
+    values = form(vgg_id, stages=2, schedule="interleaved-1f1b", **{"virtual-stages": 2})
+    editor, slider, _ = act(context, "planner-schedule", values)
+    saved, _ = planning.save_plan(context, editor, slider["value"], "first", approve=False)
+    opened = callbacks.first_view(context, vgg_id, f"?plan={saved['plan_id']}")
+    assert opened["editor"]["plan_id"] == saved["plan_id"]
+    assert "Opened plan" in opened["notice"].children
+    assert {k: opened["form"][k] for k in ("schedule", "virtual-stages", "stages")} == {
+        "schedule": "interleaved-1f1b",
+        "virtual-stages": 2,
+        "stages": 2,
+    }
+    nothing = callbacks.first_view(context, None, None)
+    assert nothing["form"] == {**callbacks.FORM_DEFAULTS, "profile": None}
+    assert nothing["editor"] is None and "Pick a profile" in nothing["notice"].children
+    assert "prediction" not in nothing
+
+
 def test_auto_asks_the_planners_for_the_schedule(context, vgg_id):
     values = form(vgg_id, schedule="auto", algorithm="optimal", straight=["straight"])
     editor, slider, notice = act(context, "planner-run", values)
