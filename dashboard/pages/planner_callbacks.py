@@ -70,8 +70,9 @@ def whole_number(label: str, value: Any) -> int:
     """``value`` (a form field's, from the browser or from anyone who posts to the
     callback) as a whole number of at least 1; for anything else (text, a fraction, NaN,
     infinity, true or false) a ``ValueError`` that names ``label`` and the value."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    text = value.strip() if isinstance(value, str) else ""
+    if text.isascii() and text.isdigit() and len(text) <= 18:  # "²" is a digit to isdigit
+        value = int(text)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -199,9 +200,12 @@ def prediction_class(failed: bool) -> str:
 
 
 def opened_plan(search: str | None) -> int | None:
-    """The stored plan a link asks the Planner to open (``/planner?plan=ID``)."""
+    """The stored plan a link asks the Planner to open (``/planner?plan=ID``); None for
+    anything but up to 18 ASCII digits (``"²".isdigit()``, and ``int`` refuses a string
+    of over 4,300 digits: either raised out of the page's layout)."""
     values = parse_qs((search or "").lstrip("?")).get("plan") or []
-    return int(values[0]) if values and values[0].isdigit() else None
+    text = values[0] if values else ""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 def open_stored(context: Context, plan_id: int) -> tuple[Editor, dict[str, Any], Any]:

@@ -364,7 +364,20 @@ def test_the_page_starts_on_the_opened_plans_profile_or_the_newest(context, vgg_
 
 
 @pytest.mark.parametrize("field", ["virtual-stages", "stages", "microbatches", "profile"])
-@pytest.mark.parametrize("value", ["abc", "\x00", float("inf"), float("nan"), 2.5, True, -3])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "abc",
+        "\x00",
+        pytest.param("²", id="superscript-2"),  # a digit to str.isdigit, not to int
+        pytest.param("9" * 5000, id="5000-digits"),  # over what int() takes from a string
+        float("inf"),
+        float("nan"),
+        2.5,
+        True,
+        -3,
+    ],
+)
 def test_a_hostile_form_value_is_named_not_raised(context, vgg_id, field, value):
     """Any value may be posted to the callback, not only what the number inputs allow:
     each is refused in words naming the field, and the edited plan stays."""

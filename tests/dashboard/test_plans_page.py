@@ -59,6 +59,13 @@ def test_the_planner_opens_a_stored_plan_as_it_was_saved(context, vgg_id):
     plan_id = _saved(context, vgg_id)
     assert callbacks.opened_plan(f"?plan={plan_id}") == plan_id
     assert callbacks.opened_plan("?plan=x") is None and callbacks.opened_plan(None) is None
+    for hostile in ("²", "١٢", "9" * 5000, "-1", "1e9", "%00", "1 OR 1=1"):
+        assert callbacks.opened_plan(f"?plan={hostile}") is None, hostile
+        assert callbacks.choices(context, f"?plan={hostile}")["profile"] is not None
+        first = callbacks.first_view(context, vgg_id, f"?plan={hostile}")
+        assert first["editor"]["plan_id"] is None and first["prediction"], hostile
+    gone = callbacks.first_view(context, vgg_id, "?plan=99999")
+    assert gone["editor"] is None and "99999" in gone["notice"].children
     editor, slider, notice = callbacks.editor_action(
         context,
         None,
