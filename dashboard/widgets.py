@@ -41,8 +41,9 @@ def chart_output(component_id: str) -> Output:
 
 def chart(component_id: str, figure: Any) -> Any:
     """What ``chart_output(component_id)`` gets: ``figure`` drawn (``no_update`` stays,
-    None leaves the place empty); the same chart again is updated in place, as a figure
-    output would be."""
+    None leaves the place empty). Dash (4.2 on) mounts a chart set this way anew at every
+    answer, where a figure output updates it in place: for charts that each answer
+    replaces (the Planner's), not for ones updated live (the Runs page's)."""
     return figure if figure is no_update or figure is None else graph(component_id, figure)
 
 

@@ -11,7 +11,7 @@ from pipestudio.dashboard import monitor
 from pipestudio.dashboard.api import ApiError
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.pages import runs_actions as actions
-from pipestudio.dashboard.widgets import chart, chart_box, chart_output, field, message, section
+from pipestudio.dashboard.widgets import field, graph, message, section
 
 PATH = "/runs"
 NAME = "Runs"
@@ -91,7 +91,8 @@ def layout(**_: Any) -> html.Div:
         ],
         className="ps-row",
     )
-    charts = [html.Div(chart_box(name), className="ps-col") for name in GRAPHS[1:]]
+    blank = dict(zip(GRAPHS, actions.no_run_figures(), strict=True))
+    charts = [html.Div(graph(name, blank[name]), className="ps-col") for name in GRAPHS[1:]]
     return html.Div(
         [
             section("Launch", launch, html.Div(id="runs-launch-status")),
@@ -99,7 +100,7 @@ def layout(**_: Any) -> html.Div:
                 "Live monitor",
                 watch,
                 html.Div(id="runs-status", className="ps-prediction"),
-                chart_box(GRAPHS[0]),
+                graph(GRAPHS[0], blank[GRAPHS[0]]),
                 html.Div(charts, className="ps-row"),
             ),
             section("Prediction against measurement", html.Div(id="runs-fidelity")),
@@ -193,7 +194,7 @@ def register_callbacks(app: Dash, context: Context) -> None:
     # The proposals are rendered again only when they change: a card rendered anew resets
     # its buttons, and a click that lands while a tick's answer is on its way is lost.
     @app.callback(
-        [chart_output(name) for name in GRAPHS],
+        [Output(name, "figure") for name in GRAPHS],
         Output("runs-status", "children"),
         Output("runs-fidelity", "children"),
         Output("runs-proposals", "children"),
@@ -215,7 +216,10 @@ def register_callbacks(app: Dash, context: Context) -> None:
         shown: str | None,
     ) -> Any:
         result = actions.tick(context, run_id, run_options)
-        result[: len(GRAPHS)] = [chart(n, f) for n, f in zip(GRAPHS, result, strict=False)]
+        if run_id is None and ctx.triggered_id is None:
+            # the page's first call with no run picked: the layout drew these charts (each
+            # drawn again costs 15-30 ms of the page's first frame on a small machine)
+            result[: len(GRAPHS)] = [no_update] * len(GRAPHS)
         proposals = len(GRAPHS) + 2
         key = hashlib.blake2b(
             json.dumps(result[proposals], cls=PlotlyJSONEncoder).encode(), digest_size=16

@@ -201,15 +201,20 @@ def proposal_card(
     return html.Div(children, className="ps-proposal", id=f"runs-proposal-{proposal['id']}")
 
 
+def no_run_figures() -> list[dict[str, Any]]:
+    """The live monitor's charts while no run is picked (the page's layout draws them)."""
+    return [empty_figure("Launch a run, or pick one above.", t) for t in _TITLES]
+
+
 def tick(
     context: Context, run_id: int | None, run_options: list[dict[str, Any]] | None = None
 ) -> list[Any]:
     """The live monitor's figures, the run's status, its proposals, whether to stop
     polling (the run has ended), and the run picker's options when the run's state in
-    them is out of date (else ``no_update``). No run picked: no charts (None)."""
+    them is out of date (else ``no_update``)."""
     if run_id is None:
         return [
-            *[None] * len(_TITLES),
+            *no_run_figures(),
             "No run selected.",
             html.Div(),
             html.Div("No proposals.", className="ps-empty"),

@@ -63,9 +63,9 @@ def test_launch_without_workers_explains_why(context, vgg_id):
     assert "Pick an approved plan" in notice.children
 
 
-def test_no_run_selected_draws_no_charts(context):
+def test_no_run_selected_shows_empty_charts(context):
     *figures, status, _fidelity, _proposals, stop_polling, run_options = actions.tick(context, None)
-    assert figures == [None] * 6
+    assert len(figures) == 6 and all(f["data"] == [] for f in figures)
     assert status == "No run selected." and not stop_polling
     assert run_options is no_update
 
