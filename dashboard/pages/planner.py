@@ -59,6 +59,7 @@ def _request_controls(choices: dict[str, Any], form: dict[str, Any]) -> html.Div
                     id="planner-cluster",
                     style={"minWidth": "220px"},
                     options=choices["clusters"],
+                    value=form["cluster"],
                     placeholder="none: free links",
                 ),
                 "none: links are free; memory below",

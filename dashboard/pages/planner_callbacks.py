@@ -373,7 +373,15 @@ def _rechunked(editor: Editor, fresh: Editor) -> bool:
 
 
 #: The form fields an opened plan sets, so that the form says what is in the editor.
-SYNCED = ("schedule", "virtual-stages", "microbatches", "microbatch-size", "optimizer", "stages")
+SYNCED = (
+    "schedule",
+    "virtual-stages",
+    "microbatches",
+    "microbatch-size",
+    "optimizer",
+    "stages",
+    "cluster",
+)
 
 
 def form_of(editor: Editor) -> dict[str, Any]:
@@ -389,6 +397,8 @@ def form_of(editor: Editor) -> dict[str, Any]:
         "microbatch-size": editor["microbatch_size"],
         "optimizer": editor.get("optimizer", "adam"),
         "stages": max(1, len(replicas) // chunks) if replicas else no_update,
+        # its memory limit is its cluster's: a reshape of the opened plan keeps it
+        "cluster": editor.get("cluster_id"),
     }
 
 

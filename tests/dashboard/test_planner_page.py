@@ -152,9 +152,29 @@ def test_an_opened_plan_sets_the_form(context, vgg_id):
         "microbatch-size": opened["microbatch_size"],
         "optimizer": "adam",
         "stages": 2,
+        "cluster": opened["cluster_id"],  # the cluster that records its 48 GiB per device
     }
     plain = callbacks.form_of({**opened, "schedule": "1f1b", "virtual_stages": 1})
     assert plain["schedule"] == "1f1b" and plain["stages"] == 4
+    # a plan saved with a memory per device is stored on a cluster that records it: the
+    # reopened form picks that cluster, so that its next reshape keeps the limit
+    capped = form(vgg_id, memory="40GiB")
+    editor, slider, _ = act(context, "planner-profile", capped)
+    saved, _ = planning.save_plan(context, editor, slider["value"], "capped", approve=False)
+    cluster_id = context.client.plan(saved["plan_id"])["cluster_id"]
+    assert cluster_id is not None
+    first = callbacks.first_view(context, vgg_id, f"?plan={saved['plan_id']}")
+    assert first["form"]["cluster"] == cluster_id
+    reshaped, _, _ = act(
+        context,
+        "planner-microbatches",
+        {**capped, **first["form"], "memory": "", "microbatches": 4},
+        first["editor"],
+        slider["value"],
+    )
+    assert reshaped["cluster_id"] == cluster_id
+    text, _ = planning.prediction_view(context, reshaped, slider["value"])
+    assert "fits in device memory" in text or "does not fit" in text, text
 
 
 def test_the_first_view_is_what_the_first_calls_would_draw(context, vgg_id):
