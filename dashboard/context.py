@@ -52,3 +52,14 @@ class Context:
             document = self.client.cluster(cluster_id)["document"]
             found = self._keep(key, parse_document(Cluster, document, source="cluster"))
         return found
+
+
+def serving_context() -> "Context | None":
+    """The context of the dashboard serving this request (a page's layout drawn for a
+    browser); None outside a request (Dash checks the layouts when it starts)."""
+    import flask
+
+    if not flask.has_request_context():
+        return None
+    found = flask.current_app.config.get("PIPESTUDIO_CONTEXT")
+    return found if isinstance(found, Context) else None

@@ -3,10 +3,9 @@ policies, and save and approve the plan, with the prediction redrawn at every ch
 
 from typing import Any
 
-import flask
 from dash import Dash, Input, Output, State, dcc, html
 
-from pipestudio.dashboard.context import Context
+from pipestudio.dashboard.context import Context, serving_context
 from pipestudio.dashboard.pages import planner_callbacks
 from pipestudio.dashboard.widgets import chart_box, field, section
 from pipestudio.planner.algorithms import PLANNERS
@@ -224,9 +223,7 @@ def layout(plan: str | None = None, **_: Any) -> html.Div:
     """The page, its profile and cluster choices filled in (the profile of the plan that
     ``?plan=ID`` opens, else the newest) and its first plan and prediction drawn
     (``planner_callbacks.first_view``): the charts are then one round trip away."""
-    context = (
-        flask.current_app.config.get("PIPESTUDIO_CONTEXT") if flask.has_request_context() else None
-    )
+    context = serving_context()
     search = f"?plan={plan}" if plan else None
     choices = (
         planner_callbacks.choices(context, search)

@@ -9,7 +9,7 @@ from plotly.utils import PlotlyJSONEncoder
 
 from pipestudio.dashboard import monitor
 from pipestudio.dashboard.api import ApiError
-from pipestudio.dashboard.context import Context
+from pipestudio.dashboard.context import Context, serving_context
 from pipestudio.dashboard.pages import runs_actions as actions
 from pipestudio.dashboard.widgets import field, graph, message, section
 
@@ -31,13 +31,52 @@ def _button(label: str, component_id: str, secondary: bool = False) -> html.Butt
     )
 
 
+def first_view(context: Context | None) -> dict[str, Any]:
+    """What the page's first calls would draw (the plan and run lists, the newest run's
+    monitor), for its layout to draw at once: each call is a round trip and a render after
+    the page's on a small machine. With no context (Dash checking the layout), the
+    monitor with no run picked."""
+    plans: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    selected = None
+    if context is not None:
+        plans, runs, selected = actions.options(context, None)
+    if context is None:
+        result = [*actions.no_run_figures(), "No run selected.", html.Div(), None, False, no_update]
+    else:
+        result = actions.tick(context, selected, runs)
+    count = len(GRAPHS)
+    relabelled = result[count + 4]
+    return {
+        "plans": plans,
+        "runs": runs if relabelled is no_update else relabelled,
+        "selected": selected,
+        "figures": dict(zip(GRAPHS, result[:count], strict=True)),
+        "status": result[count],
+        "fidelity": result[count + 1],
+        "proposals": result[count + 2],
+        "ended": result[count + 3],
+        "proposals_key": proposals_key(result[count + 2]),
+    }
+
+
+def proposals_key(proposals: Any) -> str:
+    """What the proposals on screen were drawn from: a tick draws them again only when
+    it changes (module docstring of ``register_callbacks``' tick)."""
+    return hashlib.blake2b(
+        json.dumps(proposals, cls=PlotlyJSONEncoder).encode(), digest_size=16
+    ).hexdigest()
+
+
 def layout(**_: Any) -> html.Div:
+    first = first_view(serving_context())
     launch = html.Div(
         [
             field(
                 "Approved plan",
                 dcc.Dropdown(
                     id="runs-plan",
+                    options=first["plans"],
                     style={"minWidth": "300px"},
                     placeholder="approve a plan on the Planner page",
                 ),
@@ -81,7 +120,11 @@ def layout(**_: Any) -> html.Div:
             field(
                 "Run",
                 dcc.Dropdown(
-                    id="runs-select", style={"minWidth": "360px"}, placeholder="no runs yet"
+                    id="runs-select",
+                    options=first["runs"],
+                    value=first["selected"],
+                    style={"minWidth": "360px"},
+                    placeholder="no runs yet",
                 ),
             ),
             _button("Stop", "runs-stop", secondary=True),
@@ -91,19 +134,21 @@ def layout(**_: Any) -> html.Div:
         ],
         className="ps-row",
     )
-    blank = dict(zip(GRAPHS, actions.no_run_figures(), strict=True))
-    charts = [html.Div(graph(name, blank[name]), className="ps-col") for name in GRAPHS[1:]]
+    figures = first["figures"]
+    charts = [html.Div(graph(name, figures[name]), className="ps-col") for name in GRAPHS[1:]]
     return html.Div(
         [
             section("Launch", launch, html.Div(id="runs-launch-status")),
             section(
                 "Live monitor",
                 watch,
-                html.Div(id="runs-status", className="ps-prediction"),
-                graph(GRAPHS[0], blank[GRAPHS[0]]),
+                html.Div(first["status"], id="runs-status", className="ps-prediction"),
+                graph(GRAPHS[0], figures[GRAPHS[0]]),
                 html.Div(charts, className="ps-row"),
             ),
-            section("Prediction against measurement", html.Div(id="runs-fidelity")),
+            section(
+                "Prediction against measurement", html.Div(first["fidelity"], id="runs-fidelity")
+            ),
             section(
                 "Repartition proposals",
                 html.Div(
@@ -117,11 +162,11 @@ def layout(**_: Any) -> html.Div:
                     className="ps-row",
                 ),
                 html.Div(id="runs-decision-status"),
-                html.Div(id="runs-proposals"),
+                html.Div(first["proposals"], id="runs-proposals"),
             ),
-            dcc.Interval(id="runs-interval", interval=2000),
+            dcc.Interval(id="runs-interval", interval=2000, disabled=first["ended"]),
             dcc.Store(id="runs-changed", data=0),
-            dcc.Store(id="runs-proposals-shown"),
+            dcc.Store(id="runs-proposals-shown", data=first["proposals_key"]),
         ]
     )
 
@@ -154,6 +199,7 @@ def register_callbacks(app: Dash, context: Context) -> None:
         Output("runs-select", "value"),
         Input("runs-changed", "data"),
         State("runs-select", "value"),
+        prevent_initial_call=True,  # the layout draws the first (``first_view``)
     )
     def _options(_: int, selected: int | None) -> Any:
         return actions.options(context, selected)
@@ -206,7 +252,7 @@ def register_callbacks(app: Dash, context: Context) -> None:
         Input("runs-decision-status", "children"),
         State("runs-select", "options"),
         State("runs-proposals-shown", "data"),
-        prevent_initial_call="initial_duplicate",
+        prevent_initial_call=True,  # the layout draws the first (``first_view``)
     )
     def _tick(
         _: int | None,
@@ -216,14 +262,8 @@ def register_callbacks(app: Dash, context: Context) -> None:
         shown: str | None,
     ) -> Any:
         result = actions.tick(context, run_id, run_options)
-        if run_id is None and ctx.triggered_id is None:
-            # the page's first call with no run picked: the layout drew these charts (each
-            # drawn again costs 15-30 ms of the page's first frame on a small machine)
-            result[: len(GRAPHS)] = [no_update] * len(GRAPHS)
         proposals = len(GRAPHS) + 2
-        key = hashlib.blake2b(
-            json.dumps(result[proposals], cls=PlotlyJSONEncoder).encode(), digest_size=16
-        ).hexdigest()
+        key = proposals_key(result[proposals])
         if key == shown:
             result[proposals] = no_update
         return [*result, key]

@@ -457,3 +457,18 @@ def test_an_applied_proposal_shows_its_measured_gain_beside_the_predicted_one():
     )
     view.proposals = [{**backend.proposals(5)[0], "state": "pending"}]
     assert actions.measured_gains(view) == {}
+
+
+def test_the_first_view_is_what_the_first_calls_would_draw(context):
+    """The layout draws the lists and the newest run's monitor itself (no run yet here):
+    what the options and tick callbacks would have drawn first."""
+    from pipestudio.dashboard.pages import runs
+
+    first = runs.first_view(context)
+    plans, run_options, selected = actions.options(context, None)
+    assert (first["plans"], first["runs"], first["selected"]) == (plans, run_options, selected)
+    ticked = actions.tick(context, selected, run_options)
+    assert list(first["figures"].values()) == ticked[: len(runs.GRAPHS)]
+    assert first["status"] == "No run selected." and first["ended"] is False
+    assert first["proposals_key"] == runs.proposals_key(ticked[len(runs.GRAPHS) + 2])
+    assert runs.first_view(None)["status"] == "No run selected."
