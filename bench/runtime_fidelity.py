@@ -121,8 +121,14 @@ def measure_gloo_gbps(num_bytes: int, repeats: int = 30) -> float:
     return num_bytes * 8 / one_way_s / 1e9
 
 
-def _profile_rank(model: str, microbatch_size: int, threads: int, repeats: int, conn: Any) -> None:
-    args, _ = MODELS[model]
+def _profile_rank(
+    model: str,
+    args: dict[str, str],
+    microbatch_size: int,
+    threads: int,
+    repeats: int,
+    conn: Any,
+) -> None:
     profile = profile_model(
         load_model(model, args), microbatch_size, "cpu", warmup=3, repeats=repeats, threads=threads
     )
@@ -131,16 +137,24 @@ def _profile_rank(model: str, microbatch_size: int, threads: int, repeats: int, 
 
 
 def profile_together(
-    model: str, microbatch_size: int, threads: int, repeats: int, copies: int
+    model: str,
+    microbatch_size: int,
+    threads: int,
+    repeats: int,
+    copies: int,
+    args: dict[str, str] | None = None,
 ) -> Profile:
-    """The model profiled by ``copies`` processes at once; each layer's times are the
-    median over the copies (see the module docstring)."""
+    """The model (built with ``args``, by default its ``MODELS`` entry's) profiled by
+    ``copies`` processes at once; each layer's times are the median over the copies (see
+    the module docstring)."""
+    args = MODELS[model][0] if args is None else args
     context = mp.get_context("spawn")
     readers, processes = [], []
     for _ in range(copies):
         reader, writer = context.Pipe(duplex=False)
         process = context.Process(
-            target=_profile_rank, args=(model, microbatch_size, threads, repeats, writer)
+            target=_profile_rank,
+            args=(model, args, microbatch_size, threads, repeats, writer),
         )
         process.start()
         writer.close()

@@ -3,7 +3,9 @@ against ``1f1b`` on the same split, beside the simulator's predicted gain.
 
 For p stages (``--stages``, default 2 and 4) and m = p micro-batches (the bubble of 1F1B is
 then (p - 1) / (2p - 1) of its step) of ``mlp`` as ``runtime_fidelity.py`` runs it (7
-blocks of width 512 and a head, 8 layers, micro-batch 32) this
+blocks of width 512 and a head, 8 layers, micro-batch 32; ``--width`` and ``--microbatch``
+make every layer wider and the micro-batch larger, so that compute outweighs the engine's
+own time between ops) this
 
 1. profiles the model with p processes at once (``runtime_fidelity.profile_together``),
    the threads each rank will have, and measures gloo's bandwidth here;
@@ -47,6 +49,11 @@ ARGS, MICROBATCH = MODELS[MODEL]
 TARGET = 0.15
 
 
+def model_args(width: int) -> dict[str, str]:
+    """``mlp``'s arguments with every layer ``width`` wide."""
+    return {**ARGS, **{key: str(width) for key in ("width", "in_features", "out_features")}}
+
+
 def _planned(profile: Profile, stages: int, microbatches: int, cluster: Any) -> Plan:
     request = PlanRequest(
         profile=profile,
@@ -75,7 +82,10 @@ def run_case(stages: int, options: argparse.Namespace) -> list[dict[str, Any]]:
     cores = os.cpu_count() or 1
     threads = max(1, cores // stages)
     wait_for_quiet(options.quiet_load, options.quiet_wait)
-    profile = profile_together(MODEL, MICROBATCH, threads, options.repeats, min(stages, cores))
+    args = model_args(options.width)
+    profile = profile_together(
+        MODEL, options.microbatch, threads, options.repeats, min(stages, cores), args
+    )
     output = int(statistics.median(layer.output_bytes for layer in profile.layers))
     gbps = measure_gloo_gbps(output)
     own = cluster_template([stages], [gbps])
@@ -88,7 +98,7 @@ def run_case(stages: int, options: argparse.Namespace) -> list[dict[str, Any]]:
         calibration = None
         for schedule in names[run % len(names) :] + names[: run % len(names)]:
             steps_ms, _, ops = measured_run(
-                by_schedule[schedule], MODEL, ARGS, options.warm_steps, options.steps, threads
+                by_schedule[schedule], MODEL, args, options.warm_steps, options.steps, threads
             )
             measured[schedule].append(statistics.mean(steps_ms))
             if schedule == "1f1b":
@@ -128,6 +138,8 @@ def run_case(stages: int, options: argparse.Namespace) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stages", default="2,4")
+    parser.add_argument("--width", type=int, default=int(ARGS["width"]))
+    parser.add_argument("--microbatch", type=int, default=MICROBATCH)
     parser.add_argument("--warm-steps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--runs", type=int, default=5)
@@ -135,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-load", type=float, default=3.0)
     parser.add_argument("--quiet-wait", type=float, default=60.0)
     options = parser.parse_args(argv)
-    print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; mlp width "
+        f"{options.width}, micro-batch {options.microbatch}",
+        flush=True,
+    )
     print(
         f"{'p=m':>3} {'schedule':<17} {'measured':>9} {'predicted':>9} {'error':>7} "
         f"{'calibrated':>10} {'error':>7} {'gain meas.':>10} {'gain pred.':>10}"
