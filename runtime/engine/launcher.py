@@ -16,7 +16,8 @@ Children start by ``spawn`` (the default) or ``forkserver``, never by a plain ``
 store's server thread, and any thread of the caller, runs while the launcher forks, and a
 child forked while another thread holds a lock (the store client's, the allocator's)
 blocks forever on it. ``forkserver`` forks from a single-threaded server that has imported
-torch and the engine once, so a child starts in a fraction of a second and safely.
+torch, its compiler front end and the engine once (``FORKSERVER_PRELOAD``), so a child
+starts in a fraction of a second and safely.
 
 ``train_from_env`` is the torchrun path: the process is one rank and uses RANK,
 WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; each rank appends its events to
@@ -45,6 +46,12 @@ from pipestudio.runtime.engine.telemetry.metrics import Event, EventSink, JsonlS
 #: How the launcher may start its children (see the module docstring).
 StartMethod = Literal["spawn", "forkserver"]
 START_METHODS: tuple[StartMethod, ...] = get_args(StartMethod)
+
+#: What the fork server imports once for every child. An optimizer's first parameter group
+#: imports ``torch._dynamo`` (its ``add_param_group`` is wrapped to keep the compiler out):
+#: about 800 modules and 1 s of CPU, which each rank would otherwise pay again before its
+#: first step. Importing it makes no torch.cuda call, so a child may still use CUDA.
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "pipestudio.runtime.engine"]
 
 
 @dataclass
@@ -112,7 +119,7 @@ def launch(
     address = StoreAddress("127.0.0.1", store.port)
     context: Any = mp.get_context(start_method)  # one of START_METHODS: it has Process
     if start_method == "forkserver":
-        context.set_forkserver_preload(["torch", "pipestudio.runtime.engine"])
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
     sinks = _sinks(config.metrics_path, sink, config.plan)
     readers: dict[Connection, int] = {}
     processes = []
