@@ -102,6 +102,38 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):  
         time.sleep(interval_s)
 
 
+def _parents() -> dict[int, int]:
+    """Every live process's parent, from ``/proc`` (zombies left out: they are dead)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z":
+            parents[int(entry.name)] = int(ppid)
+    return parents
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid``: its children, theirs, and so on."""
+    parents = _parents()
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still run."""
+    return pids & set(_parents())
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()

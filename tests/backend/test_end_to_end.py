@@ -18,6 +18,8 @@ from tests.backend.conftest import AUTH, mlp_profile
 from tests.backend.live import read
 from tests.backend.processes import (
     TINY_MLP,
+    alive,
+    descendants,
     start_backend,
     start_worker,
     stop,
@@ -165,8 +167,12 @@ def test_killed_worker_fails_the_run_and_restart_keeps_data(system: dict[str, An
     url = system["url"]
     run_id = _launch(url, steps=100_000)
     wait_for(lambda: (_run(url, run_id)["last_step"] or 0) >= 1, 90, "training")
+    ranks = descendants(system["workers"][1].pid)
+    assert ranks, "the worker runs its rank in a process of its own"
     system["workers"][1].send_signal(signal.SIGKILL)
     system["workers"][1].wait()
+    # no process of the killed worker lives on, holding its peers or its memory
+    wait_for(lambda: not alive(ranks), 15, f"the killed worker's processes {ranks} to end")
     run = wait_for(
         lambda: _run(url, run_id) if _run(url, run_id)["state"] == "failed" else None,
         30,
