@@ -218,6 +218,29 @@ def test_silent_worker_fails_its_run(client: TestClient, fake: Workers) -> None:
     assert states == ["online", "offline"]
 
 
+@pytest.mark.parametrize("root_first", [False, True])
+def test_a_failed_run_says_its_root_cause_whichever_worker_reports_first(
+    client: TestClient, fake: Workers, root_first: bool
+) -> None:
+    """Rank 1 (worker b) computes a NaN loss; rank 0 (worker a), waiting for its
+    gradient, fails naming it. Each worker reports its own rank's words, in either order:
+    the run's reason is the root cause's, not the words of the rank that waited on it."""
+    workers = [fake("a"), fake("b")]
+    run_id = _start(client, workers)
+    cause = "loss is NaN at step 3 (stage 1)"
+    waited = f"rank 0 (stage 0 replica 0) stopped while receiving the gradient: {cause}"
+    reports = [(workers[0], waited), (workers[1], cause)]
+    for worker, message in reversed(reports) if root_first else reports:
+        state = {"run_id": run_id, "state": "failed", "message": message, "retry": False}
+        worker.expect_ack(worker.send({"type": "run_state", **state}))
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert (run["state"], run["message"]) == ("failed", cause), run
+    # a report that does not name the stored reason's cause leaves it as it is
+    unrelated = {"run_id": run_id, "state": "failed", "message": "rank 0 exited with status 1"}
+    workers[0].expect_ack(workers[0].send({"type": "run_state", **unrelated}))
+    assert client.get(f"/api/runs/{run_id}").json()["message"] == cause
+
+
 def test_approved_proposal_migrates_and_records_the_outcome(
     client: TestClient, fake: Workers
 ) -> None:

@@ -30,6 +30,13 @@ def test_a_nan_loss_fails_the_run_and_jams_nothing(system: dict[str, Any]) -> No
         "the run to end",
     )
     assert run["state"] == "failed", run
+    # the worker of rank 0, which waited on rank 1's gradient, may report first: its rank's
+    # words end with the cause, which the run's reason becomes once rank 1's worker reports
+    run = wait_for(
+        lambda: (r := _run(url, run_id))["message"].startswith("loss is NaN") and r,
+        30,
+        f"the run's reason to be its cause, not {run['message']!r}",
+    )
     assert run["message"].startswith("loss is NaN at step ") and run["message"].endswith(
         "(stage 1)"
     ), run["message"]
