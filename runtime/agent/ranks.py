@@ -7,15 +7,8 @@ error) or ``stopped``, and whether another attempt could succeed. The first erro
 first that names a ``cause`` (a non-finite loss: the rank that computed it reports the
 reason, and the others' reports of their failed waits on it can reach the reader first),
 else the first to arrive; ``retry`` is false when an error event said so. Processes die
-with their parent (``PR_SET_PDEATHSIG``), so a killed worker leaves no rank behind holding
+with the agent (``PR_SET_PDEATHSIG``), so a killed worker leaves no rank behind holding
 its peers.
-
-Ranks that train on the CPU fork from a server that the worker starts with its first such
-run and that has imported torch once (``engine.launcher.FORKSERVER_PRELOAD``): a rank of
-every later run, a resumed attempt's among them, starts in a fraction of a second rather
-than importing torch for seconds. The server is their parent; it ends when the worker
-does, and they with it. Ranks that use CUDA start by ``spawn``, each a fresh interpreter,
-as CUDA asks of processes that use it.
 """
 
 import ctypes
@@ -29,12 +22,10 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
-import torch
 import torch.distributed as dist
 
 from pipestudio.planner import Plan
 from pipestudio.runtime.engine import EngineConfig, check_config
-from pipestudio.runtime.engine.launcher import FORKSERVER_PRELOAD
 from pipestudio.runtime.engine.migration.commands import Controller
 from pipestudio.runtime.engine.migration.settings import MigrationSettings
 from pipestudio.runtime.engine.network import INTERFACE_VARIABLE
@@ -94,16 +85,6 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _context(device: str) -> Any:
-    """How this run's processes start (module docstring): from the fork server when they
-    train on the CPU, else by ``spawn``."""
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        context = mp.get_context("forkserver")
-        context.set_forkserver_preload(FORKSERVER_PRELOAD)
-        return context
-    return mp.get_context("spawn")
-
-
 def _rank_main(
     config: EngineConfig,
     rank: int,
@@ -147,7 +128,7 @@ class RankGroup:
         self.retry = True
 
     def start(self) -> None:
-        context = _context(self.config.device)
+        context = mp.get_context("spawn")
         readers = []
         for rank in self.ranks:
             reader, writer = context.Pipe(duplex=False)

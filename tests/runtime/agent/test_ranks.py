@@ -5,9 +5,7 @@ failure that another attempt would repeat is reported as not worth retrying."""
 from typing import Any
 
 import pytest
-import torch
 
-from pipestudio.runtime.agent import ranks as ranks_module
 from pipestudio.runtime.agent.ranks import RankGroup, engine_config
 from tests.runtime.engine.helpers import make_plan, model_args
 
@@ -84,22 +82,3 @@ def test_the_assignment_sets_what_a_nonfinite_loss_does() -> None:
     assert engine_config(_config(on_nonfinite_loss="continue")).on_nonfinite_loss == "continue"
     with pytest.raises(ValueError, match="on_nonfinite_loss 'ignore' is unknown"):
         engine_config(_config(on_nonfinite_loss="ignore"))
-
-
-@pytest.mark.parametrize(
-    ("device", "cuda", "method"),
-    [
-        ("cpu", True, "forkserver"),
-        ("cpu", False, "forkserver"),
-        ("auto", False, "forkserver"),
-        ("auto", True, "spawn"),
-        ("cuda", True, "spawn"),
-    ],
-)
-def test_ranks_on_the_cpu_fork_from_a_server_and_ranks_on_cuda_spawn(
-    device: str, cuda: bool, method: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A CPU rank of every run after a worker's first starts in a fraction of a second;
-    a CUDA rank is a fresh interpreter (runtime/agent/ranks.py)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    assert ranks_module._context(device).get_start_method() == method
