@@ -4,7 +4,7 @@ follow once they are committed: messages to workers and to dashboards (``Actions
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -253,12 +253,12 @@ def apply_run_state(
         if rank.worker_id == worker_id:
             rank.state = state
     session.flush()
-    if state == "failed" and run.state == "failed" and _names_the_cause(run.message, message):
-        # a rank that waited on a failed peer can be reported first, by its own worker;
-        # its words end with the peer's, which this report now gives as they are
-        run.message = message
-        return Actions(to_watchers=[(run.id, run_message(run, ranks))])
     if state == "failed":
+        if run.state == "failed" and message and _names_the_cause(run.message, message):
+            # a rank that waited on a failed peer can be reported first, by its own worker;
+            # its words end with the peer's, which this report now gives as they are
+            run.message = message
+            return Actions(to_watchers=[(run.id, run_message(run, ranks))])
         return end_run(
             session,
             run,
@@ -276,11 +276,11 @@ def apply_run_state(
     return actions
 
 
-def _names_the_cause(stored: str | None, reported: str | None) -> TypeGuard[str]:
+def _names_the_cause(stored: str | None, reported: str) -> bool:
     """Whether ``reported`` is the failure that ``stored`` was reported as the consequence
     of: a rank that fails waiting on a peer says ``<rank> stopped while <what>: <the
     peer's reason>`` (``engine/faults.py``)."""
-    return bool(stored and reported and stored != reported and stored.endswith(f": {reported}"))
+    return bool(stored and stored != reported and stored.endswith(f": {reported}"))
 
 
 def worker_label(session: Session, worker_id: str) -> str:

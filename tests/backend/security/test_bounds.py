@@ -147,12 +147,16 @@ def test_simulating_a_million_micro_batches_is_refused_at_once(
         assert graphs_built, "the counter sees the simulations that do run"
 
 
-def test_planners_share_the_budget(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    started_planners: list[str] = []
+@pytest.fixture
+def started_planners(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The planners started meanwhile: each is replaced by one that only records its name."""
+    started: list[str] = []
     for name in PLANNERS:
-        monkeypatch.setitem(
-            PLANNERS, name, lambda request, name=name: started_planners.append(name)
-        )
+        monkeypatch.setitem(PLANNERS, name, lambda request, name=name: started.append(name))
+    return started
+
+
+def test_planners_share_the_budget(client: TestClient, started_planners: list[str]) -> None:
     profile_id = add_profile(client)
     refused = client.post(
         "/api/plans/compare",
@@ -193,16 +197,9 @@ def test_deeply_nested_and_undecodable_bodies_answer_422(client: TestClient) -> 
     assert client.get("/api/workers/" + "w" * 65).status_code == 422
 
 
-def test_a_planners_search_is_bounded_too(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_planners_search_is_bounded_too(client: TestClient, started_planners: list[str]) -> None:
     """A 20,000-layer profile planned onto 5,000 stages took 28 s and 6.5 GB in the
     optimal planner before any simulation; now it is refused before the planner starts."""
-    started_planners: list[str] = []
-    for name in PLANNERS:
-        monkeypatch.setitem(
-            PLANNERS, name, lambda request, name=name: started_planners.append(name)
-        )
     huge = {
         "model": "huge",
         "microbatch_size": 1,
