@@ -27,6 +27,7 @@ from pipestudio.backend.apidocs import add_api_docs
 from pipestudio.backend.context import AppContext
 from pipestudio.backend.db import Database
 from pipestudio.backend.errors import add_error_handlers
+from pipestudio.backend.gate import CredentialsFirst
 from pipestudio.backend.inputs import InputGuard
 from pipestudio.backend.limits import BodyLimit
 from pipestudio.backend.migrate import upgrade
@@ -87,15 +88,20 @@ def create_app(
     app.state.settings = settings
     app.openapi = openapi_builder(app)  # type: ignore[method-assign]
     add_error_handlers(app)
-    for module in (auth, profiles, clusters, plans, runs, proposals):
-        app.include_router(module.router)
-    app.include_router(workers.router)
-    app.include_router(workers.health)
-    app.include_router(workers.links)
-    app.include_router(sockets.router)
+    routers = [
+        *(module.router for module in (auth, profiles, clusters, plans, runs, proposals)),
+        workers.router,
+        workers.health,
+        workers.links,
+        sockets.router,
+    ]
+    for router in routers:
+        app.include_router(router)
     _add_fallbacks(app)
     app.add_middleware(InputGuard)
     app.add_middleware(BodyLimit, max_bytes=settings.max_upload_bytes)
+    # before any body is read (gate.py)
+    app.add_middleware(CredentialsFirst, routes=[r for router in routers for r in router.routes])
     if settings.cors_origins:  # outermost: the guard's and the limit's answers get CORS too
         app.add_middleware(
             CORSMiddleware,

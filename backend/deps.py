@@ -83,27 +83,38 @@ async def get_principal(context: ContextDep, credentials: BearerDep) -> Principa
 PrincipalDep = Annotated[Principal | None, Depends(get_principal)]
 
 
+#: Why a change without a credential is refused (``gate.py`` answers the same).
+WRITER_NEEDED = (
+    "a valid API token is required: send 'Authorization: Bearer "
+    "<token>' (the API token, or a session token of an editor)"
+)
+
+
+#: Why a read without a credential is refused where reads are not public.
+READER_NEEDED = (
+    "sign in first: send 'Authorization: Bearer <API token or "
+    "session token>' (reads are not public on this server)"
+)
+
+
+def viewer_refused(principal: Principal) -> str:
+    """Why a change by someone who may only read is refused."""
+    return f"{principal.user} is a {principal.role}: viewers may read but not change anything"
+
+
 async def require_reader(context: ContextDep, principal: PrincipalDep) -> Principal | None:
     """Reads need a credential unless ``public_reads`` is set."""
     if principal is None and not context.settings.public_reads:
-        raise _unauthorized(
-            "sign in first: send 'Authorization: Bearer <API token or "
-            "session token>' (reads are not public on this server)"
-        )
+        raise _unauthorized(READER_NEEDED)
     return principal
 
 
 async def require_writer(principal: PrincipalDep) -> Principal:
     """Changes need the API token or a person whose role may write."""
     if principal is None:
-        raise _unauthorized(
-            "a valid API token is required: send 'Authorization: Bearer "
-            "<token>' (the API token, or a session token of an editor)"
-        )
+        raise _unauthorized(WRITER_NEEDED)
     if not principal.may_write:
-        raise HTTPException(
-            403, f"{principal.user} is a {principal.role}: viewers may read but not change anything"
-        )
+        raise HTTPException(403, viewer_refused(principal))
     return principal
 
 

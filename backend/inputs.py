@@ -3,16 +3,23 @@ and JSON refuse it), a lone UTF-16 surrogate (not text at all: it can be stored 
 but never read back as JSON), and NaN or an infinity (not JSON; PostgreSQL's ``json``
 refuses them).
 
-``InputGuard`` checks every request's path, query and JSON body and answers 422 naming the
-first bad value's place; ``find_unstorable`` does the same for any decoded JSON value
-(an uploaded file, a worker's message).
+``InputGuard`` checks every request's path and query, and the JSON body of every API
+request, and answers 422 naming the first bad value's place; ``find_unstorable`` does the
+same for any decoded JSON value (an uploaded file, a worker's message). Bodies reach it
+only from someone the route would serve (``gate.py``), and a large one is checked in a
+worker thread, so the event loop (every other request, every worker's heartbeat) goes on
+meanwhile. The dashboard's requests pass unread: its gate asks for a session before its
+callbacks read anything, and what they store goes through the API, and so through here.
 """
 
 import json
 import math
+import re
+import sys
 from typing import Any
 from urllib.parse import parse_qsl
 
+from anyio import to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 Path = tuple[str | int, ...]
@@ -23,6 +30,11 @@ Path = tuple[str | int, ...]
 SUSPECT = ("\\u", "NaN", "Infinity")
 _SUSPECT_BYTES = tuple(token.encode() for token in SUSPECT)
 _MANY_BRACKETS = 500
+#: Digits that may make a number Python's parser cannot take: an exponent of three digits
+#: or more (1e999 reads as an infinity), or more digits than an integer may have.
+_BIG_NUMBER = re.compile(rb"[eE][+-]?[0-9]{3}|[0-9]{309}")
+#: Bodies longer than this are checked in a worker thread (module docstring).
+OFF_LOOP_BYTES = 64 * 1024
 
 
 def text_problem(text: str) -> str | None:
@@ -41,25 +53,37 @@ def text_problem(text: str) -> str | None:
 
 def find_unstorable(value: Any) -> tuple[Path, str] | None:
     """The place and reason of the first value in ``value`` (decoded JSON) that cannot be
-    stored, or None. Walks without recursion: a body may nest deeply."""
+    stored, or None. Walks without recursion (a body may nest deeply) and spells out the
+    place only of containers and of the value it refuses: a body of millions of numbers
+    costs one pass."""
     stack: list[tuple[Path, Any]] = [((), value)]
     while stack:
         path, item = stack.pop()
-        if isinstance(item, str):
-            problem = text_problem(item)
+        if not isinstance(item, dict | list):
+            problem = _scalar_problem(item)
             if problem:
                 return path, problem
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return path, f"is {item}, which is not a JSON number"
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                problem = text_problem(key) if isinstance(key, str) else None
-                if problem:
-                    return (*path, key), f"the key {problem}"
+            continue
+        for key, child in item.items() if isinstance(item, dict) else enumerate(item):
+            problem = text_problem(key) if isinstance(key, str) else None
+            if problem:
+                return (*path, key), f"the key {problem}"
+            if isinstance(child, dict | list):
                 stack.append(((*path, key), child))
-        elif isinstance(item, list):
-            stack.extend(((*path, idx), child) for idx, child in enumerate(item))
+            else:
+                problem = _scalar_problem(child)
+                if problem:
+                    return (*path, key), problem
+    return None
+
+
+def _scalar_problem(item: Any) -> str | None:
+    if isinstance(item, str):
+        return text_problem(item)
+    if isinstance(item, float) and math.isinf(item):
+        return f"is {item} (or a number too large for a float), which is not a JSON number"
+    if isinstance(item, float) and math.isnan(item):
+        return f"is {item}, which is not a JSON number"
     return None
 
 
@@ -79,8 +103,9 @@ def refusal(loc: list[str | int], message: str) -> bytes:
 
 
 class InputGuard:
-    """ASGI middleware: 422 for a NUL in the path or query, and for a JSON body holding a
-    value ``find_unstorable`` refuses (module docstring). Other bodies pass untouched."""
+    """ASGI middleware: 422 for a NUL in the path or query, and for an API request's JSON
+    body holding a value ``find_unstorable`` refuses (module docstring). Other bodies pass
+    untouched."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -94,11 +119,17 @@ class InputGuard:
             await _answer(send, refusal(*problem))
             return
         headers = dict(scope["headers"])
-        if b"json" not in headers.get(b"content-type", b"").lower():
+        if (
+            not scope["path"].startswith("/api/")
+            or b"json" not in headers.get(b"content-type", b"").lower()
+        ):
             await self.app(scope, receive, send)
             return
         messages, body = await _read(receive)
-        problem = _body_problem(body)
+        if len(body) > OFF_LOOP_BYTES:
+            problem = await to_thread.run_sync(_body_problem, body)
+        else:
+            problem = _body_problem(body)
         if problem is not None:
             await _answer(send, refusal(*problem))
             return
@@ -134,13 +165,17 @@ def _body_problem(body: bytes) -> tuple[list[str | int], str] | None:
     if (
         not any(token in body for token in _SUSPECT_BYTES)
         and body.count(b"[") + body.count(b"{") <= _MANY_BRACKETS
+        and _BIG_NUMBER.search(body) is None
     ):
         return None
     try:
         found = find_unstorable(json.loads(body))
     except RecursionError:
         return ["body"], "the body nests too deeply to be read"
-    except ValueError:
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            limit = sys.get_int_max_str_digits()
+            return ["body"], f"the body holds a number of more than {limit} digits"
         return None
     return None if found is None else (["body", *found[0]], found[1])
 
