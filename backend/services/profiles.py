@@ -33,6 +33,9 @@ def parse_upload(
     content: bytes, filename: str, *, name: str | None, batch_size: int | None, model: str | None
 ) -> AnyProfileCreate:
     """A multipart upload: JSON when it parses as a JSON object, else PipeDream text."""
+    problem = text_problem(filename)
+    if problem:  # it names the profile's model when nothing else does
+        raise InputError("file", f"the file's name {problem}")
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError:

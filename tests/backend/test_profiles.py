@@ -92,6 +92,23 @@ def test_bad_uploads_name_the_field(client: TestClient) -> None:
         )
         assert refused.status_code == 422, (hostile, refused.text)
         assert refused.json()["detail"][0]["loc"] == ["body", "batch_size"]
+    # the file's name, which names the model when nothing else does, written by hand: a
+    # client library would escape the NUL
+    boundary = "b0undary"
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="batch_size"\r\n\r\n8\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+        f'filename="a\x00b.txt"\r\nContent-Type: text/plain\r\n\r\n{vgg_graph()}\r\n'
+        f"--{boundary}--\r\n"
+    ).encode()
+    refused = client.post(
+        "/api/profiles/upload",
+        headers={**AUTH, "content-type": f"multipart/form-data; boundary={boundary}"},
+        content=body,
+    )
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["detail"][0]
+    assert error["loc"] == ["body", "file"] and "name contains a NUL" in error["msg"], error
     assert client.get("/api/profiles").json()["count"] == before
 
 
