@@ -74,7 +74,7 @@ streamed twice, never lost), ``event`` (``start``, ``error``,
 ``summary``, migrations...) and ``proposal`` messages.
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -97,6 +97,16 @@ def close_reason(text: str) -> str:
     return text.encode()[:_MAX_REASON_BYTES].decode(errors="ignore")
 
 
+#: A short text a worker advertises (a device's field, a model's name or pattern): it is
+#: stored and listed to every reader, so a hello cannot make the listing huge.
+Short = Annotated[str, Field(max_length=200)]
+#: One device as a worker describes it: at most 32 fields of short names and values.
+Device = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Short | int | float | bool | None],
+    Field(max_length=32),
+]
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -115,15 +125,13 @@ class Hello(_Message):
     secret: str | None = Field(None, min_length=1, max_length=128)
     name: str = Field("worker", min_length=1, max_length=200)
     host: str = Field("", max_length=200)
-    devices: list[dict[str, str | int | float | bool | None]] = Field(
-        default_factory=list, max_length=1024
-    )
+    devices: list[Device] = Field(default_factory=list, max_length=1024)
     slots: int | None = Field(None, ge=0, le=1024)
     next_seq: int = Field(1, ge=1, le=MAX_SEQ)
     last_seq: int | None = Field(None, ge=0, le=MAX_SEQ)
     runs: list[HelloRun] = Field(default_factory=list, max_length=10_000)
-    models: list[str] = Field(default_factory=list, max_length=1000)
-    allowed_models: list[str] = Field(default_factory=list, max_length=1000)
+    models: list[Short] = Field(default_factory=list, max_length=1000)
+    allowed_models: list[Short] = Field(default_factory=list, max_length=1000)
     probe_port: int | None = Field(None, ge=1, le=65535)
 
 

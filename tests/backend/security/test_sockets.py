@@ -47,6 +47,15 @@ def _closed(
         (lambda s: s.send_json({**HELLO, "name": "x" * 201}), 1007, "hello: name"),
         (lambda s: s.send_json({**HELLO, "host": "a\u0000b"}), 1007, "NUL"),
         (lambda s: s.send_json({**HELLO, "devices": [{"k": float("nan")}]}), 1007, "devices"),
+        (lambda s: s.send_json({**HELLO, "devices": [{"name": "x" * 201}]}), 1007, "devices.0"),
+        (lambda s: s.send_json({**HELLO, "devices": [{"k" * 65: 1}]}), 1007, "devices.0"),
+        (
+            lambda s: s.send_json({**HELLO, "devices": [{f"k{i}": i for i in range(33)}]}),
+            1007,
+            "devices.0",
+        ),
+        (lambda s: s.send_json({**HELLO, "models": ["m" * 201]}), 1007, "hello: models.0"),
+        (lambda s: s.send_json({**HELLO, "allowed_models": ["m" * 201]}), 1007, "allowed_models"),
         (lambda s: s.send_json({"type": "heartbeat"}), 4400, "expected a hello"),
     ],
 )
