@@ -69,3 +69,11 @@ def table(
 
 def section(title: str, *children: Any, section_id: str | None = None) -> html.Section:
     return html.Section([html.H3(title), *children], className="ps-section", id=section_id or "")
+
+
+def bump(counter: Any) -> int:
+    """The next value of a page's change counter (the ``dcc.Store`` its lists listen to).
+    The counter comes back from the browser, so anything but a count starts again at 1:
+    the change it announces is made by then, and must not be answered as a failure."""
+    valid = isinstance(counter, int) and not isinstance(counter, bool) and counter >= 0
+    return (counter if valid else 0) + 1

@@ -12,7 +12,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from pipestudio.dashboard.api import ApiError
 from pipestudio.dashboard.components.style import format_bytes
 from pipestudio.dashboard.context import Context
-from pipestudio.dashboard.widgets import field, message, section, table
+from pipestudio.dashboard.widgets import bump, field, message, section, table
 from pipestudio.planner import PlannerError, cluster_template
 from pipestudio.planner.units import parse_size
 
@@ -416,7 +416,7 @@ def register_callbacks(app: Dash, context: Context) -> None:
         changed: int,
     ) -> Any:
         notice, saved = save_cluster(context, cluster_id, name, sizes, bandwidths, memory, host)
-        return notice, (changed + 1) if saved else no_update
+        return notice, bump(changed) if saved else no_update
 
     @app.callback(
         Output("machines-status", "children", allow_duplicate=True),
@@ -431,7 +431,7 @@ def register_callbacks(app: Dash, context: Context) -> None:
         notice, deleted = delete_cluster(context, cluster_id)
         if not deleted:
             return notice, no_update, no_update
-        return notice, changed + 1, None
+        return notice, bump(changed), None
 
     @app.callback(
         Output("machines-status", "children", allow_duplicate=True),
@@ -455,4 +455,4 @@ def register_callbacks(app: Dash, context: Context) -> None:
         changed: int,
     ) -> Any:
         notice, made = create_cluster(context, name, sizes, bandwidths, memory, host)
-        return notice, (changed + 1) if made else no_update
+        return notice, bump(changed) if made else no_update

@@ -10,7 +10,7 @@ from pipestudio.dashboard.api import ApiError
 from pipestudio.dashboard.components.compare import replicas_text, summary_peaks
 from pipestudio.dashboard.components.style import format_bytes
 from pipestudio.dashboard.context import Context
-from pipestudio.dashboard.widgets import field, message, section, table
+from pipestudio.dashboard.widgets import bump, field, message, section, table
 
 PATH = "/plans"
 NAME = "Plans"
@@ -192,4 +192,4 @@ def register_callbacks(app: Dash, context: Context) -> None:
         _: int, __: int, ___: int, ____: int, plan_id: int | None, name: str | None, changed: int
     ) -> Any:
         notice, moved = act(context, dash.ctx.triggered_id, plan_id, name)
-        return notice, (changed + 1) if moved else no_update
+        return notice, bump(changed) if moved else no_update

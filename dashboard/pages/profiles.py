@@ -11,6 +11,7 @@ from pipestudio.dashboard.api import ApiError
 from pipestudio.dashboard.components.profile_charts import layer_bytes_figure, layer_time_figure
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.widgets import (
+    bump,
     chart,
     chart_box,
     chart_output,
@@ -111,7 +112,7 @@ def decode_upload(contents: str, filename: str) -> str:
     try:
         payload = contents.split(",", 1)[1]
         return base64.b64decode(payload).decode("utf-8")
-    except (IndexError, binascii.Error, UnicodeDecodeError):
+    except (AttributeError, IndexError, binascii.Error, UnicodeDecodeError):
         raise ValueError(
             f"{filename!r} is not a text file: upload a PipeStudio profile "
             "(.json) or a PipeDream graph.txt"
@@ -125,6 +126,10 @@ def upload_body(
     if text.lstrip().startswith(("{", "[")):
         try:
             document = json.loads(text)
+        except RecursionError:
+            raise ValueError(
+                f"{filename!r} nests its JSON too deeply to be read as a profile"
+            ) from None
         except ValueError as exc:
             raise ValueError(
                 f"{filename!r} is neither a PipeStudio profile (it starts like "
@@ -168,7 +173,7 @@ def upload_profile(
     """Send an uploaded file to the backend: (the notice to show, the new profile's id)."""
     if not contents:
         return message("Choose a file to upload."), None
-    filename = filename or "upload"
+    filename = filename if isinstance(filename, str) and filename else "upload"
     try:
         body = upload_body(decode_upload(contents, filename), filename, name, batch_size, model)
         created = context.client.create_profile(body)
@@ -258,7 +263,7 @@ def register_callbacks(app: Dash, context: Context) -> None:
         notice, created = upload_profile(context, contents, filename, name, batch_size, model)
         if created is None:
             return notice, no_update, no_update
-        return notice, changed + 1, created
+        return notice, bump(changed), created
 
     @app.callback(
         Output("profiles-list", "children"),
@@ -288,4 +293,4 @@ def register_callbacks(app: Dash, context: Context) -> None:
         prevent_initial_call=True,
     )
     def _delete(_: int, profile_id: int | None, changed: int) -> Any:
-        return delete_profile(context, profile_id), changed + 1
+        return delete_profile(context, profile_id), bump(changed)

@@ -11,7 +11,7 @@ from pipestudio.dashboard import monitor
 from pipestudio.dashboard.api import ApiError
 from pipestudio.dashboard.context import Context, serving_context
 from pipestudio.dashboard.pages import runs_actions as actions
-from pipestudio.dashboard.widgets import field, graph, message, section
+from pipestudio.dashboard.widgets import bump, field, graph, message, section
 
 PATH = "/runs"
 NAME = "Runs"
@@ -234,7 +234,7 @@ def register_callbacks(app: Dash, context: Context) -> None:
         changed: int,
     ) -> Any:
         notice, run_id = actions.launch(context, plan_id, model, args, steps)
-        return notice, (changed + 1 if run_id else no_update), run_id or no_update
+        return notice, (bump(changed) if run_id else no_update), run_id or no_update
 
     # The picker's label of the watched run follows its state (starting, running, ...).
     # The proposals are rendered again only when they change: a card rendered anew resets
