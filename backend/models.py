@@ -39,7 +39,7 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 PLAN_STATES = ("draft", "approved", "launched")
 RUN_STATES = ("starting", "running", "finished", "failed", "stopped")
 ACTIVE_RUN_STATES = ("starting", "running", "resuming")
-PROPOSAL_STATES = ("pending", "approved", "rejected", "applied", "failed")
+PROPOSAL_STATES = ("pending", "approved", "rejected", "applied", "failed", "closed")
 
 
 def utcnow() -> datetime:

@@ -9,7 +9,8 @@ from pipestudio.backend.schemas.common import DbId, Public, Request, choice, one
 from pipestudio.planner import Profile
 from pipestudio.planner.formats.proposal import Proposal
 
-ProposalState = Literal["pending", "approved", "rejected", "applied", "failed"]
+#: ``closed``: never to be decided (its run ended first, or it changes nothing).
+ProposalState = Literal["pending", "approved", "rejected", "applied", "failed", "closed"]
 
 
 class _ProposalSource(Request):

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from pipestudio.backend import models
@@ -125,11 +126,34 @@ def end_run(
         return begin_resume(session, run, message or "failed", skip_worker)
     run.state, run.message, run.ended_at = state, message, models.utcnow()
     session.add(models.Event(run_id=run.id, kind=state, message=message, data={}))
+    for proposal in session.scalars(
+        select(models.Proposal).where(
+            models.Proposal.run_id == run.id, models.Proposal.state == "pending"
+        )
+    ):
+        close_proposal(proposal, f"run {run.id} {state} before anyone decided")
+        actions.to_watchers.append((run.id, proposal_message(proposal)))
     ranks = Runs(session).ranks(run.id)
     if state != "finished":
         actions.to_workers += stop_commands(run, ranks, message or state, skip_worker)
     actions.to_watchers.append((run.id, run_message(run, ranks)))
     return actions
+
+
+def close_proposal(proposal: models.Proposal, outcome: str) -> None:
+    """Mark a proposal as one nobody will decide (``ProposalState``), saying why."""
+    proposal.state, proposal.outcome, proposal.decided_at = "closed", outcome, models.utcnow()
+
+
+def proposal_message(proposal: models.Proposal) -> dict[str, Any]:
+    """The dashboards' ``proposal`` message for a proposal whose state changed."""
+    return {
+        "type": "proposal",
+        "run_id": proposal.run_id,
+        "proposal_id": proposal.id,
+        "state": proposal.state,
+        "outcome": proposal.outcome,
+    }
 
 
 def metrics_message(run_id: int, events: list[dict[str, Any]], received_s: float) -> dict[str, Any]:
@@ -304,18 +328,7 @@ def apply_command_result(
         if proposal is not None and proposal.state == "approved":
             proposal.state = "applied" if ok else "failed"
             proposal.outcome = f"worker {worker_label(session, worker_id)}: {text}"
-            actions.to_watchers.append(
-                (
-                    run.id,
-                    {
-                        "type": "proposal",
-                        "run_id": run.id,
-                        "proposal_id": proposal.id,
-                        "state": proposal.state,
-                        "outcome": proposal.outcome,
-                    },
-                )
-            )
+            actions.to_watchers.append((run.id, proposal_message(proposal)))
     event = models.Event(
         run_id=run.id,
         worker_id=worker_id,

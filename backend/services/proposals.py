@@ -29,7 +29,11 @@ from pipestudio.backend.schemas.proposals import (
     ProposalDocument,
 )
 from pipestudio.backend.services.calibration import calibrated
-from pipestudio.backend.services.messages import TERMINAL_RUN_STATES, worker_label
+from pipestudio.backend.services.messages import (
+    TERMINAL_RUN_STATES,
+    close_proposal,
+    worker_label,
+)
 from pipestudio.backend.services.plans import documents
 from pipestudio.backend.services.runs import Send, command
 from pipestudio.planner import Plan, PlannerError, Profile
@@ -114,16 +118,17 @@ def create_proposal(session: Session, data: AnyProposalCreate) -> models.Proposa
             "running job, and this one will not run again"
         )
     proposal = _evaluate(session, run, data)
-    return Proposals(session).add(
-        models.Proposal(
-            run_id=run.id,
-            state="pending",
-            document=proposal.model_dump(mode="json"),
-            worthwhile=proposal.worthwhile,
-            gain_ms=proposal.gain_ms,
-            created_by=data.author,
-        )
+    row = models.Proposal(
+        run_id=run.id,
+        state="pending",
+        document=proposal.model_dump(mode="json"),
+        worthwhile=proposal.worthwhile,
+        gain_ms=proposal.gain_ms,
+        created_by=data.author,
     )
+    if not proposal.moves and not proposal.policy_changes:
+        close_proposal(row, f"changes nothing: {proposal.reason}")
+    return Proposals(session).add(row)
 
 
 def _pending(session: Session, proposal_id: int) -> models.Proposal:

@@ -283,6 +283,41 @@ def test_approved_proposal_migrates_and_records_the_outcome(
     assert again.status_code == 409
 
 
+def test_proposals_nobody_will_decide_are_closed(client: TestClient, fake: Workers) -> None:
+    workers = [fake("a"), fake("b")]
+    run_id = _start(client, workers)
+    balanced = mlp_profile()  # the plan's stages [block0, block1] and [block2, ..., head]
+    for idx, layer in enumerate(balanced["layers"]):
+        layer["fwd_ms"], layer["bwd_ms"] = (30.0, 60.0) if idx < 2 else (20.0, 40.0)
+    same = client.post(
+        "/api/proposals", headers=AUTH, json={"run_id": run_id, "observed_profile": balanced}
+    ).json()
+    assert not same["document"]["moves"] and not same["document"]["policy_changes"]
+    assert same["state"] == "closed" and same["outcome"].startswith("changes nothing: "), same
+    observed = mlp_profile()
+    for layer in observed["layers"][:2]:
+        layer["fwd_ms"], layer["bwd_ms"] = 40.0, 80.0
+    waiting = client.post(
+        "/api/proposals", headers=AUTH, json={"run_id": run_id, "observed_profile": observed}
+    ).json()
+    assert waiting["state"] == "pending" and waiting["document"]["moves"]
+    with client.websocket_connect(f"/ws/runs/{run_id}") as dashboard:
+        assert dashboard.receive_json()["type"] == "run"
+        for worker in workers:
+            worker.expect_ack(
+                worker.send({"type": "run_state", "run_id": run_id, "state": "finished"})
+            )
+        told = [dashboard.receive_json() for _ in range(2)]
+    closed = client.get(f"/api/proposals/{waiting['id']}").json()
+    assert closed["state"] == "closed" and closed["decided_at"], closed
+    assert closed["outcome"] == f"run {run_id} finished before anyone decided"
+    assert {"type": "proposal", "proposal_id": waiting["id"], "state": "closed"}.items() <= next(
+        m for m in told if m["type"] == "proposal"
+    ).items()
+    refused = client.post(f"/api/proposals/{waiting['id']}/approve", headers=AUTH, json={})
+    assert refused.status_code == 409 and "already closed" in refused.text
+
+
 def test_launch_needs_an_approved_plan_and_enough_workers(
     client: TestClient, fake: Workers
 ) -> None:
