@@ -154,14 +154,23 @@ def measured_steps(
     )
 
 
-def last_step_ops(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ops of the newest step that every worker has reported, from the latest attempt
-    that ran it."""
+def complete_step(steps: list[dict[str, Any]]) -> int | None:
+    """The newest step that every worker (stage, replica) has reported the end of: the
+    newest step of all may hold the ops of only the workers that finished it first."""
+    workers = {(e["stage"], e.get("replica", 0)) for e in steps}
+    reported: dict[int, set[tuple[Any, Any]]] = {}
+    for event in steps:
+        reported.setdefault(event["step"], set()).add((event["stage"], event.get("replica", 0)))
+    return max((step for step, seen in reported.items() if seen == workers), default=None)
+
+
+def last_step_ops(ops: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
+    """The ops of ``step``, from the latest attempt that ran it."""
+    ops = [op for op in ops if op["step"] == step]
     if not ops:
         return []
-    newest = max(op["step"] for op in ops)
-    attempt = max(op.get("attempt", 0) for op in ops if op["step"] == newest)
-    return [op for op in ops if op["step"] == newest and op.get("attempt", 0) == attempt]
+    attempt = max(op.get("attempt", 0) for op in ops)
+    return [op for op in ops if op.get("attempt", 0) == attempt]
 
 
 def fetch_view(client: ApiClient, run_id: int) -> RunView:
@@ -170,11 +179,11 @@ def fetch_view(client: ApiClient, run_id: int) -> RunView:
     view = RunView(run, plan)
     view.steps = measured_steps(client, run_id, "step", max_points=2000)
     view.memory = measured_steps(client, run_id, "memory", max_points=2000)
-    if view.steps:
-        newest = max(e["step"] for e in view.steps)
-        since = min(e["start_ms"] for e in view.steps if e["step"] == newest)
+    step = complete_step(view.steps)
+    if step is not None:
+        since = min(e["start_ms"] for e in view.steps if e["step"] == step)
         ops = [flatten(m) for m in client.metrics(run_id, ["op"], start_ms=since, max_points=20000)]
-        view.ops = last_step_ops(ops)
+        view.ops = last_step_ops(ops, step)
     view.events = client.events(run_id)
     view.markers = migration_markers(view.events, view.steps)
     view.proposals = client.proposals(run_id)

@@ -176,7 +176,11 @@ def _gantt_layout(
     # about 7 px a character of the tick labels, so a device's list of chunks shows whole
     margin = {**_MARGIN, "l": max(_MARGIN["l"], 7 * max(map(len, labels)))}
     layout = base_layout(
-        title, "time (ms)", "", height=plot_px + _MARGIN["t"] + _MARGIN["b"], margin=margin
+        title,
+        "time in the step (ms)",
+        "",
+        height=plot_px + _MARGIN["t"] + _MARGIN["b"],
+        margin=margin,
     )
     layout["yaxis"].update(
         tickmode="array",
@@ -266,11 +270,21 @@ def ops_gantt(
     device_of_stage: Mapping[int, int] | None = None,
 ) -> Figure:
     """Gantt of ``ops`` (dicts with stage, replica, op, microbatch, start_ms, end_ms); with
-    ``device_of_stage`` (interleaved chunks) one row per device."""
+    ``device_of_stage`` (interleaved chunks) one row per device. Times are drawn from the
+    start of ``window`` (by default the first op's start): a measured step starts minutes
+    into its run, and a simulated one after the warm-up step some schedules need."""
     if not ops:
         return empty_figure(empty_message, title)
     if window is None:
         window = (min(op["start_ms"] for op in ops), max(op["end_ms"] for op in ops))
+    origin = window[0]
+    if origin:
+        ops = [
+            {**op, "start_ms": op["start_ms"] - origin, "end_ms": op["end_ms"] - origin}
+            for op in ops
+        ]
+        window = (0.0, window[1] - origin)
+        migrations = [(time_ms - origin, text) for time_ms, text in migrations]
     rows = worker_rows(ops) if device_of_stage is None else device_rows(ops, device_of_stage)
     labelled = dict(sorted((key, label) for key, label, _ in rows.values()))
     row_index = {key: idx for idx, key in enumerate(labelled)}

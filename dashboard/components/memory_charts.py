@@ -18,6 +18,7 @@ from pipestudio.dashboard.components.style import (
     base_layout,
     byte_unit,
     empty_figure,
+    near_limits,
 )
 from pipestudio.planner.formats.result import MemoryTrack, SimResult
 
@@ -59,14 +60,12 @@ def memory_timeline_figure(result: SimResult | None) -> Figure:
     if devices is not None:
         title = "Memory over time per device"
         limits = {devices[index]: limit for index, limit in limits.items()}
-    unit, size = byte_unit(
-        max(
-            [max(track.bytes, default=0) for track in tracks]
-            + [limit for limit in limits.values() if limit]
-        )
-    )
+    peak = max(max(track.bytes, default=0) for track in tracks)
+    near, far_note = near_limits(peak, limits.values())
+    unit, size = byte_unit(max([peak, *near]))
     replicated = {track.stage for track in tracks if track.replica > 0}
     legend = len(tracks) <= MAX_LEGEND_LINES
+    origin = result.window_start_ms  # drawn from the step's start, as the Gantt is
     data = []
     over_x, over_y, over_text = [], [], []
     for track in tracks:
@@ -81,7 +80,7 @@ def memory_timeline_figure(result: SimResult | None) -> Figure:
                 "mode": "lines",
                 "name": label,
                 "showlegend": legend,
-                "x": [*track.times_ms, result.window_end_ms],
+                "x": [time_ms - origin for time_ms in [*track.times_ms, result.window_end_ms]],
                 "y": [value / size for value in [*track.bytes, track.bytes[-1]]],
                 "line": {"shape": "hv", "width": 1.5},
                 "hovertemplate": label + ": %{y:.2f} " + unit + " at %{x:.2f} ms<extra></extra>",
@@ -92,9 +91,11 @@ def memory_timeline_figure(result: SimResult | None) -> Figure:
             (idx for idx, value in enumerate(track.bytes) if limit and value > limit), None
         )
         if first is not None:
-            over_x.append(track.times_ms[first])
+            over_x.append(track.times_ms[first] - origin)
             over_y.append(track.bytes[first] / size)
-            over_text.append(f"{label} runs out of memory at {track.times_ms[first]:.1f} ms")
+            over_text.append(
+                f"{label} runs out of memory at {track.times_ms[first] - origin:.1f} ms"
+            )
     if over_x:
         data.append(
             {
@@ -108,10 +109,12 @@ def memory_timeline_figure(result: SimResult | None) -> Figure:
                 "marker": {"symbol": "x", "size": 12, "color": LIMIT_COLOR},
             }
         )
-    hint = "" if legend else "; hover a line for its stage"
-    layout = base_layout(f"{title} ({unit}{hint})", "time (ms)", f"memory ({unit})", height=330)
-    layout["xaxis"]["range"] = [result.window_start_ms, result.window_end_ms]
+    hint = ("" if legend else "; hover a line for its stage") + far_note
+    layout = base_layout(
+        f"{title} ({unit}{hint})", "time in the step (ms)", f"memory ({unit})", height=330
+    )
+    layout["xaxis"]["range"] = [0.0, result.window_end_ms - origin]
     figure = {"data": data, "layout": layout}
-    for limit in sorted({limit for limit in limits.values() if limit}):
+    for limit in near:
         add_hline(figure, limit / size, f"device limit {limit / size:.2f} {unit}", LIMIT_COLOR)
     return figure

@@ -21,6 +21,7 @@ from pipestudio.dashboard.components.style import (
     base_layout,
     byte_unit,
     empty_figure,
+    near_limits,
 )
 
 Event = Mapping[str, Any]
@@ -176,13 +177,16 @@ def run_memory_figure(
     title = "Peak memory per stage"
     if not memory:
         return empty_figure(WAITING, title)
-    known = sorted({limit for limit in limits_bytes.values() if limit})
-    unit, size = byte_unit(max([e["peak_bytes"] for e in memory] + known))
+    peak = max(e["peak_bytes"] for e in memory)
+    near, far_note = near_limits(peak, limits_bytes.values())
+    unit, size = byte_unit(max([peak, *near]))
     figure = {
         "data": _lines(stage_series(memory), lambda e: e["peak_bytes"] / size, unit),
-        "layout": base_layout(f"{title} ({unit})", "step", f"peak memory ({unit})", height=300),
+        "layout": base_layout(
+            f"{title} ({unit}{far_note})", "step", f"peak memory ({unit})", height=300
+        ),
     }
-    for limit in known:
+    for limit in near:
         add_hline(figure, limit / size, f"device limit {limit / size:.2f} {unit}", LIMIT_COLOR)
     _mark(figure, markers)
     return figure

@@ -13,6 +13,7 @@ from pipestudio.dashboard.components.style import (
     byte_unit,
     empty_figure,
     format_bytes,
+    near_limits,
 )
 from pipestudio.planner.formats.result import SimResult
 
@@ -117,10 +118,13 @@ def stage_memory_figure(result: SimResult | None) -> Figure:
     if result.schedule == "interleaved-1f1b":  # a device's total is over time, below
         title = "Peak memory per chunk"
     labels = stage_labels(result)
-    limits = [stage.device_memory_bytes for stage in result.stages]
-    unit, size = byte_unit(
-        max([s.peak_bytes for s in result.stages] + [limit for limit in limits if limit])
-    )
+    peak = max(s.peak_bytes for s in result.stages)
+    near, far_note = near_limits(peak, [stage.device_memory_bytes for stage in result.stages])
+    limits = [
+        stage.device_memory_bytes if stage.device_memory_bytes in near else None
+        for stage in result.stages
+    ]
+    unit, size = byte_unit(max([peak, *near]))
     data = []
     for field, name, color in MEMORY_KINDS:
         values = [getattr(stage.memory, field) / size for stage in result.stages]
@@ -158,7 +162,7 @@ def stage_memory_figure(result: SimResult | None) -> Figure:
     ]
     verdict = "fits" if result.fits else "does NOT fit"
     layout = base_layout(
-        f"{title} ({unit}; plan {verdict})",
+        f"{title} ({unit}; plan {verdict}{far_note})",
         "chunk" if result.schedule == "interleaved-1f1b" else "stage",
         f"peak memory ({unit})",
         barmode="stack",

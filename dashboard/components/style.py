@@ -5,6 +5,7 @@ Dash draws as they are: building ``plotly.graph_objects`` validates every proper
 ten times more, too much for a chart redrawn while a boundary is dragged.
 """
 
+from collections.abc import Iterable
 from typing import Any
 
 #: A Plotly figure in its JSON form.
@@ -60,6 +61,24 @@ def byte_unit(max_bytes: float) -> tuple[str, float]:
         if max_bytes >= size:
             return name, float(size)
     return "bytes", 1.0
+
+
+#: A device limit more than this many times the highest value drawn is named in the title
+#: instead of drawn: on one axis with it, every line would lie flat on the floor.
+FAR_LIMIT = 4.0
+
+
+def near_limits(peak: float, limits: Iterable[int | None]) -> tuple[list[int], str]:
+    """The device limits to draw beside values peaking at ``peak`` bytes, and a note for
+    the title naming the limits too far above them to share their axis."""
+    known = sorted({limit for limit in limits if limit})
+    near = [limit for limit in known if limit <= FAR_LIMIT * peak]
+    far = [limit for limit in known if limit not in near]
+    if not far:
+        return near, ""
+    used = peak / far[0]
+    share = f"{used:.1%}" if used >= 0.001 else "under 0.1%"
+    return near, f"; device limit {format_bytes(far[0])}, {share} of it used"
 
 
 def format_bytes(num_bytes: float | None) -> str:

@@ -379,3 +379,51 @@ def test_interleaved_peaks_are_the_devices_not_the_chunks():
     assert format_bytes(result.largest_peak_bytes) in planning.prediction_text(result)
     straight = simulate(profile, plan_template(profile, 2, 4, "1f1b"))
     assert straight.device_peak_bytes == [stage.peak_bytes for stage in straight.stages]
+
+
+def test_a_gantt_counts_time_from_the_start_of_its_step():
+    ops = [
+        {"stage": s, "replica": 0, "op": "forward", "microbatch": 0, "start_ms": t, "end_ms": t + 5}
+        for s, t in ((0, 122_350.0), (1, 122_356.0))
+    ]
+    figure = gantt.ops_gantt(ops, "measured", migrations=[(122_352.0, "migrated")])
+    assert figure["layout"]["xaxis"]["range"] == [0.0, 11.0]
+    forward = next(s for s in figure["layout"]["shapes"] if s.get("name") == "forward")
+    assert sorted(start for _, start, _ in drawn_bars(forward)) == [0.0, 6.0]
+    assert any(a["text"] == "migrated" and a["x"] == 2.0 for a in figure["layout"]["annotations"])
+
+
+@pytest.mark.parametrize("schedule", ["zero-bubble", "interleaved-1f1b"])
+def test_schedules_with_a_warm_up_step_are_drawn_from_the_step_they_time(schedule):
+    profile = big_profile(8)
+    plan = plan_template(profile, 4 if schedule == "interleaved-1f1b" else 2, 4, "1f1b")
+    if schedule == "interleaved-1f1b":
+        plan = plan.model_copy(update={"schedule": schedule, "virtual_stages": 2})
+    else:
+        plan = plan.model_copy(update={"schedule": schedule})
+    result = simulate(profile, plan, cluster_template([2], [10.0]))
+    assert result.window_start_ms > 0  # the step timed follows a warm-up step
+    for figure in (gantt.schedule_gantt(result), memory_charts.memory_timeline_figure(result)):
+        low, high = figure["layout"]["xaxis"]["range"]
+        assert low == 0.0
+        assert high == pytest.approx(result.window_end_ms - result.window_start_ms)
+
+
+def test_a_limit_far_above_the_peaks_is_named_not_drawn():
+    profile = big_profile(8)
+    plan = plan_template(profile, 2, 4, "1f1b")
+    result = simulate(profile, plan, cluster_template([2], [10.0], device_memory_bytes=2**36))
+    stages, over_time = (
+        stage_charts.stage_memory_figure(result),
+        memory_charts.memory_timeline_figure(result),
+    )
+    for figure in (stages, over_time):
+        title = figure["layout"]["title"]["text"]
+        assert "device limit 64.00 GiB" in title and "of it used" in title, title
+        assert "GiB;" not in title.split("(")[1][:4]  # the unit follows the peaks, not the limit
+    assert "device memory limit" not in names(stages)
+    assert not over_time["layout"].get("shapes")
+    measured = [{"stage": 0, "replica": 0, "step": 0, "peak_bytes": 30 * 2**20}]
+    peaks = run_charts.run_memory_figure(measured, {0: 4 * 2**30})
+    assert peaks["data"][0]["y"] == [30.0]  # MiB
+    assert "device limit 4.00 GiB, 0.7% of it used" in peaks["layout"]["title"]["text"]

@@ -472,3 +472,18 @@ def test_the_first_view_is_what_the_first_calls_would_draw(context):
     assert first["status"] == "No run selected." and first["ended"] is False
     assert first["proposals_key"] == runs.proposals_key(ticked[len(runs.GRAPHS) + 2])
     assert runs.first_view(None)["status"] == "No run selected."
+
+
+def test_the_measured_gantt_draws_the_newest_step_every_stage_finished():
+    steps = [
+        {"stage": stage, "replica": 0, "step": step}
+        for stage, step in ((0, 0), (1, 0), (0, 1), (1, 1), (1, 2))
+    ]
+    assert monitor.complete_step(steps) == 1
+    assert monitor.complete_step([]) is None
+    ops = [
+        {"stage": 0, "replica": 0, "step": 1, "attempt": 0, "op": "forward"},
+        {"stage": 1, "replica": 0, "step": 1, "attempt": 1, "op": "forward"},
+        {"stage": 1, "replica": 0, "step": 2, "attempt": 1, "op": "forward"},
+    ]
+    assert monitor.last_step_ops(ops, 1) == [ops[1]]
