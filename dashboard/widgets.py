@@ -64,7 +64,12 @@ def table(
     body = html.Tbody(
         [html.Tr([html.Td(row.get(column, "")) for column in columns]) for row in rows]
     )
-    return html.Div(html.Table([head, body], className="ps-table"), id=table_id or "")
+    # the box scrolls sideways on a narrow screen rather than push the page wider
+    return html.Div(
+        html.Table([head, body], className="ps-table"),
+        id=table_id or "",
+        className="ps-table-box",
+    )
 
 
 def section(title: str, *children: Any, section_id: str | None = None) -> html.Section:

@@ -169,4 +169,6 @@ def stage_memory_figure(result: SimResult | None) -> Figure:
         height=330,
     )
     layout["annotations"] = annotations
+    # a chunk's label names its device too: the margin grows to hold the labels whole
+    layout["xaxis"]["automargin"] = True
     return {"data": data, "layout": layout}

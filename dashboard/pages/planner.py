@@ -73,7 +73,7 @@ def _request_controls(choices: dict[str, Any], form: dict[str, Any]) -> html.Div
                     placeholder="e.g. 16GiB",
                     style={"width": "120px"},
                 ),
-                "empty: unlimited",
+                "empty: unlimited (with a cluster, its devices' own)",
             ),
             field("Stages", number("planner-stages", form["stages"])),
             field("Micro-batches per step", number("planner-microbatches", form["microbatches"])),

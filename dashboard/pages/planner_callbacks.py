@@ -511,6 +511,17 @@ def register(app: Dash, context: Context) -> None:
         return new, slider["min"], slider["max"], slider["value"], slider["marks"], notice, *synced
 
     @app.callback(
+        Output("planner-memory", "disabled"),
+        Output("planner-memory", "title"),
+        Input("planner-cluster", "value"),
+    )
+    def _memory_from_cluster(cluster: int | None) -> Any:
+        # a cluster's devices say their own memory: the field would be ignored
+        if cluster is None:
+            return False, ""
+        return True, "the cluster's devices give the memory; clear the cluster to set it here"
+
+    @app.callback(
         Output("planner-status", "children", allow_duplicate=True),
         Input("planner-boundaries", "value"),
         State("planner-editor", "data"),
@@ -684,6 +695,15 @@ def _register_save(app: Dash, context: Context) -> None:
             no_update,
             False,
         )
+
+    @app.callback(
+        Output("planner-save-status", "children", allow_duplicate=True),
+        Input("planner-editor", "data"),
+        prevent_initial_call=True,
+    )
+    def _edited(editor: Editor | None) -> Any:
+        # what was said of a saved plan, once the editor holds another
+        return "" if not editor or editor.get("plan_id") is None else no_update
 
     @app.callback(
         Output("planner-editor", "data", allow_duplicate=True),

@@ -152,12 +152,14 @@ def act(
             return message(f"Plan {plan_id} is now called {new_name!r}.", "ok"), True
         if action == "plans-draft":
             context.client.update_plan(plan_id, {"state": "draft", "author": "dashboard"})
-            return message(f"Plan {plan_id} is a draft again: edit it in the Planner.", "ok"), True
+            return message(f"Plan {plan_id} is a draft: edit it in the Planner.", "ok"), True
         if action == "plans-delete":
             context.client.delete_plan(plan_id)
             return message(f"Deleted plan {plan_id}.", "ok"), True
     except ApiError as exc:
-        return message(f"Plan {plan_id}: {exc}", "error"), False
+        said = str(exc)  # the backend's reason often names the plan itself
+        named = said.lower().startswith(f"plan {plan_id} ")
+        return message(said if named else f"Plan {plan_id}: {said}", "error"), False
     return no_update, False
 
 

@@ -78,7 +78,11 @@ def layout(**_: Any) -> html.Div:
                     id="runs-plan",
                     options=first["plans"],
                     style={"minWidth": "300px"},
-                    placeholder="approve a plan on the Planner page",
+                    placeholder=(
+                        "pick an approved plan"
+                        if first["plans"]
+                        else "none yet: approve a plan on the Planner page"
+                    ),
                 ),
             ),
             field(
@@ -274,7 +278,7 @@ def register_callbacks(app: Dash, context: Context) -> None:
         Input({"type": "runs-proposal-reject", "index": ALL}, "n_clicks"),
         Input("runs-propose", "n_clicks"),
         Input("runs-stop", "n_clicks"),
-        State("runs-select", "value"),
+        Input("runs-select", "value"),
         prevent_initial_call=True,
     )
     def _decide(
@@ -285,6 +289,8 @@ def register_callbacks(app: Dash, context: Context) -> None:
         run_id: int | None,
     ) -> Any:
         trigger = ctx.triggered_id
+        if trigger == "runs-select":
+            return ""  # what it said was about the run watched before
         if trigger == "runs-propose":
             return propose(context, run_id)
         if trigger == "runs-stop":

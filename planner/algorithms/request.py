@@ -64,7 +64,7 @@ class PlanRequest:
             )
         if self.schedule not in PLANNED_SCHEDULES:
             raise PlanError(
-                f"the planners plan {', '.join(PLANNED_SCHEDULES)}; make a {self.schedule} "
+                f"the planners plan {', '.join(PLANNED_SCHEDULES)}; make the {self.schedule} "
                 "plan from a template (pipestudio plan-template) or by hand, and simulate it"
             )
         if self.optimizer not in OPTIMIZER_STATE_FACTOR:

@@ -242,7 +242,7 @@ def test_plans_are_managed_on_their_page(page: object, stack: LiveStack) -> None
     )
     choose(page, "plans-select", "vgg16 by hand (approved)")
     page.click("#plans-draft")
-    page.wait_for_selector("#plans-status :text('is a draft again')")
+    page.wait_for_selector("#plans-status :text('is a draft: edit it')")
     page.click("#plans-open")
     page.wait_for_selector("#planner-status :text('Opened plan')")
     assert "vgg16 by hand, draft" in page.inner_text("#planner-status")
@@ -268,6 +268,10 @@ def test_schedules_are_choices_and_their_gantts_show_chunks_and_halves(
     page.wait_for_selector("#planner-save-status :text('is draft')")
     saved = page.inner_text("#planner-save-status").split("Plan ", 1)[1].split(" ", 1)[0]
     choose(page, "planner-schedule", "zero-bubble")
+    # what was said of the saved plan goes once the editor holds another
+    page.wait_for_function(
+        "() => document.querySelector('#planner-save-status').textContent === ''"
+    )
     page.wait_for_selector("#planner-gantt-graph .legendtext:text('weight gradient')")
     page.wait_for_selector("#planner-gantt-graph .legendtext:text('input gradient')")
     expected, shown = hover_gantt(page, "weight gradient")
