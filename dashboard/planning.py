@@ -9,10 +9,10 @@ from pipestudio.dashboard.components.compare import Candidate, summary_peaks
 from pipestudio.dashboard.components.gantt import schedule_gantt
 from pipestudio.dashboard.components.memory_charts import memory_timeline_figure
 from pipestudio.dashboard.components.stage_charts import stage_compute_figure, stage_memory_figure
-from pipestudio.dashboard.components.style import Figure, format_bytes
+from pipestudio.dashboard.components.style import NO_PLAN, Figure, format_bytes
 from pipestudio.dashboard.context import Context
 from pipestudio.dashboard.editor import Editor, build_plan, editor_cluster, predict
-from pipestudio.planner import Cluster, PlannerError, SimResult
+from pipestudio.planner import Cluster, PlannerError, Profile, SimResult
 from pipestudio.planner.algorithms.optimal.planner import step_claim
 from pipestudio.planner.formats.documents import parse_document
 from pipestudio.planner.formats.plan import Plan
@@ -126,35 +126,57 @@ def prediction_view(
         _, _, result = editor_documents(context, editor, boundaries)
     except (PlannerError, ApiError) as exc:
         return f"This plan cannot be simulated:\n{exc}", True
-    return prediction_text(result), False
+    text = prediction_text(result)
+    if result.schedule == "zero-bubble":
+        text += split_backward_note(context.profile(editor["profile_id"]))
+    return text, False
+
+
+def split_backward_note(profile: Profile) -> str:
+    """What zero-bubble's split backward costs in the profile: the input and weight halves
+    of the layers that measured them, against their fused backward ("" within 5%). A
+    split that costs more can make zero-bubble slower than 1F1B on the same stages."""
+    split = [
+        layer
+        for layer in profile.layers
+        if layer.bwd_input_ms is not None and layer.bwd_weight_ms is not None
+    ]
+    fused = sum(layer.bwd_ms for layer in split)
+    if fused <= 0:
+        return ""
+    halves = sum((layer.bwd_input_ms or 0.0) + (layer.bwd_weight_ms or 0.0) for layer in split)
+    extra = halves / fused - 1
+    if abs(extra) < 0.05:
+        return ""
+    return f" · the profile times the split backward {extra:+.0%} against the fused one"
 
 
 def stage_figures(
     context: Context, editor: Editor | None, boundaries: list[int] | None
 ) -> list[Figure]:
     """[compute bars, memory bars] of the edited plan (its prediction is remembered)."""
-    result = _prediction(context, editor, boundaries)
-    return [stage_compute_figure(result), stage_memory_figure(result)]
+    result, empty = _prediction(context, editor, boundaries)
+    return [stage_compute_figure(result, empty), stage_memory_figure(result, empty)]
 
 
 def timeline_view(
     context: Context, editor: Editor | None, boundaries: list[int] | None
 ) -> list[Figure]:
     """[Gantt, memory over time] of the edited plan (its prediction is remembered)."""
-    result = _prediction(context, editor, boundaries)
-    return [schedule_gantt(result), memory_timeline_figure(result)]
+    result, empty = _prediction(context, editor, boundaries)
+    return [schedule_gantt(result, empty), memory_timeline_figure(result, empty)]
 
 
 def _prediction(
     context: Context, editor: Editor | None, boundaries: list[int] | None
-) -> SimResult | None:
-    """The edited plan's remembered prediction; None when there is none to draw."""
+) -> tuple[SimResult | None, str]:
+    """The edited plan's remembered prediction, or None and what the charts say instead."""
     if not editor or boundaries is None:
-        return None
+        return None, NO_PLAN
     try:
-        return editor_documents(context, editor, boundaries)[2]
+        return editor_documents(context, editor, boundaries)[2], NO_PLAN
     except (PlannerError, ApiError):
-        return None
+        return None, "This plan cannot be simulated: the reason is above the charts."
 
 
 def candidate_gantt(context: Context, editor: Editor, row: dict[str, Any] | None) -> Figure:

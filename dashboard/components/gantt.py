@@ -27,6 +27,7 @@ from typing import Any
 from pipestudio.dashboard.components.style import (
     IDLE_COLOR,
     MIGRATION_COLOR,
+    NO_PLAN,
     OP_COLORS,
     OP_LABELS,
     Figure,
@@ -302,11 +303,12 @@ def ops_gantt(
     return figure
 
 
-def schedule_gantt(result: SimResult | None) -> Figure:
-    """The predicted schedule of one step (or pipedream's measured steps)."""
+def schedule_gantt(result: SimResult | None, empty: str = NO_PLAN) -> Figure:
+    """The predicted schedule of one step (or pipedream's measured steps); ``empty`` says
+    why there is none."""
     title = "Predicted schedule"
     if result is None:
-        return empty_figure("No plan yet: run a planner or make one by hand.", title)
+        return empty_figure(empty, title)
     return ops_gantt(
         result_ops(result),
         f"{title}: step {result.step_time_ms:.1f} ms, bubble {result.bubble_fraction:.0%} "

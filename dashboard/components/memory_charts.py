@@ -13,6 +13,7 @@ import bisect
 from pipestudio.dashboard.components.gantt import chunk_devices_of, row_label
 from pipestudio.dashboard.components.style import (
     LIMIT_COLOR,
+    NO_PLAN,
     Figure,
     add_hline,
     base_layout,
@@ -50,10 +51,10 @@ def device_tracks(result: SimResult) -> list[MemoryTrack]:
     return summed
 
 
-def memory_timeline_figure(result: SimResult | None) -> Figure:
+def memory_timeline_figure(result: SimResult | None, empty: str = NO_PLAN) -> Figure:
     title = "Memory over time per stage"
     if result is None or not result.memory_timeline:
-        return empty_figure("No plan yet: run a planner or make one by hand.", title)
+        return empty_figure(empty, title)
     limits = {stage.index: stage.device_memory_bytes for stage in result.stages}
     tracks = device_tracks(result)
     devices = chunk_devices_of(result)

@@ -7,6 +7,7 @@ from pipestudio.dashboard.components.style import (
     IDLE_COLOR,
     LIMIT_COLOR,
     MEMORY_KINDS,
+    NO_PLAN,
     OP_COLORS,
     Figure,
     base_layout,
@@ -16,8 +17,6 @@ from pipestudio.dashboard.components.style import (
     near_limits,
 )
 from pipestudio.planner.formats.result import SimResult
-
-_NO_PLAN = "No plan yet: run a planner or make one by hand."
 
 
 def stage_labels(result: SimResult) -> list[str]:
@@ -58,11 +57,11 @@ def _bar(x: list[str], y: list[float], name: str, color: Any, unit: str) -> dict
     }
 
 
-def stage_compute_figure(result: SimResult | None) -> Figure:
+def stage_compute_figure(result: SimResult | None, empty: str = NO_PLAN) -> Figure:
     """Compute, recompute and idle time per stage in one step; the bottleneck is named."""
     title = "Compute per stage and step"
     if result is None:
-        return empty_figure(_NO_PLAN, title)
+        return empty_figure(empty, title)
     axis, rows = _compute_rows(result)
     title = f"Compute per {axis} and step"
     labels = [label for label, _, _ in rows]
@@ -110,11 +109,11 @@ def stage_compute_figure(result: SimResult | None) -> Figure:
     return {"data": data, "layout": layout}
 
 
-def stage_memory_figure(result: SimResult | None) -> Figure:
+def stage_memory_figure(result: SimResult | None, empty: str = NO_PLAN) -> Figure:
     """Peak memory per stage by kind, with each stage's device limit as a red line."""
     title = "Peak memory per stage"
     if result is None:
-        return empty_figure(_NO_PLAN, title)
+        return empty_figure(empty, title)
     if result.schedule == "interleaved-1f1b":  # a device's total is over time, below
         title = "Peak memory per chunk"
     labels = stage_labels(result)

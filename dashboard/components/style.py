@@ -63,6 +63,9 @@ def byte_unit(max_bytes: float) -> tuple[str, float]:
     return "bytes", 1.0
 
 
+#: What a plan's chart says when there is no prediction to draw (``empty`` of each).
+NO_PLAN = "No plan yet: run a planner or make one by hand."
+
 #: A device limit more than this many times the highest value drawn is named in the title
 #: instead of drawn: on one axis with it, every line would lie flat on the floor.
 FAR_LIMIT = 4.0

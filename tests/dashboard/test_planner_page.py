@@ -9,7 +9,8 @@ import pytest
 from pipestudio.dashboard import planning
 from pipestudio.dashboard.editor import equal_boundaries, stage_sizes
 from pipestudio.dashboard.pages import planner_callbacks as callbacks
-from pipestudio.planner import Plan
+from pipestudio.planner import Plan, PlannerError, Profile
+from tests.dashboard.conftest import big_profile
 
 BUILTIN_PROFILES = Path(__file__).resolve().parents[2] / "profiles" / "builtin"
 
@@ -410,3 +411,42 @@ def test_a_hostile_form_value_is_named_not_raised(context, vgg_id, field, value)
         )
         assert kept == before and moved is None, trigger
         assert f"'{label}' must be a whole number of at least 1, got {value!r}" in (notice.children)
+
+
+def _with_halves(profile: Profile, input_share: float, weight_share: float) -> Profile:
+    """``profile`` whose layers' backward halves take these shares of their fused backward."""
+    layers = [
+        layer.model_copy(
+            update={
+                "bwd_input_ms": layer.bwd_ms * input_share,
+                "bwd_weight_ms": layer.bwd_ms * weight_share,
+            }
+        )
+        for layer in profile.layers
+    ]
+    return profile.model_copy(update={"layers": layers})
+
+
+def test_zero_bubble_says_what_the_split_backward_costs_in_the_profile():
+    profile = big_profile(4)
+    assert planning.split_backward_note(profile) == ""  # no halves measured
+    assert planning.split_backward_note(_with_halves(profile, 0.75, 0.6)) == (
+        " · the profile times the split backward +35% against the fused one"
+    )
+    assert planning.split_backward_note(_with_halves(profile, 0.5, 0.52)) == ""
+
+
+def test_a_plan_that_cannot_be_simulated_is_not_called_missing(monkeypatch):
+    def refuse(*_args):
+        raise PlannerError("device 2 does not exist")
+
+    monkeypatch.setattr(planning, "editor_documents", refuse)
+    editor = {"profile_id": 1}
+    prediction, failed = planning.prediction_view(None, editor, [3])
+    assert failed and "device 2 does not exist" in prediction
+    for figure in [
+        *planning.stage_figures(None, editor, [3]),
+        *planning.timeline_view(None, editor, [3]),
+    ]:
+        said = figure["layout"]["annotations"][0]["text"]
+        assert said.startswith("This plan cannot be simulated"), said
