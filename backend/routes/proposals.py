@@ -24,7 +24,7 @@ router = APIRouter(prefix="/api/proposals", tags=["proposals"], responses=ERRORS
 def create_proposal(
     session: SessionDep, context: ContextDep, principal: Writer, data: ProposalCreate
 ) -> ProposalPublic:
-    """Weigh a repartition of a run for an observed profile, or store a Proposal."""
+    """Weigh a repartition of a run for an observed profile (and cluster), or store a Proposal."""
     data = data.model_copy(update={"author": author(principal, data.author)})
     row = ProposalPublic.model_validate(service.create_proposal(session, data))
     context.hub.publish_from_thread(

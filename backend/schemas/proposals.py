@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from pipestudio.backend.schemas.common import DbId, Public, Request, choice, one_of
-from pipestudio.planner import Profile
+from pipestudio.planner import Cluster, Profile
 from pipestudio.planner.formats.proposal import Proposal
 
 #: ``closed``: never to be decided (its run ended first, or it changes nothing).
@@ -20,10 +20,16 @@ class _ProposalSource(Request):
 
 class ObservedProfile(_ProposalSource):
     """A profile measured while the run trains, for the online planner to weigh
-    (``replan``)."""
+    (``replan``) against the plan the run trains now (its migrations applied)."""
 
     source_kind: ClassVar[str] = "observed_profile"
     observed_profile: Profile = Field(description="A Profile document.")
+    cluster: Cluster | None = Field(
+        None,
+        description="The cluster to weigh it on (default: the plan's). The calibrated-profile "
+        "answer's cluster has the links the run measured: with it, the proposal starts from "
+        "the step the calibration predicts.",
+    )
     payback_steps: float = Field(100, gt=0, le=1e9, allow_inf_nan=False)
     min_gain_fraction: float = Field(0.02, ge=0, lt=1)
 

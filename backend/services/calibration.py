@@ -162,6 +162,14 @@ def _cpu_cores(devices: object) -> int | None:
     )
 
 
+def current_plan(session: Session, run: models.Run) -> Plan:
+    """The plan run ``run`` trains now: its plan with the migrations it reported done."""
+    plan_row = Plans(session).get(run.plan_id)
+    plan = Plan.model_validate(plan_row.document)
+    profile = Profile.model_validate(Profiles(session).get(plan_row.profile_id).document)
+    return plan_in_effect(plan, profile, _migrations(session, run.id))[0]
+
+
 def _migrations(session: Session, run_id: int) -> list[dict[str, Any]]:
     """The engine's reports of migrations that took effect, in order of their step."""
     rows = session.scalars(

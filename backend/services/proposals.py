@@ -28,7 +28,7 @@ from pipestudio.backend.schemas.proposals import (
     ObservedProfile,
     ProposalDocument,
 )
-from pipestudio.backend.services.calibration import calibrated
+from pipestudio.backend.services.calibration import calibrated, current_plan
 from pipestudio.backend.services.messages import (
     TERMINAL_RUN_STATES,
     close_proposal,
@@ -36,14 +36,14 @@ from pipestudio.backend.services.messages import (
 )
 from pipestudio.backend.services.plans import documents
 from pipestudio.backend.services.runs import Send, command
-from pipestudio.planner import Plan, PlannerError, Profile
+from pipestudio.planner import Cluster, PlannerError, Profile
 from pipestudio.planner.formats.proposal import Proposal
 from pipestudio.planner.replan.online import evaluate_replan
 
 
 def _evaluate(session: Session, run: models.Run, data: AnyProposalCreate) -> Proposal:
     plan_row = Plans(session).get(run.plan_id)
-    plan = Plan.model_validate(plan_row.document)
+    plan = current_plan(session, run)
     if isinstance(data, ProposalDocument):
         proposal = data.proposal
         if proposal.model != plan.model:
@@ -54,6 +54,8 @@ def _evaluate(session: Session, run: models.Run, data: AnyProposalCreate) -> Pro
             )
         return proposal
     _, cluster = documents(session, plan_row.profile_id, plan_row.cluster_id)
+    if data.cluster is not None:
+        cluster = data.cluster
     try:
         return evaluate_replan(
             plan,
@@ -88,7 +90,10 @@ def auto_propose(
     if not measured or not predicted or abs(measured / predicted - 1) <= drift:
         return None
     observed = ObservedProfile(
-        run_id=run.id, observed_profile=Profile.model_validate(report["profile"]), author="auto"
+        run_id=run.id,
+        observed_profile=Profile.model_validate(report["profile"]),
+        cluster=None if report["cluster"] is None else Cluster.model_validate(report["cluster"]),
+        author="auto",
     )
     try:
         proposal = _evaluate(session, run, observed)

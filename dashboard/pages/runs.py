@@ -176,14 +176,19 @@ def layout(**_: Any) -> html.Div:
 
 
 def propose(context: Context, run_id: int | None) -> Any:
-    """Send the online planner the run's calibrated profile: the plan's profile with each
-    stage's op times as the run measured them (``GET /api/runs/{id}/calibrated-profile``)."""
+    """Send the online planner the run's calibrated profile and cluster: the plan's profile
+    with each stage's op times as the run measured them, and the links as its transfers
+    measured them (``GET /api/runs/{id}/calibrated-profile``)."""
     if run_id is None:
         return message("Pick a running run first.")
     try:
         calibrated = context.client.calibrated_profile(run_id)
         created = context.client.create_proposal(
-            {"run_id": run_id, "observed_profile": calibrated["profile"]}
+            {
+                "run_id": run_id,
+                "observed_profile": calibrated["profile"],
+                "cluster": calibrated.get("cluster"),
+            }
         )
     except ApiError as exc:
         return message(f"No proposal:\n{exc}", "error")

@@ -3,11 +3,12 @@ measured step drifts from its plan's prediction gets a repartition proposal with
 pressing Propose; none while one waits, none that a person already rejected, none for a
 run that runs as predicted."""
 
+import pytest
 from fastapi.testclient import TestClient
 
 from pipestudio.backend.context import AppContext
-from pipestudio.planner import Plan, Profile
-from tests.backend.conftest import AUTH, mlp_profile
+from pipestudio.planner import Plan, Profile, cluster_template
+from tests.backend.conftest import AUTH, add_profile, mlp_profile
 from tests.backend.fakes import FakeWorker
 from tests.backend.test_sockets import Workers, _start
 from tests.planner.simulator.test_calibrate import engine_events, truth
@@ -46,6 +47,11 @@ def test_a_drifting_run_gets_a_proposal_by_itself(client: TestClient, fake: Work
     [made] = _proposals(client)
     assert (made["run_id"], made["state"], made["created_by"]) == (run_id, "pending", "auto")
     assert made["worthwhile"] and made["document"]["moves"]
+    # the step it starts from is the one the Runs page predicts from the same calibration
+    calibrated = client.get(f"/api/runs/{run_id}/calibrated-profile", headers=AUTH).json()
+    assert made["document"]["step_time_now_ms"] == pytest.approx(
+        calibrated["step_ms"]["calibrated"], rel=1e-6
+    )
     context._auto_propose()
     assert len(_proposals(client)) == 1  # one waits: no second
     rejected = client.post(f"/api/proposals/{made['id']}/reject", headers=AUTH)
@@ -86,3 +92,83 @@ def test_a_run_as_predicted_gets_none(client: TestClient, fake: Workers) -> None
     _measure(client, workers, run_id, [(1.0, 1.0, 1.0), (1.0, 1.0, 1.0)])
     context._auto_propose()
     assert _proposals(client) == []
+
+
+def test_a_proposal_weighs_the_links_the_run_measured(client: TestClient, fake: Workers) -> None:
+    """The plan's cluster says its link is fast; the run's transfers say it is slow. A
+    proposal starts from the step the calibration predicts (the Runs page's number), not
+    from the cluster as written."""
+    context: AppContext = client.app.state.context  # type: ignore[attr-defined]
+    written = cluster_template([2], [100.0])
+    cluster_id = client.post(
+        "/api/clusters", headers=AUTH, json={"cluster": written.model_dump(mode="json")}
+    ).json()["id"]
+    profile_id = add_profile(client, mlp_profile())
+    plan = client.post(
+        "/api/plans",
+        headers=AUTH,
+        json={
+            "profile_id": profile_id,
+            "cluster_id": cluster_id,
+            "manual": {"boundaries": [2], "num_microbatches": 4, "schedule": "1f1b"},
+        },
+    ).json()
+    assert client.post(f"/api/plans/{plan['id']}/approve?force=true").status_code == 200
+    workers = [fake("a"), fake("b")]
+    run_id = _start(client, workers, plan["id"])
+    real = truth(
+        Profile.model_validate(mlp_profile()),
+        Plan.model_validate(plan["document"]),
+        [(1.0, 1.0, 1.0), (4.0, 4.0, 1.0)],
+    )
+    slow = cluster_template([2], [1e-4])  # 100 bytes: 8 ms a transfer
+    events = engine_events(real, Plan.model_validate(plan["document"]), slow, steps=6)
+    for worker, stage in zip(workers, (0, 1), strict=True):
+        mine = [e for e in events if e["stage"] == stage]
+        worker.expect_ack(worker.send({"type": "events", "run_id": run_id, "events": mine}))
+    calibrated = client.get(f"/api/runs/{run_id}/calibrated-profile", headers=AUTH).json()
+    assert calibrated["link_gbps"], calibrated  # the slow link was measured
+    context._auto_propose()
+    [auto] = _proposals(client)
+    assert auto["document"]["step_time_now_ms"] == pytest.approx(
+        calibrated["step_ms"]["calibrated"], rel=1e-6
+    )
+    by_hand = client.post(
+        "/api/proposals",
+        headers=AUTH,
+        json={
+            "run_id": run_id,
+            "observed_profile": calibrated["profile"],
+            "cluster": calibrated["cluster"],
+        },
+    )
+    assert by_hand.status_code == 201, by_hand.text
+    assert by_hand.json()["document"]["step_time_now_ms"] == pytest.approx(
+        calibrated["step_ms"]["calibrated"], rel=1e-6
+    )
+
+
+def test_a_proposal_starts_from_the_stages_the_run_trains_now(
+    client: TestClient, fake: Workers
+) -> None:
+    workers = [fake("a"), fake("b")]
+    run_id = _start(client, workers)
+    moved = {
+        "type": "migration",
+        "phase": "done",
+        "migration": 1,
+        "step": 2,
+        "rank": 0,
+        "stage": 0,
+        "time_ms": 1.0,
+        "moves": [{"layer": "block2", "from_stage": 1, "to_stage": 0}],
+    }
+    workers[0].expect_ack(workers[0].send({"type": "events", "run_id": run_id, "events": [moved]}))
+    stored = client.get(f"/api/runs/{run_id}/events", params={"kind": "migration"}).json()
+    assert stored["count"] == 1, stored
+    made = client.post(
+        "/api/proposals", headers=AUTH, json={"run_id": run_id, "observed_profile": mlp_profile()}
+    )
+    assert made.status_code == 201, made.text
+    stages = [stage["layers"] for stage in made.json()["document"]["current_stages"]]
+    assert stages == [["block0", "block1", "block2"], ["block3", "head"]]

@@ -14,11 +14,13 @@ from tests.backend.fakes import FakeWorker
 Workers = Callable[..., FakeWorker]
 
 
-def _launch(client: TestClient, workers: list[FakeWorker]) -> int:
-    profile_id = add_profile(client, mlp_profile())
-    plan = add_plan(client, profile_id, [2], approve=True)
+def _launch(client: TestClient, workers: list[FakeWorker], plan_id: int | None = None) -> int:
+    """A run of ``mlp`` on ``workers``: of approved plan ``plan_id``, else of a new plan
+    cutting it into two stages."""
+    if plan_id is None:
+        plan_id = add_plan(client, add_profile(client, mlp_profile()), [2], approve=True)["id"]
     response = client.post(
-        "/api/runs", headers=AUTH, json={"plan_id": plan["id"], "model": "mlp", "steps": 3}
+        "/api/runs", headers=AUTH, json={"plan_id": plan_id, "model": "mlp", "steps": 3}
     )
     assert response.status_code == 201, response.text
     run = response.json()
@@ -26,8 +28,8 @@ def _launch(client: TestClient, workers: list[FakeWorker]) -> int:
     return int(run["id"])
 
 
-def _start(client: TestClient, workers: list[FakeWorker]) -> int:
-    run_id = _launch(client, workers)
+def _start(client: TestClient, workers: list[FakeWorker], plan_id: int | None = None) -> int:
+    run_id = _launch(client, workers, plan_id)
     assigns = [w.expect("assign") for w in workers]
     assert [a["open_store"] for a in assigns] == [True, False]
     assert [a["ranks"] for a in assigns] == [
