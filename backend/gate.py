@@ -1,16 +1,22 @@
-"""Credentials before bodies: a request to an API route that needs a credential is answered
-401 (or 403) before its body is read, parsed or checked, as the route itself would answer.
+"""Credentials before bodies: an API request's body is read only when a route takes it, and
+only from someone that route serves; everyone else is answered before it is read.
 
-A route's need is the credential its dependencies ask for (``deps.require_writer``,
-``deps.require_reader``); reads need none when the server makes them public, and routes
-that ask for none (signing in) take anyone's body. So someone without a credential costs
-the server no more than reading the request's headers, whatever body they send: the
-checks of ``inputs.InputGuard`` and the routes' parsers see only bodies of someone the
-route would serve. Routes still check who calls them; this only answers first.
+- A request no route reads a body from (no route matches its path and method, or the route
+  matched takes no body) passes on unread: the router answers 404 or 405, or the route
+  ignores the body, and ``inputs.InputGuard`` leaves it alone (``inputs.ROUTED_BODY``).
+- A route's need is the credential its dependencies ask for (``deps.require_writer``,
+  ``deps.require_reader``). Without it the request is answered 401 (or 403 for a viewer's
+  change) at once, as the route itself would answer.
+- Routes that take a body from anyone (signing in; the simulations when reads are public)
+  take at most ``ANONYMOUS_BODY_BYTES`` from someone without a credential (413).
+
+So someone without a credential costs the server no more than the request's headers and at
+most ``ANONYMOUS_BODY_BYTES`` of body, whatever they send. Where a header is repeated, the
+first counts, as it does for the routes (Starlette's ``Headers``).
 """
 
 import json
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
@@ -27,9 +33,12 @@ from pipestudio.backend.deps import (
     require_writer,
     viewer_refused,
 )
+from pipestudio.backend.inputs import ROUTED_BODY
+from pipestudio.backend.limits import BodyLimit
 
 Need = Literal["writer", "reader"] | None
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: The most body a request without a credential may send (signing in takes well under 1 KiB).
+ANONYMOUS_BODY_BYTES = 1 << 20
 
 
 class CredentialsFirst:
@@ -37,39 +46,45 @@ class CredentialsFirst:
 
     def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
         self.app = app
-        self.needs = [(route, _need(route)) for route in routes if isinstance(route, APIRoute)]
+        #: Each route that takes a body, and the credential it needs.
+        self.routes = [
+            (route, _need(route))
+            for route in routes
+            if isinstance(route, APIRoute) and route.body_field is not None
+        ]
+        self.anonymous = BodyLimit(app, ANONYMOUS_BODY_BYTES, "from someone not signed in ")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] in _BODY_METHODS
-            and scope["path"].startswith("/api/")
-        ):
-            answer = await self._refusal(scope)
-            if answer is not None:
-                await _answer(send, *answer)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or not scope["path"].startswith("/api/") or not _has_body(scope):
+            await self.app(scope, receive, send)
+            return
+        needs = [need for route, need in self.routes if route.matches(scope)[0] == Match.FULL]
+        if not needs:  # no route reads it (module docstring)
+            await self.app(scope, receive, send)
+            return
+        answer, anonymous = await self._refusal(scope, needs[0])
+        if answer is not None:
+            await _answer(send, *answer)
+            return
+        scope[ROUTED_BODY] = True
+        await (self.anonymous if anonymous else self.app)(scope, receive, send)
 
-    async def _refusal(self, scope: Scope) -> tuple[int, str] | None:
-        """The status and reason to answer at once, or None to let the request in."""
+    async def _refusal(self, scope: Scope, need: Need) -> tuple[tuple[int, str] | None, bool]:
+        """The status and reason to answer at once (None: let the request in), and whether
+        the caller holds no credential."""
         app = scope["app"]
-        need = next(
-            (need for route, need in self.needs if route.matches(scope)[0] == Match.FULL), None
-        )
-        if need is None or (need == "reader" and app.state.settings.public_reads):
-            return None
-        value = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        scheme, token = get_authorization_scheme_param(value)
+        scheme, token = get_authorization_scheme_param(_first(scope, b"authorization"))
         if not token or scheme.lower() != "bearer":
-            return 401, WRITER_NEEDED if need == "writer" else READER_NEEDED
+            if need is None or (need == "reader" and app.state.settings.public_reads):
+                return None, True
+            return (401, WRITER_NEEDED if need == "writer" else READER_NEEDED), True
         try:
             principal = await principal_of(app.state.context, token)
         except CredentialError as exc:
-            return 401, str(exc)
+            return (401, str(exc)), True
         if need == "writer" and not principal.may_write:
-            return 403, viewer_refused(principal)
-        return None
+            return (403, viewer_refused(principal)), False
+        return None, False
 
 
 def _need(route: APIRoute) -> Need:
@@ -78,15 +93,27 @@ def _need(route: APIRoute) -> Need:
     return "writer" if require_writer in calls else "reader" if require_reader in calls else None
 
 
-def _calls(dependant: Dependant) -> set[Any]:
+def _calls(dependant: Dependant) -> set[object]:
     """Every function ``dependant`` depends on, however deep."""
-    found: set[Any] = set()
+    found: set[object] = set()
     stack = list(dependant.dependencies)
     while stack:
         item = stack.pop()
         found.add(item.call)
         stack.extend(item.dependencies)
     return found
+
+
+def _first(scope: Scope, name: bytes) -> str:
+    """The first value of header ``name`` (lower case), or ''."""
+    return next(
+        (value.decode("latin-1") for key, value in scope["headers"] if key.lower() == name), ""
+    )
+
+
+def _has_body(scope: Scope) -> bool:
+    length = _first(scope, b"content-length")
+    return bool(_first(scope, b"transfer-encoding")) or (length != "" and length != "0")
 
 
 async def _answer(send: Send, status: int, reason: str) -> None:

@@ -3,13 +3,14 @@ and JSON refuse it), a lone UTF-16 surrogate (not text at all: it can be stored 
 but never read back as JSON), and NaN or an infinity (not JSON; PostgreSQL's ``json``
 refuses them).
 
-``InputGuard`` checks every request's path and query, and the JSON body of every API
-request, and answers 422 naming the first bad value's place; ``find_unstorable`` does the
-same for any decoded JSON value (an uploaded file, a worker's message). Bodies reach it
-only from someone the route would serve (``gate.py``), and a large one is checked in a
-worker thread, so the event loop (every other request, every worker's heartbeat) goes on
-meanwhile. The dashboard's requests pass unread: its gate asks for a session before its
-callbacks read anything, and what they store goes through the API, and so through here.
+``InputGuard`` checks every request's path and query, and the JSON body that an API route
+takes, and answers 422 naming the first bad value's place; ``find_unstorable`` does the
+same for any decoded JSON value (an uploaded file, a worker's message). It checks only the
+bodies ``gate.py`` marks (``ROUTED_BODY``): those a route takes, from someone it serves.
+A large one is checked in a worker thread, so the event loop (every other request, every
+worker's heartbeat) gets its turns meanwhile. The dashboard's requests pass unread: its
+gate asks for a session before its callbacks read anything, and what they store goes
+through the API, and so through here.
 """
 
 import json
@@ -33,6 +34,9 @@ _MANY_BRACKETS = 500
 #: Digits that may make a number Python's parser cannot take: an exponent of three digits
 #: or more (1e999 reads as an infinity), or more digits than an integer may have.
 _BIG_NUMBER = re.compile(rb"[eE][+-]?[0-9]{3}|[0-9]{309}")
+#: Set in an API request's scope by ``gate.py`` when a route takes its body from someone it
+#: serves: only those bodies are checked (module docstring).
+ROUTED_BODY = "pipestudio.routed_body"
 #: Bodies longer than this are checked in a worker thread (module docstring).
 OFF_LOOP_BYTES = 64 * 1024
 
@@ -118,11 +122,9 @@ class InputGuard:
         if problem is not None:
             await _answer(send, refusal(*problem))
             return
-        headers = dict(scope["headers"])
-        if (
-            not scope["path"].startswith("/api/")
-            or b"json" not in headers.get(b"content-type", b"").lower()
-        ):
+        # the first Content-Type counts, as it does for the routes
+        content_type = next((v for k, v in scope["headers"] if k.lower() == b"content-type"), b"")
+        if not scope.get(ROUTED_BODY) or b"json" not in content_type.lower():
             await self.app(scope, receive, send)
             return
         messages, body = await _read(receive)

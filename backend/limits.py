@@ -8,8 +8,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 class BodyLimit:
     """ASGI middleware: refuses by Content-Length at once, and counts chunked bodies."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, whose: str = "") -> None:
+        #: ``whose``: the limit's words for whom it holds (``gate.py``'s for strangers).
+        self.app, self.max_bytes, self.whose = app, max_bytes, whose
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,7 +44,7 @@ class BodyLimit:
         body = json.dumps(
             {
                 "detail": f"the request body has {num_bytes} bytes, more than the "
-                f"upload limit of {self.max_bytes} bytes"
+                f"upload limit {self.whose}of {self.max_bytes} bytes"
             }
         ).encode()
         await send(

@@ -41,6 +41,9 @@ CSRF_HEADER = "X-CSRFToken"
 #: the sign-in page itself (``_OPEN_PATHS``).
 _OPEN_PREFIXES = ("_dash-component-suites/", "assets/")
 _OPEN_PATHS = ("_favicon.ico", "login")
+#: The most a sign-in or sign-out form may send: a name, a password, a token (the forms
+#: are read before anyone is known, so their size is what a stranger can make us parse).
+FORM_MAX_BYTES = 16 * 1024
 _CACHE_S = 5.0
 _CACHE_MAX = 1000
 
@@ -120,6 +123,8 @@ class Gate:
             return _login_page(self.base, target, "")
         if not self._same_origin():
             return _json({"error": "sign-in from another site is refused"}, 403)
+        if _oversized():
+            return _json({"error": f"a sign-in form holds at most {FORM_MAX_BYTES} bytes"}, 413)
         user = request.form.get("user", "").strip() or None
         try:
             created = self.client.sign_in(
@@ -148,6 +153,8 @@ class Gate:
         return response
 
     def logout(self) -> Response:
+        if _oversized():
+            return _json({"error": f"a sign-out form holds at most {FORM_MAX_BYTES} bytes"}, 413)
         if not self._same_origin() or not self._csrf_ok():
             return _json({"error": "sign-out from another site is refused"}, 403)
         token = flask.request.cookies.get(SESSION_COOKIE, "")
@@ -159,6 +166,13 @@ class Gate:
         for name in (SESSION_COOKIE, CSRF_COOKIE):
             response.delete_cookie(name, path=self.base, samesite="Strict", secure=self.secure)
         return response
+
+
+def _oversized() -> bool:
+    """Whether the request's body is longer than a sign-in form may be, or of no stated
+    length (a chunked body is read no further than that either)."""
+    length = flask.request.content_length
+    return length is None or length > FORM_MAX_BYTES
 
 
 def install(app: Dash, gate: Gate) -> None:

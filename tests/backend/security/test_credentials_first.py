@@ -14,8 +14,10 @@ from fastapi.testclient import TestClient
 from pipestudio.backend import inputs
 from pipestudio.backend.app import create_app
 from pipestudio.backend.deps import WRITER_NEEDED
+from pipestudio.backend.gate import ANONYMOUS_BODY_BYTES
 from pipestudio.backend.users import hash_password
 from tests.backend.conftest import ANONYMOUS, add_profile, make_settings, small_profile
+from tests.backend.conftest import AUTH as AUTH_HEADERS
 
 JSON = {"content-type": "application/json"}
 #: A body whose check walks every value (a NaN at its end), and one that does not parse.
@@ -140,3 +142,67 @@ def test_numbers_python_cannot_hold_are_named(client: TestClient) -> None:
     response = client.post("/api/runs", content=digits, headers=JSON)
     assert response.status_code == 422 and "more than 4300 digits" in response.text, response.text
     assert client.get("/api/profiles").json()["count"] == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/api/clusters/"),
+        ("POST", "/api//clusters"),
+        ("PUT", "/api/clusters"),
+        ("PATCH", "/api/clusters"),
+        ("GET", "/api/clusters"),
+        ("OPTIONS", "/api/clusters"),
+        ("POST", "/api/nonexistent"),
+        ("POST", "/api/health"),
+        ("GET", "/api/health"),
+    ],
+)
+def test_a_body_no_route_takes_is_never_read(
+    client: TestClient, checked: list[bytes], method: str, path: str
+) -> None:
+    response = client.request(method, path, content=NAN_BODY, headers={**JSON, **ANONYMOUS})
+    assert response.status_code in (200, 307, 401, 404, 405), response.text
+    assert "nan" not in response.text.lower(), response.text
+    assert checked == []
+
+
+def test_a_stranger_s_body_is_small_even_where_strangers_may_send_one(
+    database_url: str, checked: list[bytes]
+) -> None:
+    big = '{"password": "' + "x" * (ANONYMOUS_BODY_BYTES + 1) + '"}'
+    with TestClient(create_app(make_settings(database_url, public_reads=True))) as client:
+        for path in ("/api/auth/session", "/api/plans/simulate"):
+            response = client.post(path, content=big, headers=JSON)
+            assert response.status_code == 413, response.text
+            assert "from someone not signed in" in response.text
+
+            def chunks() -> Iterator[bytes]:
+                yield big.encode()
+
+            chunked = client.post(path, content=chunks(), headers=JSON)
+            assert chunked.status_code == 413, chunked.text
+        # the API token may send the upload limit's worth
+        signed = client.post("/api/plans/simulate", content=big, headers={**JSON, **AUTH_HEADERS})
+        assert signed.status_code == 422, signed.text
+    assert len(checked) == 1
+
+
+def test_a_repeated_header_counts_once_its_first_as_for_the_routes(
+    client: TestClient, checked: list[bytes]
+) -> None:
+    named = [("content-type", "application/json"), ("content-type", "text/plain")]
+    response = client.post(
+        "/api/clusters",
+        content=json.dumps({"name": "a\u0000b", "cluster": {}}),
+        headers=named,
+    )
+    assert response.status_code == 422 and "NUL" in response.text, response.text
+    assert client.get("/api/clusters").json()["count"] == 0
+    twice = [
+        ("authorization", "Bearer not-a-token"),
+        ("authorization", AUTH_HEADERS["Authorization"]),
+    ]
+    response = client.post("/api/clusters", content=NAN_BODY, headers=[*twice, *JSON.items()])
+    assert response.status_code == 401, response.text
+    assert len(checked) == 1

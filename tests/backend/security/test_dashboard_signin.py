@@ -13,6 +13,7 @@ import pytest
 
 from pipestudio.backend.settings import Settings
 from pipestudio.backend.users import hash_password
+from pipestudio.dashboard.signin import FORM_MAX_BYTES
 from tests.backend.conftest import API_TOKEN, AUTH, make_settings, small_profile
 from tests.backend.live import dash_request, live_backend
 from tests.backend.processes import dashboard_session
@@ -180,6 +181,23 @@ def test_callback_values_no_page_sends_are_answered_in_words(
         assert "Uploaded x.json" in json.dumps(answer), answer
         assert answer["profiles-changed"]["data"] == 1
     assert _profiles(url) == 2
+
+
+def test_a_sign_in_form_is_small(stack: tuple[str, list[dict[str, Any]]]) -> None:
+    url, _ = stack
+    padded = {"password": API_TOKEN, "user": "", "pad": "x" * (FORM_MAX_BYTES + 1)}
+    refused = httpx.post(f"{url}/login", data=padded)
+    assert refused.status_code == 413 and "at most" in refused.text, refused.text
+    assert "pipestudio_session" not in refused.headers.get("set-cookie", "")
+    many = "&".join(["a=b"] * 10_000)  # 40 KB of fields
+    refused = httpx.post(
+        f"{url}/login",
+        content=many,
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert refused.status_code == 413, refused.text
+    signed = httpx.post(f"{url}/login", data={"password": API_TOKEN})
+    assert signed.status_code == 302 and "pipestudio_session" in signed.headers["set-cookie"]
 
 
 def test_public_reads_never_lend_the_server_token(database_url: str) -> None:
