@@ -124,7 +124,12 @@ def form_editor(form: dict[str, Any]) -> Editor:
 
 
 def slider_props(num_layers: int, boundaries: list[int]) -> dict[str, Any]:
-    ticks = sorted({1, *range(0, num_layers, max(1, num_layers // 8))[1:], num_layers - 1})
+    """The boundary slider: about 8 labelled marks, none so close to the last (or the
+    first) that their labels would print over each other."""
+    step = max(1, num_layers // 8)
+    last = num_layers - 1
+    inner = [t for t in range(step, last, step) if min(t - 1, last - t) >= step / 2]
+    ticks = sorted({1, *inner, last})
     return {
         "min": 1,
         "max": max(1, num_layers - 1),
