@@ -179,6 +179,8 @@ def run_memory_figure(
         return empty_figure(WAITING, title)
     peak = max(e["peak_bytes"] for e in memory)
     near, far_note = near_limits(peak, limits_bytes.values())
+    if any("rss_bytes" in e for e in memory):  # a CPU rank's peak is its whole process's
+        far_note += "; CPU: the processes' peak RSS, Python and torch included"
     unit, size = byte_unit(max([peak, *near]))
     figure = {
         "data": _lines(stage_series(memory), lambda e: e["peak_bytes"] / size, unit),

@@ -426,4 +426,11 @@ def test_a_limit_far_above_the_peaks_is_named_not_drawn():
     measured = [{"stage": 0, "replica": 0, "step": 0, "peak_bytes": 30 * 2**20}]
     peaks = run_charts.run_memory_figure(measured, {0: 4 * 2**30})
     assert peaks["data"][0]["y"] == [30.0]  # MiB
-    assert "device limit 4.00 GiB, 0.7% of it used" in peaks["layout"]["title"]["text"]
+    title = peaks["layout"]["title"]["text"]
+    assert "device limit 4.00 GiB, 0.7% of it used" in title and "RSS" not in title
+    on_cpu = [{**measured[0], "rss_bytes": 29 * 2**20}]
+    title = run_charts.run_memory_figure(on_cpu, {})["layout"]["title"]["text"]
+    assert (
+        title
+        == "Peak memory per stage (MiB; CPU: the processes' peak RSS, Python and torch included)"
+    )
