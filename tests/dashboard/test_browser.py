@@ -335,10 +335,11 @@ def test_plan_view_of_1000_layers_is_fast(page: object, stack: LiveStack) -> Non
     )
     shot(page, "planner-1000-layers")
     # Targets 1 s and 300 ms; the printed figures are the measurement. The bounds here are
-    # three times those, so that a loaded CI machine does not fail the run while a view
-    # drawn an element per op (seconds) still does.
+    # three times those, and hold the middle of the three drags, so that a loaded CI
+    # machine (one drag stalled 5.3 s while the other two took 133 and 136 ms) does not
+    # fail the run while a view drawn an element per op (seconds, every drag) still does.
     assert render_ms < 3000
-    assert max(drags) < 900
+    assert sorted(drags)[1] < 900
     # a path per op kind, not an SVG element per op; hovering a bar still names its op
     assert (
         page.evaluate("() => document.querySelectorAll('#planner-gantt-graph path').length") < 200
