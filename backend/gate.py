@@ -11,10 +11,13 @@ only from someone that route serves; everyone else is answered before it is read
   take at most ``ANONYMOUS_BODY_BYTES`` from someone without a credential (413).
 
 So someone without a credential costs the server no more than the request's headers and at
-most ``ANONYMOUS_BODY_BYTES`` of body, whatever they send. Where a header is repeated, the
+most ``ANONYMOUS_BODY_BYTES`` of body, whatever they send. Those who hold one send bodies
+up to the upload limit, but at most ``LARGE_AT_ONCE`` larger than ``LARGE_BODY_BYTES`` are
+taken at a time; the others wait their turn. Where a header is repeated, the
 first counts, as it does for the routes (Starlette's ``Headers``).
 """
 
+import asyncio
 import json
 from typing import Literal
 
@@ -39,6 +42,11 @@ from pipestudio.backend.limits import BodyLimit
 Need = Literal["writer", "reader"] | None
 #: The most body a request without a credential may send (signing in takes well under 1 KiB).
 ANONYMOUS_BODY_BYTES = 1 << 20
+#: Bodies longer than this (or of no stated length) are taken ``LARGE_AT_ONCE`` at a time:
+#: parsing JSON costs memory many times its length (tens of bytes per byte for a body of
+#: small values), so a few large requests at once could exhaust the server's memory.
+LARGE_BODY_BYTES = 1 << 20
+LARGE_AT_ONCE = 2
 
 
 class CredentialsFirst:
@@ -53,6 +61,7 @@ class CredentialsFirst:
             if isinstance(route, APIRoute) and route.body_field is not None
         ]
         self.anonymous = BodyLimit(app, ANONYMOUS_BODY_BYTES, "from someone not signed in ")
+        self.large = asyncio.Semaphore(LARGE_AT_ONCE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/api/") or not _has_body(scope):
@@ -67,7 +76,15 @@ class CredentialsFirst:
             await _answer(send, *answer)
             return
         scope[ROUTED_BODY] = True
-        await (self.anonymous if anonymous else self.app)(scope, receive, send)
+        if anonymous:
+            await self.anonymous(scope, receive, send)
+            return
+        length = _first(scope, b"content-length")
+        if length.isdigit() and int(length) <= LARGE_BODY_BYTES:
+            await self.app(scope, receive, send)
+            return
+        async with self.large:  # module docstring
+            await self.app(scope, receive, send)
 
     async def _refusal(self, scope: Scope, need: Need) -> tuple[tuple[int, str] | None, bool]:
         """The status and reason to answer at once (None: let the request in), and whether

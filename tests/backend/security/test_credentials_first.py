@@ -5,7 +5,10 @@ loop (backend/inputs.py)."""
 
 import asyncio
 import json
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -14,7 +17,7 @@ from fastapi.testclient import TestClient
 from pipestudio.backend import inputs
 from pipestudio.backend.app import create_app
 from pipestudio.backend.deps import WRITER_NEEDED
-from pipestudio.backend.gate import ANONYMOUS_BODY_BYTES
+from pipestudio.backend.gate import ANONYMOUS_BODY_BYTES, LARGE_AT_ONCE, LARGE_BODY_BYTES
 from pipestudio.backend.users import hash_password
 from tests.backend.conftest import ANONYMOUS, add_profile, make_settings, small_profile
 from tests.backend.conftest import AUTH as AUTH_HEADERS
@@ -206,3 +209,31 @@ def test_a_repeated_header_counts_once_its_first_as_for_the_routes(
     response = client.post("/api/clusters", content=NAN_BODY, headers=[*twice, *JSON.items()])
     assert response.status_code == 401, response.text
     assert len(checked) == 1
+
+
+@pytest.mark.settings(max_upload_bytes=4 * 2**20)
+def test_large_bodies_are_taken_a_few_at_a_time(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each large body's check holds a moment, while six are sent at once: no more than
+    LARGE_AT_ONCE are ever inside."""
+    inside, most, lock = [0], [0], threading.Lock()
+    check = inputs._body_problem
+
+    def holding(body: bytes) -> Any:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.3)
+        with lock:
+            inside[0] -= 1
+        return check(body)
+
+    monkeypatch.setattr(inputs, "_body_problem", holding)
+    large = "[" + "1," * (LARGE_BODY_BYTES // 2) + "NaN]"
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(
+            pool.map(lambda _: client.post("/api/clusters", content=large, headers=JSON), range(6))
+        )
+    assert [a.status_code for a in answers] == [422] * 6
+    assert most[0] == LARGE_AT_ONCE, most
