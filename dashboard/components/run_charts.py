@@ -179,13 +179,15 @@ def run_memory_figure(
         return empty_figure(WAITING, title)
     peak = max(e["peak_bytes"] for e in memory)
     near, far_note = near_limits(peak, limits_bytes.values())
+    measure = "peak memory"
     if any("rss_bytes" in e for e in memory):  # a CPU rank's peak is its whole process's
-        far_note += "; CPU: the processes' peak RSS, Python and torch included"
+        far_note += "; CPU: whole-process RSS"
+        measure = "peak RSS, Python and torch included"
     unit, size = byte_unit(max([peak, *near]))
     figure = {
         "data": _lines(stage_series(memory), lambda e: e["peak_bytes"] / size, unit),
         "layout": base_layout(
-            f"{title} ({unit}{far_note})", "step", f"peak memory ({unit})", height=300
+            f"{title} ({unit}{far_note})", "step", f"{measure} ({unit})", height=300
         ),
     }
     for limit in near:

@@ -81,7 +81,7 @@ def near_limits(peak: float, limits: Iterable[int | None]) -> tuple[list[int], s
         return near, ""
     used = peak / far[0]
     share = f"{used:.1%}" if used >= 0.001 else "under 0.1%"
-    return near, f"; device limit {format_bytes(far[0])}, {share} of it used"
+    return near, f"; device limit {format_bytes(far[0])}, {share} used"
 
 
 def format_bytes(num_bytes: float | None) -> str:

@@ -419,7 +419,7 @@ def test_a_limit_far_above_the_peaks_is_named_not_drawn():
     )
     for figure in (stages, over_time):
         title = figure["layout"]["title"]["text"]
-        assert "device limit 64.00 GiB" in title and "of it used" in title, title
+        assert "device limit 64.00 GiB" in title and "% used" in title, title
         assert "GiB;" not in title.split("(")[1][:4]  # the unit follows the peaks, not the limit
     assert "device memory limit" not in names(stages)
     assert not over_time["layout"].get("shapes")
@@ -427,10 +427,8 @@ def test_a_limit_far_above_the_peaks_is_named_not_drawn():
     peaks = run_charts.run_memory_figure(measured, {0: 4 * 2**30})
     assert peaks["data"][0]["y"] == [30.0]  # MiB
     title = peaks["layout"]["title"]["text"]
-    assert "device limit 4.00 GiB, 0.7% of it used" in title and "RSS" not in title
+    assert "device limit 4.00 GiB, 0.7% used" in title and "RSS" not in title
     on_cpu = [{**measured[0], "rss_bytes": 29 * 2**20}]
-    title = run_charts.run_memory_figure(on_cpu, {})["layout"]["title"]["text"]
-    assert (
-        title
-        == "Peak memory per stage (MiB; CPU: the processes' peak RSS, Python and torch included)"
-    )
+    layout = run_charts.run_memory_figure(on_cpu, {})["layout"]
+    assert layout["title"]["text"] == "Peak memory per stage (MiB; CPU: whole-process RSS)"
+    assert layout["yaxis"]["title"]["text"] == "peak RSS, Python and torch included (MiB)"
