@@ -40,14 +40,12 @@ def calibrated(
     each simulation."""
     run = Runs(session).get(run_id)
     plan_row = Plans(session).get(run.plan_id)
-    plan = Plan.model_validate(plan_row.document)
-    profile = Profile.model_validate(Profiles(session).get(plan_row.profile_id).document)
+    plan, profile, since = _plan_now(session, run)
     cluster = (
         Cluster.model_validate(Clusters(session).get(plan_row.cluster_id).document)
         if plan_row.cluster_id is not None
         else None
     )
-    plan, since = plan_in_effect(plan, profile, _migrations(session, run_id))
     last = session.scalar(
         select(models.Metric.step)
         .where(models.Metric.run_id == run_id, models.Metric.kind == "op")
@@ -164,10 +162,17 @@ def _cpu_cores(devices: object) -> int | None:
 
 def current_plan(session: Session, run: models.Run) -> Plan:
     """The plan run ``run`` trains now: its plan with the migrations it reported done."""
+    return _plan_now(session, run)[0]
+
+
+def _plan_now(session: Session, run: models.Run) -> tuple[Plan, Profile, int]:
+    """The plan ``run`` trains now (``plan_in_effect``), its plan's profile, and the first
+    step that ran it whole."""
     plan_row = Plans(session).get(run.plan_id)
     plan = Plan.model_validate(plan_row.document)
     profile = Profile.model_validate(Profiles(session).get(plan_row.profile_id).document)
-    return plan_in_effect(plan, profile, _migrations(session, run.id))[0]
+    plan, since = plan_in_effect(plan, profile, _migrations(session, run.id))
+    return plan, profile, since
 
 
 def _migrations(session: Session, run_id: int) -> list[dict[str, Any]]:

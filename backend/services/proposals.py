@@ -53,9 +53,11 @@ def _evaluate(session: Session, run: models.Run, data: AnyProposalCreate) -> Pro
                 f"run {run.id} trains {plan.model!r}",
             )
         return proposal
-    _, cluster = documents(session, plan_row.profile_id, plan_row.cluster_id)
-    if data.cluster is not None:
-        cluster = data.cluster
+    cluster = (
+        data.cluster
+        if data.cluster is not None
+        else documents(session, plan_row.profile_id, plan_row.cluster_id)[1]
+    )
     try:
         return evaluate_replan(
             plan,

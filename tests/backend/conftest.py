@@ -139,6 +139,7 @@ def add_plan(
     approve: bool = False,
     num_microbatches: int = 4,
     schedule: str = "1f1b",
+    cluster_id: int | None = None,
     **manual: Any,
 ) -> dict[str, Any]:
     response = client.post(
@@ -146,6 +147,7 @@ def add_plan(
         headers=AUTH,
         json={
             "profile_id": profile_id,
+            "cluster_id": cluster_id,
             "manual": {
                 "boundaries": boundaries,
                 "num_microbatches": num_microbatches,

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from pipestudio.backend.context import AppContext
 from pipestudio.planner import Plan, Profile, cluster_template
-from tests.backend.conftest import AUTH, add_profile, mlp_profile
+from tests.backend.conftest import AUTH, add_plan, add_profile, mlp_profile
 from tests.backend.fakes import FakeWorker
 from tests.backend.test_sockets import Workers, _start
 from tests.planner.simulator.test_calibrate import engine_events, truth
@@ -103,17 +103,9 @@ def test_a_proposal_weighs_the_links_the_run_measured(client: TestClient, fake: 
     cluster_id = client.post(
         "/api/clusters", headers=AUTH, json={"cluster": written.model_dump(mode="json")}
     ).json()["id"]
-    profile_id = add_profile(client, mlp_profile())
-    plan = client.post(
-        "/api/plans",
-        headers=AUTH,
-        json={
-            "profile_id": profile_id,
-            "cluster_id": cluster_id,
-            "manual": {"boundaries": [2], "num_microbatches": 4, "schedule": "1f1b"},
-        },
-    ).json()
-    assert client.post(f"/api/plans/{plan['id']}/approve?force=true").status_code == 200
+    plan = add_plan(
+        client, add_profile(client, mlp_profile()), [2], approve=True, cluster_id=cluster_id
+    )
     workers = [fake("a"), fake("b")]
     run_id = _start(client, workers, plan["id"])
     real = truth(
